@@ -1,0 +1,195 @@
+"""Preference collator that flattens a batch into one packed row, and the packed builder behind it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+from .packing import cu_seq_lens_from_lengths, pad_length_to_multiple, position_ids_from_lengths
+
+REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
+def _validate_examples(examples: list[dict[str, Any]]) -> None:
+    if not examples:
+        raise ValueError("The preference collator received an empty batch.")
+    for index, example in enumerate(examples):
+        missing = [column for column in REQUIRED_COLUMNS if column not in example]
+        if missing:
+            raise KeyError(
+                f"Example {index} of the batch has no {missing} column(s); got {sorted(example)}. The collator expects "
+                "tokenized preference data: let DPOTrainer tokenize a `prompt`/`chosen`/`rejected` dataset, or provide "
+                "`prompt_ids`, `chosen_ids` and `rejected_ids` yourself."
+            )
+    has_ref = [[column in example for column in REF_COLUMNS] for example in examples]
+    if any(flags != has_ref[0] for flags in has_ref) or has_ref[0][0] != has_ref[0][1]:
+        raise ValueError(
+            "Reference log-probs must come as a pair (`ref_chosen_logps` and `ref_rejected_logps`) on every example of "
+            "the batch or on none. Recompute them (e.g. `precompute_ref_log_probs=True`) or drop both columns."
+        )
+    if has_ref[0][0]:
+        for index, example in enumerate(examples):
+            values = (example["ref_chosen_logps"], example["ref_rejected_logps"])
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                raise ValueError(
+                    f"Example {index} has reference log-probs {values}: each must be one finite number per sequence. "
+                    "Recompute them with the same tokenizer, `max_length` and `truncation_mode` as training."
+                )
+
+
+def _truncate(sequences: list[list[int]], max_length: int | None, truncation_mode: str) -> list[list[int]]:
+    # Same per-sequence truncation as TRL's `DataCollatorForPreference`, so both modes see the same tokens
+    if max_length is None:
+        return sequences
+    if truncation_mode == "keep_start":
+        return [sequence[:max_length] for sequence in sequences]
+    if truncation_mode == "keep_end":
+        return [sequence[-max_length:] for sequence in sequences]
+    raise ValueError(f"Unsupported truncation mode: {truncation_mode}, expected 'keep_start' or 'keep_end'")
+
+
+def concatenated_inputs(
+    examples: list[dict[str, Any]],
+    pad_token_id: int = 0,
+    max_length: int | None = None,
+    truncation_mode: str = "keep_start",
+    pad_to_multiple_of: int | None = None,
+    return_attention_mask: bool = False,
+) -> dict[str, Any]:
+    """Pack the chosen and rejected sequences of a batch into one row, with no padding between them.
+
+    Order is the one of TRL's padded batch: every `prompt + chosen` sequence, then every `prompt + rejected` sequence.
+    With `pad_to_multiple_of`, the row ends with one padding segment (positions restarting at 0, completion mask 0):
+    kernels see it as a separate segment, so no real token attends to it, and it is not a sequence of the batch.
+
+    Args:
+        examples: dicts with `prompt_ids`, `chosen_ids`, `rejected_ids` (lists of token ids) and optionally both
+            `ref_chosen_logps` and `ref_rejected_logps`.
+        pad_token_id: token used for the trailing padding segment.
+        max_length: per-sequence truncation length, as in TRL's collator.
+        truncation_mode: `"keep_start"` or `"keep_end"`, as in TRL's collator.
+        pad_to_multiple_of: pad the row (not each sequence) to a multiple of this length.
+        return_attention_mask: also return `attention_mask` (1 on real tokens, 0 on the padding segment). It is for
+            callers that want it; transformers treats a row with a mask as one sequence, so never pass it to a model.
+
+    Returns:
+        A dict with `input_ids`, `position_ids`, `completion_mask` of shape `(1, total_length)`; `seq_lens` (one
+        length per sequence, chosen then rejected); `cu_seq_lens_q`/`cu_seq_lens_k` (int32 segment boundaries,
+        padding segment included) and `max_length_q`/`max_length_k` for varlen kernels; and the reference log-probs
+        when the examples carry them.
+    """
+    _validate_examples(examples)
+    sequences, completion_masks = [], []
+    for completion_key in ("chosen_ids", "rejected_ids"):
+        for example in examples:
+            sequences.append(list(example["prompt_ids"]) + list(example[completion_key]))
+            completion_masks.append([0] * len(example["prompt_ids"]) + [1] * len(example[completion_key]))
+    sequences = _truncate(sequences, max_length, truncation_mode)
+    completion_masks = _truncate(completion_masks, max_length, truncation_mode)
+
+    seq_lens = [len(sequence) for sequence in sequences]
+    if min(seq_lens) == 0:
+        raise ValueError(
+            "A sequence of the batch is empty (no prompt and no completion tokens). Remove such pairs from the dataset."
+        )
+    real_length = sum(seq_lens)
+    padding_length = pad_length_to_multiple(real_length, pad_to_multiple_of) - real_length
+    segment_lens = seq_lens + ([padding_length] if padding_length else [])
+
+    input_ids = [token for sequence in sequences for token in sequence] + [pad_token_id] * padding_length
+    completion_mask = [flag for mask in completion_masks for flag in mask] + [0] * padding_length
+    cu_seq_lens = cu_seq_lens_from_lengths(segment_lens)
+    max_segment_length = max(segment_lens)
+
+    output = {
+        "input_ids": torch.tensor([input_ids], dtype=torch.long),
+        "position_ids": position_ids_from_lengths(segment_lens),
+        "completion_mask": torch.tensor([completion_mask], dtype=torch.long),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.long),
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens.clone(),
+        "max_length_q": max_segment_length,
+        "max_length_k": max_segment_length,
+    }
+    if return_attention_mask:
+        output["attention_mask"] = torch.tensor([[1] * real_length + [0] * padding_length], dtype=torch.long)
+    if REF_COLUMNS[0] in examples[0]:
+        for column in REF_COLUMNS:
+            output[column] = torch.tensor([example[column] for example in examples])
+    return output
+
+
+def is_packed_batch(batch: dict[str, Any]) -> bool:
+    """Whether `batch` comes from the padding-free collator (one packed row plus its sequence lengths)."""
+    return "seq_lens" in batch
+
+
+@dataclass
+class PaddingFreePreferenceCollator(DataCollatorForPreference):
+    """
+    TRL's preference collator with a `padding_free` switch: every chosen and rejected sequence of the batch in one row.
+
+    With `padding_free=False` it is exactly TRL's `DataCollatorForPreference`. With `padding_free=True` (default) it
+    returns what [`concatenated_inputs`] returns: no padding between sequences, positions restarting at 0 for every
+    sequence, and the segment boundaries flash-attention-style varlen kernels need. No `attention_mask` unless
+    `return_attention_mask=True`, because transformers only detects packed sequences when the mask is absent.
+
+    Examples:
+    ```python
+    >>> from trl_padfree import PaddingFreePreferenceCollator
+
+    >>> collator = PaddingFreePreferenceCollator(pad_token_id=0)
+    >>> examples = [
+    ...     {"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6]},
+    ...     {"prompt_ids": [7, 8], "chosen_ids": [9], "rejected_ids": [10, 11]},
+    ... ]
+    >>> batch = collator(examples)
+    >>> batch["input_ids"]
+    tensor([[ 1,  2,  3,  4,  5,  7,  8,  9,  1,  2,  3,  6,  7,  8, 10, 11]])
+    >>> batch["position_ids"]
+    tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3]])
+    >>> batch["completion_mask"]
+    tensor([[0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 1]])
+    >>> batch["seq_lens"], batch["cu_seq_lens_q"], batch["max_length_q"]
+    (tensor([5, 3, 4, 4]), tensor([ 0,  5,  8, 12, 16], dtype=torch.int32), 5)
+    >>> "attention_mask" in batch
+    False
+    ```
+    """
+
+    padding_free: bool = True
+    return_attention_mask: bool = False
+
+    @classmethod
+    def from_padded(cls, collator: DataCollatorForPreference, **overrides) -> PaddingFreePreferenceCollator:
+        """The padding-free twin of a TRL collator: same pad token, truncation and row multiple."""
+        fields = {
+            "pad_token_id": collator.pad_token_id,
+            "max_length": collator.max_length,
+            "truncation_mode": collator.truncation_mode,
+            "pad_to_multiple_of": collator.pad_to_multiple_of,
+            "return_tensors": collator.return_tensors,
+        }
+        return cls(**{**fields, **overrides})
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.padding_free:
+            _validate_examples(examples)
+            return super().torch_call(examples)
+        return concatenated_inputs(
+            examples,
+            pad_token_id=self.pad_token_id,
+            max_length=self.max_length,
+            truncation_mode=self.truncation_mode,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            return_attention_mask=self.return_attention_mask,
+        )
+
+
+# The collator's name in TRL before 1.0, kept so older scripts can swap their import
+PreferenceCollator = PaddingFreePreferenceCollator
