@@ -4,15 +4,17 @@ from ._compat import check_trl_version
 
 check_trl_version()
 
-from . import attention  # noqa: E402  (registers the `padfree_varlen` attention with transformers)
-from .attention import ATTN_IMPLEMENTATION  # noqa: E402
+from .attention import ATTN_IMPLEMENTATION  # noqa: E402  (importing it registers `padfree_varlen` with transformers)
 from .collator import PaddingFreePreferenceCollator, PreferenceCollator, concatenated_inputs  # noqa: E402
+from .config import DPOConfig  # noqa: E402
+from .trainer import DPOTrainer  # noqa: E402
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "DPOConfig",
+    "DPOTrainer",
     "PaddingFreePreferenceCollator",
     "PreferenceCollator",
-    "attention",
     "concatenated_inputs",
 ]
 __version__ = "0.1.0"

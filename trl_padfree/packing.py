@@ -39,7 +39,9 @@ def segment_ids_from_lengths(lengths: torch.Tensor, total_length: int | None = N
     return segment_ids
 
 
-def padded_view_index(seq_starts: torch.Tensor, seq_lens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_view_index(
+    seq_starts: torch.Tensor, seq_lens: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each cell of a `(num_seqs, width)` right-padded view reads from in the packed row.
 
     Returns `(index, valid)`: cell `(i, j)` holds packed position `seq_starts[i] + j` when `valid[i, j]`, i.e. when
@@ -47,7 +49,9 @@ def padded_view_index(seq_starts: torch.Tensor, seq_lens: torch.Tensor, width: i
     """
     offsets = torch.arange(width, device=seq_starts.device)
     valid = offsets.unsqueeze(0) < seq_lens.unsqueeze(1)
-    index = torch.where(valid, seq_starts.unsqueeze(1) + offsets.unsqueeze(0), torch.zeros_like(valid, dtype=torch.long))
+    index = torch.where(
+        valid, seq_starts.unsqueeze(1) + offsets.unsqueeze(0), torch.zeros_like(valid, dtype=torch.long)
+    )
     return index, valid
 
 

@@ -1,0 +1,34 @@
+"""`DPOConfig`: TRL's config plus the knobs of padding-free training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trl
+
+
+@dataclass
+class DPOConfig(trl.DPOConfig):
+    r"""
+    Configuration for [`trl_padfree.DPOTrainer`]: every field of [`trl.DPOConfig`], plus the ones below.
+
+    `padding_free=True` (a TRL field, disabled in TRL 1.16) is honoured: every chosen and rejected sequence of a batch
+    is packed into one row with no padding, and losses, gradients and metrics equal those of padded training.
+
+    > Parameters that control padding-free training
+
+        packed_attn_implementation (`str`, *optional*, defaults to `"auto"`):
+            Attention used for packed rows, on the policy and the reference model. `"auto"` keeps
+            `flash_attention_2`/`flash_attention_3` when the model already uses one, and otherwise switches to
+            `"padfree_varlen"` (PyTorch's varlen flash attention on CUDA, exact per-sequence attention on CPU).
+            `"keep"` keeps the model's own; `"sdpa"` and `"eager"` are exact too, but their block-diagonal mask costs
+            the square of the whole row.
+    """
+
+    packed_attn_implementation: str = field(
+        default="auto",
+        metadata={
+            "help": "Attention for packed rows: 'auto' (flash varlen if the model uses it, else 'padfree_varlen'), "
+            "'keep', 'padfree_varlen', 'flash_attention_2', 'flash_attention_3', 'sdpa' or 'eager'."
+        },
+    )

@@ -1,0 +1,142 @@
+"""Run a model on a packed row, and hand back its per-token outputs as a right-padded view.
+
+TRL's loss code (every loss type, `ld_alpha`, WPO weights, the metrics) reads per-token outputs of shape
+`(2 * batch, len - 1)`, one row per sequence. Rather than re-implement it, the model runs once on the packed row and
+its per-token outputs (log-probs, entropy, ...: a few scalars per token, never hidden states) are gathered into that
+layout, zero where a row has no token, exactly as the padded forward leaves them. So the loss and metrics are TRL's
+own code on the same numbers; only the forward differs.
+
+    packed log-probs   | a1 a2 a3 a4 x | b1 b2 x | ...      (x: scores the next segment's first token, unused)
+    padded view        [[a1 a2 a3 a4], [b1 b2 0 0], ...]
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .packing import padded_view_index, to_padded_view
+
+PACKED_BATCH_KWARG = "packed_batch"
+
+
+@dataclass
+class PackedBatch:
+    """One packed row and the index maps that turn its per-token outputs into padded views."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T)
+    completion_mask: torch.Tensor  # (1, T)
+    cu_seq_lens: torch.Tensor  # (segments + 1,) int32, the padding segment included
+    max_length: int
+    seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
+
+    def __post_init__(self):
+        starts = self.cu_seq_lens[: len(self.seq_lens)].to(torch.long)
+        self.width = int(self.seq_lens.max())
+        self.token_index, self.token_valid = padded_view_index(starts, self.seq_lens, self.width)
+        # Shifted outputs: cell (i, j) scores token j + 1 of sequence i, computed at packed position start + j
+        self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1)
+
+    @classmethod
+    def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:
+        return cls(
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            completion_mask=batch["completion_mask"],
+            cu_seq_lens=batch["cu_seq_lens_q"],
+            max_length=int(batch["max_length_q"]),
+            seq_lens=batch["seq_lens"],
+        )
+
+    @property
+    def row_length(self) -> int:
+        return self.input_ids.shape[1]
+
+    def labels(self) -> torch.Tensor:
+        # Score completion tokens only, and never the first token of a segment: the fused LM head shifts labels, so
+        # that token would be scored from the last token of the previous sequence
+        labels = self.input_ids.masked_fill(self.completion_mask == 0, -100)
+        return labels.masked_fill(self.position_ids == 0, -100)
+
+    def padded(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
+        """`(1, T, ...)` -> `(sequences, width, ...)`."""
+        return to_padded_view(packed[0], self.token_index, self.token_valid, fill_value)
+
+    def padded_shifted(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
+        """`(1, T - 1, ...)` next-token outputs -> `(sequences, width - 1, ...)`."""
+        return to_padded_view(packed[0], self.shifted_index, self.shifted_valid, fill_value)
+
+    def padded_inputs(self, pad_token_id: int) -> dict[str, torch.Tensor]:
+        """The padded `input_ids`/`attention_mask`/`completion_mask` TRL's loss code reads (never fed to a model)."""
+        return {
+            "input_ids": self.padded(self.input_ids, pad_token_id),
+            "attention_mask": self.token_valid.long(),
+            "completion_mask": self.padded(self.completion_mask),
+        }
+
+    def model_kwargs(self) -> dict[str, Any]:
+        # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
+        # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer)
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "cu_seq_lens_q": self.cu_seq_lens,
+            "cu_seq_lens_k": self.cu_seq_lens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+            "use_cache": False,
+        }
+
+    def to_padded_outputs(self, outputs):
+        """Replace every per-token field of a model output by its padded view, in place."""
+        for key in list(outputs.keys()):
+            value = outputs[key]
+            if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[0] != 1:
+                continue
+            if value.shape[1] == self.row_length:
+                outputs[key] = self.padded(value)
+            elif value.shape[1] == self.row_length - 1:
+                outputs[key] = self.padded_shifted(value)
+        return outputs
+
+
+def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any]):
+    """Call `forward` on the packed row in place of the padded inputs TRL built, and return padded views."""
+    if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
+        raise ValueError(
+            "A packed forward cannot use a KV cache: with a cache, transformers ignores the packed position_ids and "
+            "every sequence of the row attends to the ones before it. Call the model with `use_cache=False`."
+        )
+    # TRL built these for its padded layout; the packed row replaces them
+    for key in ("input_ids", "attention_mask", "position_ids", "inputs_embeds"):
+        kwargs.pop(key, None)
+    if kwargs.get("labels") is not None:
+        kwargs["labels"] = packed_batch.labels()
+    outputs = forward(**{**kwargs, **packed_batch.model_kwargs()})
+    return packed_batch.to_padded_outputs(outputs)
+
+
+def add_packed_forward(model: torch.nn.Module) -> None:
+    """Let `model(..., packed_batch=PackedBatch)` run on the packed row and return padded per-token outputs.
+
+    Wraps `model.forward` the way TRL's `add_fused_lm_head` does, on the same module, so every caller inside TRL
+    (policy, reference model, adapter-disabled reference, precompute) goes through it. Idempotent.
+    """
+    if getattr(model, "_padfree_packed_forward", False):
+        return
+    inner_forward = model.forward
+
+    @functools.wraps(inner_forward)
+    def forward(*args, packed_batch: PackedBatch | None = None, **kwargs):
+        if packed_batch is None:
+            return inner_forward(*args, **kwargs)
+        if args:
+            raise TypeError("A packed forward takes keyword arguments only.")
+        return run_packed(inner_forward, packed_batch, kwargs)
+
+    model.forward = forward
+    model._padfree_packed_forward = True

@@ -1,0 +1,112 @@
+"""Which models and attention implementations may run packed rows, and the check for the others."""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import ATTN_IMPLEMENTATION
+from .packing import cu_seq_lens_from_lengths, position_ids_from_lengths
+
+# Packed forward equal to per-sequence forwards on every backend below: tests/test_models.py checks each pair
+VERIFIED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text", "phi3", "gpt_neox", "gpt2")
+
+# Known to be wrong when packed, whatever the backend
+BROKEN_MODEL_TYPES = {
+    "opt": "OPT derives its positions from the attention mask, not from position_ids",
+    "falcon": "Falcon's attention ignores the packed position_ids (ALiBi or mask-derived positions)",
+    "bloom": "Bloom's ALiBi bias is built from the attention mask, so packed sequences see each other",
+    "mpt": "MPT's ALiBi bias ignores position_ids",
+    "gemma2": "Gemma2 softcaps attention logits, which only eager supports, and eager packing is not verified",
+}
+
+# Backends that keep packed sequences apart: ours, flash varlen (cu_seq_lens), and the block-diagonal mask that
+# sdpa/eager build from position_ids when no attention mask is passed
+FLASH_VARLEN = ("flash_attention_2", "flash_attention_3")
+PACKING_AWARE_ATTENTION = (ATTN_IMPLEMENTATION, *FLASH_VARLEN, "sdpa", "eager")
+
+# Largest max-abs difference of log-probs the self-check accepts; a leak across sequences is ~0.1 to 1
+SELF_CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 5e-2}
+
+
+def resolve_attn_implementation(requested: str, current: str | None) -> str:
+    """`auto` keeps a flash varlen kernel the model already uses, else picks `padfree_varlen`; `keep` keeps `current`."""
+    if requested == "auto":
+        return current if current in FLASH_VARLEN else ATTN_IMPLEMENTATION
+    if requested == "keep":
+        return current
+    return requested
+
+
+def check_attn_implementation(attn_implementation: str | None) -> None:
+    if attn_implementation not in PACKING_AWARE_ATTENTION:
+        raise ValueError(
+            f"padding_free=True cannot run with attn_implementation={attn_implementation!r}: it is not known to keep "
+            f"packed sequences apart. Use one of {list(PACKING_AWARE_ATTENTION)} (set `packed_attn_implementation`), "
+            "or padding_free=False."
+        )
+
+
+def _is_partitioned(model: torch.nn.Module) -> bool:
+    # ZeRO-3 parameters are empty placeholders until DeepSpeed gathers them
+    return any(hasattr(parameter, "ds_id") for parameter in model.parameters())
+
+
+@torch.no_grad()
+def packed_forward_error(model: torch.nn.Module, lengths: tuple[int, ...] = (7, 2, 12)) -> float:
+    """Max abs difference of log-probs between one packed forward and per-sequence forwards of random tokens."""
+    vocab_size = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)  # a private generator leaves the training RNG untouched
+    device = next(model.parameters()).device
+    sequences = [torch.randint(vocab_size, (1, length), generator=generator).to(device) for length in lengths]
+    cu_seq_lens = cu_seq_lens_from_lengths(lengths).to(device)
+    packed_kwargs = {
+        "input_ids": torch.cat(sequences, dim=1),
+        "position_ids": position_ids_from_lengths(lengths).to(device),
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max(lengths),
+        "max_length_k": max(lengths),
+        "use_cache": False,
+    }
+    was_training = model.training
+    model.eval()
+    try:
+        packed = model(**packed_kwargs).logits.float().log_softmax(-1)[0]
+        separate = torch.cat(
+            [model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1)[0] for ids in sequences]
+        )
+    finally:
+        model.train(was_training)
+    return (packed - separate).abs().max().item()
+
+
+def check_packable(model: torch.nn.Module) -> None:
+    """Refuse a model whose packed forward would differ from its per-sequence forward.
+
+    Verified model types pass; known-broken ones raise; any other model is checked once on three random sequences and
+    refused unless the packed forward matches (it cannot be checked while ZeRO-3 holds the parameters partitioned).
+    """
+    model_type = model.config.get_text_config().model_type
+    attn_implementation = model.config._attn_implementation
+    check_attn_implementation(attn_implementation)
+    if model_type in BROKEN_MODEL_TYPES:
+        raise ValueError(
+            f"padding_free=True is not supported for model type {model_type!r}: {BROKEN_MODEL_TYPES[model_type]}. "
+            "Train it with padding_free=False."
+        )
+    if model_type in VERIFIED_MODEL_TYPES:
+        return
+    if _is_partitioned(model):
+        raise ValueError(
+            f"Model type {model_type!r} is not among the verified packable models {list(VERIFIED_MODEL_TYPES)}, and "
+            "its packed forward cannot be self-checked while ZeRO-3 partitions its parameters. Train it with "
+            "padding_free=False, or check it once without ZeRO-3 with `trl_padfree.models.packed_forward_error`."
+        )
+    error = packed_forward_error(model)
+    tolerance = SELF_CHECK_TOLERANCE.get(model.dtype, 5e-2)
+    if not error <= tolerance:
+        raise ValueError(
+            f"Model type {model_type!r} with attn_implementation={attn_implementation!r} is not packable: its packed "
+            f"forward differs from per-sequence forwards by {error:.3g} (tolerance {tolerance:g}), so packed "
+            "sequences would see each other. Train it with padding_free=False."
+        )

@@ -1,0 +1,133 @@
+"""`DPOTrainer`: TRL's DPO trainer with `padding_free=True` honoured, packed and exact."""
+
+from __future__ import annotations
+
+import contextlib
+
+import trl
+from accelerate.utils import is_peft_model
+
+from .collator import PaddingFreePreferenceCollator, is_packed_batch
+from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
+from .models import check_packable, resolve_attn_implementation
+
+
+@contextlib.contextmanager
+def _padding_free_hidden_from_trl(args):
+    # TRL 1.16 warns that padding_free is "temporarily unavailable" and switches it off; this trainer honours it
+    # instead, so TRL's constructor must not see it
+    padding_free = args.padding_free
+    args.padding_free = False
+    try:
+        yield
+    finally:
+        args.padding_free = padding_free
+
+
+class DPOTrainer(trl.DPOTrainer):
+    """
+    Drop-in replacement for [`trl.DPOTrainer`] that honours `padding_free=True`.
+
+    With `padding_free=True` (in [`trl_padfree.DPOConfig`] or a plain [`trl.DPOConfig`]) each batch is one packed row
+    from [`PaddingFreePreferenceCollator`]: the policy and the reference model run on that row with no padding and no
+    attention mask, and their per-token outputs are gathered back into the per-sequence layout TRL's loss reads, so
+    every loss type, option and logged metric is TRL's own code on the same numbers. With `padding_free=False` it is
+    TRL's trainer, unchanged.
+
+    Models are checked at construction: a model or attention implementation whose packed forward would let sequences
+    see each other is refused with an error that says what to change.
+    """
+
+    _tag_names = [*trl.DPOTrainer._tag_names, "trl-padfree"]
+
+    def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
+        self._padding_free_requested = bool(args is not None and args.padding_free)
+        self._padding_free_ready = False
+        if self._padding_free_requested:
+            if data_collator is not None and not (
+                isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free
+            ):
+                raise ValueError(
+                    f"padding_free=True needs packed batches, but the data collator is {type(data_collator).__name__}. "
+                    "Pass `PaddingFreePreferenceCollator(...)` (padding_free=True), or no collator at all."
+                )
+            with _padding_free_hidden_from_trl(args):
+                super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
+            self._enable_padding_free()
+        else:
+            super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
+
+    def _enable_padding_free(self) -> None:
+        """Packed collator, packing-aware attention and packed forward on every model. Runs once, before the first
+        forward: at the end of `__init__`, or earlier when TRL's `__init__` precomputes reference log-probs."""
+        if self._padding_free_ready:
+            return
+        if self._is_vision_dataset:
+            raise ValueError("padding_free=True is not supported for vision datasets. Set padding_free=False.")
+        if not isinstance(self.data_collator, PaddingFreePreferenceCollator):
+            self.data_collator = PaddingFreePreferenceCollator.from_padded(self.data_collator)
+        if self.aux_loss_enabled and self.data_collator.pad_to_multiple_of:
+            raise ValueError(
+                "padding_free=True with a Mixture-of-Experts auxiliary loss and `pad_to_multiple_of` would count the "
+                "row padding in the load-balancing loss. Unset `pad_to_multiple_of`."
+            )
+
+        policy = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(policy):
+            if policy.peft_config[policy.active_adapter].is_prompt_learning:
+                raise ValueError(
+                    "padding_free=True does not support prompt-learning PEFT methods (prompt/prefix/p-tuning): their "
+                    "virtual tokens would be prepended once to the packed row instead of to every sequence. Use LoRA, "
+                    "or padding_free=False."
+                )
+            policy = policy.get_base_model()
+        models = [policy]
+        if self.ref_model is not None:
+            models.append(self.accelerator.unwrap_model(self.ref_model))
+
+        requested = getattr(self.args, "packed_attn_implementation", "auto")
+        for model in models:
+            attn_implementation = resolve_attn_implementation(requested, model.config._attn_implementation)
+            if attn_implementation != model.config._attn_implementation:
+                model.set_attn_implementation(attn_implementation)
+            check_packable(model)
+            add_packed_forward(model)
+        self.padding_free = True
+        self._padding_free_ready = True
+
+    def _packed_inputs(self, inputs: dict) -> dict:
+        """The padded-layout inputs TRL's loss code reads, carrying the packed row the forward really runs on."""
+        if not self.padding_free:
+            raise ValueError(
+                "Got a packed batch (from PaddingFreePreferenceCollator) but padding_free=False. Set "
+                "`padding_free=True` in the config, or use TRL's padded collator."
+            )
+        packed_batch = PackedBatch.from_collated(inputs)
+        padded = packed_batch.padded_inputs(self._tokenizer.pad_token_id)
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if key in inputs:
+                padded[key] = inputs[key]
+        padded[PACKED_BATCH_KWARG] = packed_batch
+        return padded
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        # Called from TRL's __init__, before this class could enable packing
+        if self._padding_free_requested:
+            self._enable_padding_free()
+        return super()._precompute_ref_logps(dataset, name, batch_size)
+
+    def compute_ref_log_probs(self, model, inputs):
+        if is_packed_batch(inputs):
+            inputs = self._packed_inputs(inputs)
+        return super().compute_ref_log_probs(model, inputs)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        # TRL returns `inputs["input_ids"]` as labels next to the logits: give it the padded layout of both
+        if is_packed_batch(inputs):
+            inputs = self._packed_inputs(self._prepare_inputs(inputs))
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if is_packed_batch(inputs):
+            inputs = self._packed_inputs(inputs)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
