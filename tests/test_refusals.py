@@ -1,0 +1,90 @@
+"""What padding-free mode refuses, with errors that say what to do."""
+
+import pytest
+from peft import PrefixTuningConfig
+from trainer_utils import first_batch, make_trainer
+from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+from trl_padfree import PaddingFreePreferenceCollator
+from trl_padfree.forward import PACKED_BATCH_KWARG, PackedBatch
+
+OPT = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32)
+
+
+def test_known_broken_model_type_is_refused_at_init():
+    with pytest.raises(ValueError, match="model type 'opt'.*padding_free=False"):
+        make_trainer(True, model_type="opt", model_overrides=OPT)
+
+
+def test_refused_model_still_trains_padded():
+    assert make_trainer(False, model_type="opt", model_overrides=OPT).padding_free is False
+
+
+def test_attention_that_leaks_is_refused():
+    with pytest.raises(ValueError, match="flex_attention.*padding_free=False"):
+        make_trainer(True, attn_implementation="flex_attention", packed_attn_implementation="keep")
+
+
+def test_padded_collator_with_padding_free_is_refused():
+    collator = DataCollatorForPreference(pad_token_id=0)
+    with pytest.raises(ValueError, match="needs packed batches.*PaddingFreePreferenceCollator"):
+        make_trainer(True, data_collator=collator)
+
+
+def test_packed_batch_without_padding_free_is_refused():
+    trainer = make_trainer(False)
+    packed = PaddingFreePreferenceCollator.from_padded(trainer.data_collator)
+    examples = [trainer.train_dataset[index] for index in range(2)]
+    with pytest.raises(ValueError, match="padding_free=False"):
+        trainer.compute_loss(trainer.model, packed(examples))
+
+
+def test_prompt_learning_peft_is_refused():
+    with pytest.raises(ValueError, match="prompt-learning"):
+        make_trainer(True, peft_config=PrefixTuningConfig(num_virtual_tokens=4, task_type="CAUSAL_LM"))
+
+
+def test_kv_cache_on_a_packed_forward_is_refused():
+    trainer = make_trainer(True)
+    batch = first_batch(trainer, 2)
+    packed_batch = PackedBatch.from_collated(batch)
+    with pytest.raises(ValueError, match="KV cache.*use_cache=False"):
+        trainer.model(input_ids=batch["input_ids"], use_cache=True, **{PACKED_BATCH_KWARG: packed_batch})
+
+
+def test_mismatched_reference_log_probs_are_refused():
+    trainer = make_trainer(True)
+    examples = [dict(trainer.train_dataset[index]) for index in range(2)]
+    examples[0]["ref_chosen_logps"] = -1.0
+    with pytest.raises(ValueError, match="Reference log-probs must come as a pair"):
+        trainer.data_collator(examples)
+    examples[0]["ref_rejected_logps"], examples[1]["ref_chosen_logps"] = -2.0, -1.0
+    examples[1]["ref_rejected_logps"] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        trainer.data_collator(examples)
+
+
+def test_missing_columns_are_refused():
+    trainer = make_trainer(True)
+    with pytest.raises(KeyError, match="rejected_ids"):
+        trainer.data_collator([{"prompt_ids": [1], "chosen_ids": [2]}])
+
+
+def test_untested_trl_version_fails_at_import(monkeypatch):
+    import trl_padfree._compat as compat
+
+    monkeypatch.setattr(compat, "version", lambda name: "1.17.0")
+    with pytest.raises(ImportError, match=r"supports TRL >=1.16.0,<1.17.0.*pip install"):
+        compat.check_trl_version()
+
+
+def test_empty_prompt_matches_padded_mode():
+    # TRL never scores a sequence's first token; packed mode must not score it against the previous sequence either
+    from trainer_utils import assert_same_step, one_step
+
+    padded, packed = make_trainer(False), make_trainer(True)
+    for trainer in (padded, packed):
+        trainer.train_dataset = trainer.train_dataset.map(
+            lambda example, index: {"prompt_ids": [] if index % 2 else example["prompt_ids"]}, with_indices=True
+        )
+    assert_same_step(one_step(padded), one_step(packed))

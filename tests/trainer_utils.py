@@ -1,0 +1,111 @@
+"""Build padded (TRL) and padding-free trainers on the same tiny model and data, and compare one step of each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trl_padfree import DPOConfig, DPOTrainer
+from trl_padfree.tiny import make_model, make_preference_dataset, make_tokenizer
+
+# fp32 tolerances, about 3x the largest difference measured over the suite (docs/equivalence.md): log-prob sums
+# over ~60 tokens carry ~1e-5 of rounding, everything else less. Losses such as IPO (~25 here) and their gradients
+# scale that noise, so the bounds grow with the magnitude of the padded result.
+LOSS_ATOL, LOSS_RTOL = 5e-5, 5e-6
+GRAD_ATOL = 5e-6  # times max(1, largest padded gradient)
+METRIC_RTOL, METRIC_ATOL = 1e-5, 5e-5
+
+
+def make_trainer(
+    padding_free: bool,
+    model_type: str = "llama",
+    attn_implementation: str = "sdpa",
+    num_pairs: int = 8,
+    batch_size: int = 8,
+    ref_seed: int | None = 1,
+    peft_config=None,
+    trainer_class=DPOTrainer,
+    config_class=DPOConfig,
+    dtype: torch.dtype = torch.float32,
+    model_overrides: dict | None = None,
+    data_collator=None,
+    **config_kwargs,
+):
+    """A trainer on a tiny model; the reference has other weights (`ref_seed`) so the loss is not trivially ln 2."""
+    config_kwargs.setdefault("report_to", [])
+    config_kwargs.setdefault("save_strategy", "no")
+    config_kwargs.setdefault("bf16", False)  # TRL's default is bf16 autocast; these comparisons are fp32 unless asked
+    args = config_class(
+        output_dir=config_kwargs.pop("output_dir", "/tmp/trl-padfree-tests"),
+        padding_free=padding_free,
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size,
+        use_cpu=True,
+        seed=0,
+        **config_kwargs,
+    )
+    model_overrides = model_overrides or {}
+    model = make_model(model_type, attn_implementation=attn_implementation, seed=0, dtype=dtype, **model_overrides)
+    # TRL would reload the reference from the model's hub name; tiny models have none, so pass it (PEFT needs none)
+    ref_model = None
+    if peft_config is None:
+        ref_model = make_model(
+            model_type, attn_implementation=attn_implementation, seed=ref_seed, dtype=dtype, **model_overrides
+        )
+    return trainer_class(
+        model=model,
+        ref_model=ref_model,
+        args=args,
+        data_collator=data_collator,
+        train_dataset=make_preference_dataset(num_pairs),
+        eval_dataset=make_preference_dataset(num_pairs, seed=1),
+        processing_class=make_tokenizer(),
+        peft_config=peft_config,
+    )
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grads: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+
+def first_batch(trainer, num_examples: int | None = None) -> dict:
+    """The first examples of the training set, collated by the trainer's own collator (no shuffling)."""
+    dataset = trainer.train_dataset
+    count = min(num_examples or trainer.args.per_device_train_batch_size, len(dataset))
+    examples = [dataset[index] for index in range(count)]
+    return trainer._prepare_inputs(trainer.data_collator(examples))
+
+
+def one_step(trainer, num_examples: int | None = None) -> StepResult:
+    """Loss, parameter gradients and logged metrics of one forward/backward on the first batch."""
+    trainer.model.train()
+    trainer._metrics["train"].clear()
+    trainer.model.zero_grad()
+    # `train()` wraps the policy in accelerate's autocast; the reference is wrapped at init. Match that here.
+    with trainer.compute_loss_context_manager(), trainer.accelerator.autocast():
+        loss = trainer.compute_loss(trainer.model, first_batch(trainer, num_examples))
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    return StepResult(loss.item(), grads, metrics)
+
+
+def assert_same_step(padded: StepResult, packed: StepResult) -> None:
+    assert abs(padded.loss - packed.loss) <= LOSS_ATOL + LOSS_RTOL * abs(padded.loss), (padded.loss, packed.loss)
+    assert padded.grads.keys() == packed.grads.keys()
+    grad_atol = GRAD_ATOL * max(1.0, max(grad.abs().max().item() for grad in padded.grads.values()))
+    for name, grad in padded.grads.items():
+        torch.testing.assert_close(packed.grads[name], grad, atol=grad_atol, rtol=0, msg=f"gradient of {name}")
+    assert padded.metrics.keys() == packed.metrics.keys()
+    for key, value in padded.metrics.items():
+        tolerance = METRIC_ATOL + METRIC_RTOL * abs(value)
+        assert abs(packed.metrics[key] - value) <= tolerance, f"{key}: padded {value}, packed {packed.metrics[key]}"
+
+
+def train_losses(trainer) -> list[float]:
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
