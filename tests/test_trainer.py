@@ -211,3 +211,13 @@ def test_bf16_autocast_matches_padded_within_bf16_noise():
     for key in ("logps/chosen", "logps/rejected"):
         assert packed.metrics[key] == pytest.approx(padded.metrics[key], rel=2e-3)
     assert one_step(make_trainer(True, bf16=True, ref_seed=0)).loss == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_resume_from_checkpoint_follows_the_same_trajectory(tmp_path):
+    options = dict(num_pairs=16, batch_size=4, max_steps=4, learning_rate=0.5, optim="sgd", logging_steps=1)
+    options.update(save_strategy="steps", save_steps=2, output_dir=str(tmp_path))
+    uninterrupted = train_losses(make_trainer(True, **options))
+    resumed = make_trainer(True, **options)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    resumed_losses = [entry["loss"] for entry in resumed.state.log_history if "loss" in entry]
+    assert resumed_losses[-2:] == pytest.approx(uninterrupted[-2:], abs=1e-6)

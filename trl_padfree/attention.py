@@ -6,7 +6,8 @@ Each sequence of a packed row attends only to itself, causally, read from `cu_se
 - Elsewhere (CPU, or fp32 on CUDA): one `scaled_dot_product_attention` per segment. Its cost grows with the sum of
   the squared sequence lengths, not with the square of the row as the dense block-diagonal sdpa/eager mask does.
 
-transformers builds no mask for an attention name it does not know, so the model hands us `attention_mask=None`.
+Its mask function builds no mask (segments come from `cu_seq_lens` or `position_ids`) and refuses a padding mask,
+which this attention could not honour: a padded batch must use `sdpa` or `eager`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
 
 from .packing import cu_seq_lens_from_position_ids
 
@@ -40,7 +42,7 @@ def per_sequence_attention(
     outputs = []
     bounds = cu_seq_lens.tolist()
     enable_gqa = query.shape[1] != key.shape[1]
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
         length = end - start
         if length == 0:
             continue
@@ -103,7 +105,7 @@ def padfree_varlen_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
-    cu_seq_lens_k: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,  # self-attention: the same boundaries as the queries
     max_length_q: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
@@ -122,9 +124,7 @@ def padfree_varlen_attention(
                 "pass the batch of `PaddingFreePreferenceCollator` to the model."
             )
         cu_seq_lens_q = cu_seq_lens_from_position_ids(position_ids)
-        cu_seq_lens_k, max_length_q = None, None
-    if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_q.cpu(), cu_seq_lens_k.cpu()):
-        raise ValueError(f"`{ATTN_IMPLEMENTATION}` attention needs `cu_seq_lens_q == cu_seq_lens_k` (self-attention).")
+        max_length_q = None
     if query.shape[0] != 1 or query.shape[2] != key.shape[2]:
         raise ValueError(
             f"`{ATTN_IMPLEMENTATION}` attention expects one packed row of self-attention (no cache); got "
@@ -147,4 +147,16 @@ def padfree_varlen_attention(
     return output.contiguous(), None
 
 
+def padfree_varlen_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
+    """Mask function for transformers' `AttentionMaskInterface`: no mask, and no padding allowed."""
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        raise ValueError(
+            f"`{ATTN_IMPLEMENTATION}` attention got a padded batch (an attention mask with zeros), which it cannot "
+            "honour. Pass packed rows without a mask, or switch the model back for padded inputs, e.g. "
+            "`model.set_attn_implementation('sdpa')` before `generate`."
+        )
+    return None
+
+
 AttentionInterface.register(ATTN_IMPLEMENTATION, padfree_varlen_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, padfree_varlen_mask)

@@ -159,6 +159,7 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
     (tensor([5, 3, 4, 4]), tensor([ 0,  5,  8, 12, 16], dtype=torch.int32), 5)
     >>> "attention_mask" in batch
     False
+
     ```
     """
 

@@ -25,7 +25,7 @@ FLASH_VARLEN = ("flash_attention_2", "flash_attention_3")
 PACKING_AWARE_ATTENTION = (ATTN_IMPLEMENTATION, *FLASH_VARLEN, "sdpa", "eager")
 
 # Largest max-abs difference of log-probs the self-check accepts; a leak across sequences is ~0.1 to 1
-SELF_CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 5e-2}
+SELF_CHECK_TOLERANCE = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 5e-2}
 
 
 def resolve_attn_implementation(requested: str, current: str | None) -> str:

@@ -6,7 +6,7 @@ then (only with ``pad_to_multiple_of``) one trailing padding segment:
     tokens        | p p c c | p c | p p c | p c c c | 0 0 |
     position_ids  | 0 1 2 3 | 0 1 | 0 1 2 | 0 1 2 3 | 0 1 |
     cu_seq_lens   0         4     6       9         13    15
-                  '- chosen 0 -'  '- rejected 0 ..  '- padding segment (never a sequence of the batch)
+                   chosen 0  ch. 1  rej. 0  rejected 1  padding (a segment, never a sequence of the batch)
 
 Nothing here imports transformers or TRL, so these functions can be tested against hand-computed tensors.
 """
