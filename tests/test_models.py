@@ -40,11 +40,14 @@ EXAMPLES = [
 ]
 PACKED_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
-# Max abs difference of log-probs, packed vs per-sequence, measured on 2 CPU cores (torch 2.13, transformers 5.23)
-# over every model type and backend and seeds 0-4: fp32 at most 9.5e-7 (2 ulp of a log-prob near -4.5), the same
-# against the eager per-sequence reference. bf16 (llama, mistral, gemma3_text): 0 against the same backend on CPU,
-# 2.1e-3 to 4e-3 against eager. A packed sequence that sees another one is off by 0.09 to 0.3 (the leak test below).
-ATOL = {torch.float32: 4e-6, torch.bfloat16: 1e-2}
+# Max abs difference of log-probs, packed vs per-sequence forwards, measured on 2 CPU cores (torch 2.13, transformers
+# 5.23) over every model type, backend and seeds 0-4:
+#   fp32: at most 9.5e-7 (2 ulp of a log-prob near -4.5), against the same backend and against eager
+#   bf16 (llama, mistral, gemma3_text): 0 (padfree_varlen, eager) and 3e-3 (sdpa) against the same backend, at most
+#         5.8e-3 against eager
+# A packed sequence that sees the ones before it is off by 0.09 (gpt2) to 0.5 (gemma3_text): see the leak test.
+ATOL = {torch.float32: 4e-6, torch.bfloat16: 1.5e-2}
+BF16_MODEL_TYPES = ("llama", "mistral")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_packed_forward_equals_per_sequence_forward(model_type, attn_implementat
     assert max_error(packed, reference) <= ATOL[torch.float32]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral"])
+@pytest.mark.parametrize("model_type", BF16_MODEL_TYPES)
 def test_packed_forward_equals_per_sequence_forward_in_bf16(model_type, packed_batch):
     model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.bfloat16).eval()
     reference = per_sequence_log_probs(
@@ -104,20 +107,22 @@ def test_packed_forward_equals_per_sequence_forward_in_bf16(model_type, packed_b
     assert max_error(packed, reference) <= ATOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
-def test_a_leak_across_sequences_exceeds_the_tolerance(model_type, packed_batch):
+@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+def test_a_leak_across_sequences_exceeds_the_tolerance_tenfold(model_type, packed_batch):
     # With an attention mask transformers reads the row as one sequence: each sequence sees the ones before it. The
-    # tolerances above must be far below what that costs, or the equality tests prove nothing
+    # tolerances above must sit far below what that costs, or the equality tests prove nothing
     model = make_model(model_type, attn_implementation="sdpa").eval()
-    leaky_batch = {**packed_batch, "attention_mask": torch.ones_like(packed_batch["input_ids"])}
+    attention_mask = torch.ones_like(packed_batch["input_ids"])
     with torch.no_grad():
-        leaky = model(**{key: leaky_batch[key] for key in (*PACKED_KEYS, "attention_mask")}, use_cache=False).logits
+        leaky = model(
+            **{key: packed_batch[key] for key in PACKED_KEYS}, attention_mask=attention_mask, use_cache=False
+        )
     num_real_tokens = int(packed_batch["seq_lens"].sum())
 
-    error = max_error(leaky.log_softmax(-1)[0, :num_real_tokens], per_sequence_log_probs(model, packed_batch))
+    error = max_error(leaky.logits.log_softmax(-1)[0, :num_real_tokens], per_sequence_log_probs(model, packed_batch))
 
-    # measured 0.27 (llama) and 0.093 (gpt2): 9x the bf16 tolerance, 2e4x the fp32 one
-    assert error > 5 * ATOL[torch.bfloat16]
+    loosest_tolerance = ATOL[torch.bfloat16] if model_type in BF16_MODEL_TYPES else ATOL[torch.float32]
+    assert error > 10 * loosest_tolerance
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gemma3_text"])
@@ -143,6 +148,12 @@ def make_tiny_opt(attn_implementation="sdpa"):
         num_hidden_layers=2,
         num_attention_heads=4,
         word_embed_proj_dim=32,
+    )
+
+
+def make_tiny_falcon_with_alibi():
+    return make_model(
+        "falcon", attn_implementation="eager", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True
     )
 
 
@@ -214,21 +225,28 @@ def test_check_packable_refuses_an_unverified_type_whose_packed_forward_leaks(mo
         check_packable(make_tiny_opt("sdpa"))
 
 
+def test_check_packable_refuses_unverified_half_precision_models(monkeypatch):
+    # bf16 rounding can hide a small leak (an ALiBi bloom leaks 5.1e-3), so such models are not self-checked
+    monkeypatch.delitem(BROKEN_MODEL_TYPES, "bloom")
+    model = make_model("bloom", attn_implementation="eager", dtype=torch.bfloat16, hidden_size=32, n_layer=2, n_head=4)
+
+    with pytest.raises(ValueError, match="too coarse for the packing self-check.*float32"):
+        check_packable(model)
+
+
+def test_check_packable_refuses_a_leaking_alibi_model_in_fp32(monkeypatch):
+    monkeypatch.delitem(BROKEN_MODEL_TYPES, "bloom")
+    model = make_model("bloom", attn_implementation="eager", hidden_size=32, n_layer=2, n_head=4)
+
+    with pytest.raises(ValueError, match="is not packable"):
+        check_packable(model)
+
+
 @pytest.mark.parametrize(
     "make_leaky_model",
     [
         pytest.param(make_tiny_opt, id="opt-positions-from-mask"),  # measured 0.146
-        pytest.param(
-            lambda: make_model(
-                "falcon",
-                attn_implementation="eager",
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                alibi=True,
-            ),
-            id="falcon-alibi",  # measured 0.224
-        ),
+        pytest.param(make_tiny_falcon_with_alibi, id="falcon-alibi"),  # measured 0.224
     ],
 )
 def test_packed_forward_error_of_a_leaking_model_is_large(make_leaky_model):
@@ -282,8 +300,8 @@ def block_diagonal_attention(query, key, value, lengths, sliding_window=None):
     """Naive softmax attention of a whole row under a block-diagonal causal mask: `(1, T, heads, dim)`."""
     key = key.repeat_interleave(NUM_HEADS // NUM_KV_HEADS, dim=1)
     value = value.repeat_interleave(NUM_HEADS // NUM_KV_HEADS, dim=1)
-    segment_ids = segment_ids_from_lengths(torch.tensor(lengths))
-    positions = torch.arange(len(segment_ids))
+    segment_ids = segment_ids_from_lengths(torch.tensor(lengths, device=query.device))
+    positions = torch.arange(len(segment_ids), device=query.device)
     query_positions, key_positions = positions.unsqueeze(1), positions.unsqueeze(0)
     allowed = (segment_ids.unsqueeze(1) == segment_ids.unsqueeze(0)) & (key_positions <= query_positions)
     if sliding_window is not None:
@@ -359,19 +377,6 @@ def test_padfree_varlen_refuses_a_call_without_boundaries():
         call_padfree_varlen(query, key, value)
 
 
-def test_padfree_varlen_refuses_different_query_and_key_boundaries():
-    query, key, value = random_qkv()
-
-    with pytest.raises(ValueError, match="cu_seq_lens_q == cu_seq_lens_k"):
-        call_padfree_varlen(
-            query,
-            key,
-            value,
-            cu_seq_lens_q=cu_seq_lens_from_lengths(ATTENTION_LENGTHS),
-            cu_seq_lens_k=cu_seq_lens_from_lengths([15]),
-        )
-
-
 def test_padfree_varlen_refuses_softcapping():
     query, key, value = random_qkv()
 
@@ -386,3 +391,32 @@ def test_padfree_varlen_refuses_non_causal_attention():
 
     with pytest.raises(ValueError, match="only supports causal"):
         padfree_varlen_attention(encoder_attention, query, key, value, None, **with_cu_seq_lens(ATTENTION_LENGTHS))
+
+
+# ---- attention.py: the padfree_varlen mask function, seen through a model ----
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2"])  # gemma3_text: sliding and full masks
+def test_a_padfree_varlen_model_refuses_a_padded_batch(model_type):
+    model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION).eval()
+    input_ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    attention_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+    with pytest.raises(ValueError, match="got a padded batch"):
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2"])
+def test_a_padfree_varlen_model_ignores_an_all_ones_mask_on_a_packed_row(model_type, packed_batch):
+    # No padding, so nothing to honour: the segments still come from the packed position_ids
+    model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION).eval()
+    num_real_tokens = int(packed_batch["seq_lens"].sum())
+    with torch.no_grad():
+        masked = model(
+            input_ids=packed_batch["input_ids"],
+            position_ids=packed_batch["position_ids"],
+            attention_mask=torch.ones_like(packed_batch["input_ids"]),
+            use_cache=False,
+        ).logits.log_softmax(-1)[0, :num_real_tokens]
+
+    assert max_error(masked, packed_log_probs(model, packed_batch)) <= ATOL[torch.float32]

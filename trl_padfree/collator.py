@@ -35,11 +35,21 @@ def _validate_examples(examples: list[dict[str, Any]]) -> None:
     if has_ref[0][0]:
         for index, example in enumerate(examples):
             values = (example["ref_chosen_logps"], example["ref_rejected_logps"])
-            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            if not all(_is_finite_number(value) for value in values):
                 raise ValueError(
                     f"Example {index} has reference log-probs {values}: each must be one finite number per sequence. "
                     "Recompute them with the same tokenizer, `max_length` and `truncation_mode` as training."
                 )
+
+
+def _is_finite_number(value) -> bool:
+    # Python floats, numpy scalars and 0-d tensors all arrive here, depending on the dataset's format
+    if isinstance(value, (str, bytes)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _truncate(sequences: list[list[int]], max_length: int | None, truncation_mode: str) -> list[list[int]]:
