@@ -14,42 +14,17 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
 # One config per verified model type: small enough for a CPU forward in milliseconds, yet with GQA, rotary, sliding
 # windows and learned absolute positions where the architecture has them
+_DECODER = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
+_SLIDING = dict(sliding_window=6)  # shorter than several test sequences, so the window really cuts
 TINY_CONFIGS = {
-    "llama": dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    ),
-    "qwen2": dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    ),
-    "qwen3": dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    ),
-    "mistral": dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=6,
-    ),
-    "gemma3_text": dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        sliding_window=6,
-        layer_types=["sliding_attention", "full_attention"],
-    ),
-    "phi3": dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    ),
+    "llama": _DECODER,
+    "qwen2": _DECODER,
+    "qwen3": {**_DECODER, "head_dim": 8},
+    "mistral": {**_DECODER, **_SLIDING},
+    "gemma3_text": {**_DECODER, **_SLIDING, "head_dim": 8, "layer_types": ["sliding_attention", "full_attention"]},
+    "phi3": _DECODER,
     "gpt_neox": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
     "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=512),
 }
