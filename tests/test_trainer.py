@@ -194,13 +194,39 @@ def test_policy_forward_sees_one_row_and_no_attention_mask():
     assert trainer.model.config._attn_implementation == ATTN_IMPLEMENTATION and attention_calls
 
 
+def test_packing_metrics_are_logged_with_trl_metrics():
+    trainer = make_trainer(True)
+    batch = first_batch(trainer)
+    seq_lens = batch["seq_lens"]
+    metrics = one_step(trainer).metrics
+    assert metrics["padfree/real_tokens"] == seq_lens.sum().item() == batch["input_ids"].shape[1]
+    assert metrics["padfree/padded_tokens"] == len(seq_lens) * seq_lens.max().item()
+    assert metrics["padfree/padding_removed"] == pytest.approx(1 - seq_lens.sum().item() / (16 * seq_lens.max().item()))
+    assert 0 < metrics["padfree/padding_removed"] < 1
+    assert metrics["padfree/row_length"] == batch["input_ids"].shape[1]
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "padfree/real_tokens" in entry]
+    assert logged and all(0 < entry["padfree/padding_removed"] < 1 for entry in logged)
+    assert "eval_padfree/padding_removed" in trainer.evaluate()
+
+
+def test_packing_metrics_count_the_padded_row_multiple():
+    trainer = make_trainer(True, pad_to_multiple_of=64)
+    batch = first_batch(trainer)
+    metrics = one_step(trainer).metrics
+    assert metrics["padfree/row_length"] == batch["input_ids"].shape[1] and metrics["padfree/row_length"] % 64 == 0
+    assert metrics["padfree/padded_tokens"] == 16 * 64 * math.ceil(batch["seq_lens"].max().item() / 64)
+    assert metrics["padfree/real_tokens"] == batch["seq_lens"].sum().item()
+
+
 def test_float64_loss_and_metrics_are_exact():
     # Same numbers up to float64 rounding; gradients keep ~1e-6 relative noise from TRL's LM head, which
     # accumulates in fp32 whatever the model dtype, in both modes
     padded = one_step(make_trainer(False, dtype=torch.float64, loss_type=["ipo"]))
     packed = one_step(make_trainer(True, dtype=torch.float64, loss_type=["ipo"]))
     assert packed.loss == pytest.approx(padded.loss, abs=1e-9)
-    assert packed.metrics == pytest.approx(padded.metrics, abs=1e-9)
+    trl_metrics = {key: value for key, value in packed.metrics.items() if not key.startswith("padfree/")}
+    assert trl_metrics == pytest.approx(padded.metrics, abs=1e-9)
 
 
 def test_bf16_autocast_matches_padded_within_bf16_noise():

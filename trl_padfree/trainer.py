@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 import trl
 from accelerate.utils import is_peft_model
 
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .models import check_packable, resolve_attn_implementation
+from .packing import pad_length_to_multiple
 
 
 @contextlib.contextmanager
@@ -110,6 +112,26 @@ class DPOTrainer(trl.DPOTrainer):
         padded[PACKED_BATCH_KWARG] = packed_batch
         return padded
 
+    def _log_packing_metrics(self, packed_batch: PackedBatch) -> None:
+        """Log what packing saved on this micro-batch, next to TRL's metrics (so every `report_to` sees them).
+
+        `padfree/real_tokens` and `padfree/padded_tokens` are summed over processes: the tokens the packed row really
+        holds, and the tokens TRL's padded collator would have made of the same sequences (2 x pairs x longest).
+        """
+        sequences = len(packed_batch.seq_lens)
+        padded_width = pad_length_to_multiple(packed_batch.width, self.data_collator.pad_to_multiple_of)
+        counts = torch.tensor(
+            [packed_batch.seq_lens.sum().item(), sequences * padded_width, packed_batch.row_length],
+            dtype=torch.float64,
+            device=self.accelerator.device,
+        )
+        real_tokens, padded_tokens, row_length = self.accelerator.gather(counts).view(-1, 3).T.tolist()
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics["padfree/real_tokens"].append(sum(real_tokens))
+        metrics["padfree/padded_tokens"].append(sum(padded_tokens))
+        metrics["padfree/padding_removed"].append(1.0 - sum(real_tokens) / sum(padded_tokens))
+        metrics["padfree/row_length"].append(sum(row_length) / len(row_length))
+
     def _precompute_ref_logps(self, dataset, name, batch_size):
         # Called from TRL's __init__, before this class could enable packing
         if self._padding_free_requested:
@@ -125,9 +147,11 @@ class DPOTrainer(trl.DPOTrainer):
         # TRL returns `inputs["input_ids"]` as labels next to the logits: give it the padded layout of both
         if is_packed_batch(inputs):
             inputs = self._packed_inputs(self._prepare_inputs(inputs))
+            self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if is_packed_batch(inputs):
             inputs = self._packed_inputs(inputs)
+            self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
