@@ -201,7 +201,9 @@ def test_packing_metrics_are_logged_with_trl_metrics():
     metrics = one_step(trainer).metrics
     assert metrics["padfree/real_tokens"] == seq_lens.sum().item() == batch["input_ids"].shape[1]
     assert metrics["padfree/padded_tokens"] == len(seq_lens) * seq_lens.max().item()
-    assert metrics["padfree/padding_removed"] == pytest.approx(1 - seq_lens.sum().item() / (16 * seq_lens.max().item()))
+    assert metrics["padfree/padding_removed"] == pytest.approx(
+        1 - seq_lens.sum().item() / (16 * seq_lens.max().item())
+    )
     assert 0 < metrics["padfree/padding_removed"] < 1
     assert metrics["padfree/row_length"] == batch["input_ids"].shape[1]
     trainer.train()
