@@ -88,3 +88,10 @@ def test_empty_prompt_matches_padded_mode():
             lambda example, index: {"prompt_ids": [] if index % 2 else example["prompt_ids"]}, with_indices=True
         )
     assert_same_step(one_step(padded), one_step(packed))
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_dataset_emptied_by_truncation_is_a_clear_error(padding_free):
+    # Every tiny prompt has at least one word: max_length=1 leaves TRL nothing to train on
+    with pytest.raises(ValueError, match="no examples left.*max_length=1"):
+        make_trainer(padding_free, max_length=1)

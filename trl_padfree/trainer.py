@@ -58,6 +58,19 @@ class DPOTrainer(trl.DPOTrainer):
             self._enable_padding_free()
         else:
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
+        self._check_datasets_not_empty()
+
+    def _check_datasets_not_empty(self) -> None:
+        # TRL drops examples whose prompt alone fills `max_length`; with none left, torch's sampler fails obscurely
+        datasets = {"train": self.train_dataset}
+        datasets |= self.eval_dataset if isinstance(self.eval_dataset, dict) else {"eval": self.eval_dataset}
+        for name, dataset in datasets.items():
+            if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
+                raise ValueError(
+                    f"The {name} dataset has no examples left: it was empty, or TRL dropped every example because "
+                    f"its prompt alone fills max_length={self.args.max_length}. Check the data, increase "
+                    "`max_length`, or set `truncation_mode='keep_end'`."
+                )
 
     def _enable_padding_free(self) -> None:
         """Packed collator, packing-aware attention and packed forward on every model. Runs once, before the first
