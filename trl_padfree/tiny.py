@@ -84,3 +84,59 @@ def make_preference_dataset(num_pairs: int = 16, seed: int = 0, max_words: int =
             }
         )
     return Dataset.from_list(rows)
+
+
+# Demo models: the verified architectures at a few sizes, over the shipped tokenizer's vocabulary. Recipes and the CLI
+# name them `trl-padfree/<size>-<model_type>` (e.g. `trl-padfree/tiny-llama`); they are built and saved locally.
+DEMO_MODEL_PREFIX = "trl-padfree/"
+DEMO_MODEL_SIZES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
+    "small": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4),
+    "base": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=6, num_attention_heads=8),
+}
+_GPT2_NAMES = dict(hidden_size="n_embd", num_hidden_layers="n_layer", num_attention_heads="n_head")
+
+
+def demo_model_config(size: str, model_type: str) -> dict:
+    """Config overrides of a demo model: the size's shape with GQA where the architecture has it, in its own names."""
+    if size not in DEMO_MODEL_SIZES:
+        raise ValueError(f"Unknown demo model size {size!r}; choose one of {sorted(DEMO_MODEL_SIZES)}.")
+    shape = dict(DEMO_MODEL_SIZES[size])
+    if model_type == "gpt2":
+        del shape["intermediate_size"]
+        return {_GPT2_NAMES[key]: value for key, value in shape.items()} | {"n_positions": 2048}
+    if model_type != "gpt_neox":
+        shape["num_key_value_heads"] = shape["num_attention_heads"] // 2
+    if model_type in ("qwen3", "gemma3_text"):
+        shape["head_dim"] = shape["hidden_size"] // shape["num_attention_heads"]
+    if model_type in ("mistral", "gemma3_text"):
+        shape["sliding_window"] = 256  # shorter than the long shipped pairs, so the window really acts
+    return shape
+
+
+def make_demo_model(size: str = "tiny", model_type: str = "llama", attn_implementation: str = "sdpa", seed: int = 0):
+    """A randomly initialised demo model over the shipped tokenizer's vocabulary (`trl_padfree.data`)."""
+    from .data import load_demo_tokenizer
+
+    if model_type not in TINY_CONFIGS:
+        raise ValueError(f"Unknown demo model type {model_type!r}; choose one of {sorted(TINY_CONFIGS)}.")
+    vocab_size = len(load_demo_tokenizer())
+    overrides = {**TINY_CONFIGS[model_type], **demo_model_config(size, model_type)}
+    model = make_model(model_type, attn_implementation, seed, vocab_size=vocab_size, **overrides)
+    model.config.name_or_path = f"{DEMO_MODEL_PREFIX}{size}-{model_type}"
+    return model
+
+
+def is_demo_model_name(name: str) -> bool:
+    return name.startswith(DEMO_MODEL_PREFIX)
+
+
+def parse_demo_model_name(name: str) -> tuple[str, str]:
+    """`"trl-padfree/tiny-llama"` -> `("tiny", "llama")`, with an error naming the valid choices."""
+    size, _, model_type = name.removeprefix(DEMO_MODEL_PREFIX).partition("-")
+    if size not in DEMO_MODEL_SIZES or model_type not in TINY_CONFIGS:
+        raise ValueError(
+            f"Unknown demo model {name!r}: expected {DEMO_MODEL_PREFIX}<size>-<type> with size in "
+            f"{sorted(DEMO_MODEL_SIZES)}, type in {sorted(TINY_CONFIGS)}."
+        )
+    return size, model_type

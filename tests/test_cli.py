@@ -1,0 +1,65 @@
+"""`trl-padfree` command line: the demo's report, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from trl_padfree.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trl_padfree.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *expected: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "error:" in lines[0], result.stderr
+    for text in expected:
+        assert text in lines[0]
+
+
+def test_console_script_is_installed():
+    scripts = {entry.name: entry.value for entry in entry_points(group="console_scripts")}
+    assert scripts.get("trl-padfree") == "trl_padfree.cli:main"
+
+
+def test_demo_trains_both_modes_to_equal_losses(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    args = ["demo", "--size", "tiny", "--steps", "3", "--batch-size", "4", "--report", str(report_path)]
+    assert main(args) == 0
+    report = json.loads(report_path.read_text())
+    assert report["steps"] == 3 and report["pairs_per_step"] == 4
+    assert report["padfree_final_loss"] == pytest.approx(report["padded_final_loss"], abs=1e-5)
+    assert report["max_loss_diff"] < 1e-5
+    assert 0 < report["padding_removed"] < 1
+    assert report["real_tokens"] < report["padded_tokens"]
+    assert report["ideal_speedup"] == pytest.approx(report["padded_tokens"] / report["real_tokens"])
+    assert report["padded_tokens_per_s"] > 0 and report["padfree_tokens_per_s"] > 0
+    printed = capsys.readouterr().out
+    assert "padding removed" in printed and "speedup" in printed
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["demo", "--size", "huge"], "--size"),
+        (["demo", "--model-type", "opt"], "--model-type"),
+        (["demo", "--steps", "0"], "--steps"),
+        (["demo", "--attn-implementation", "flex_attention"], "--attn-implementation"),
+        (["launch-rockets"], "launch-rockets"),
+    ],
+)
+def test_bad_command_line_is_one_line_error(args, expected):
+    assert_one_line_error(run_cli(*args), expected)
+
+
+def test_demo_too_short_max_length_is_one_line_error():
+    # Every pair of the shipped data has a prompt: max_length 1 truncates every completion away
+    assert_one_line_error(run_cli("demo", "--size", "tiny", "--steps", "1", "--max-length", "1"))

@@ -1,0 +1,59 @@
+"""The `trl-padfree` command: `trl-padfree demo`, and the tools added next to it.
+
+Errors a user can fix (a bad option, a missing file) print as one line; `TRL_PADFREE_DEBUG=1` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+from . import demo
+
+# What a user can fix from the message alone (a bad option or config key, a missing file or model); anything else is
+# a bug and keeps its traceback
+USER_ERRORS = (ValueError, OSError, NotImplementedError)
+
+
+@contextlib.contextmanager
+def one_line_errors(program: str):
+    """Turn a user error raised inside into one line on stderr and exit status 2."""
+    try:
+        yield
+    except USER_ERRORS as error:
+        if os.environ.get("TRL_PADFREE_DEBUG"):
+            raise
+        message = " ".join(str(error).split())  # some library messages span lines
+        print(f"{program}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineErrorParser(prog="trl-padfree", description="Padding-free DPO for TRL.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrorParser)
+    demo.add_arguments(
+        commands.add_parser(
+            "demo",
+            help="train a small model padded and padding-free on the shipped data, on CPU, and compare",
+            description="Train a demo model with padded TRL and with padding-free DPO on the same batches (shipped "
+            "data, no download), then report the padding removed, tokens/s and both losses.",
+        )
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = build_parser().parse_args(argv)
+    with one_line_errors(f"trl-padfree {options.command}"):
+        return options.run(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

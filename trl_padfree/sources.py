@@ -1,0 +1,78 @@
+"""Where recipes get models and datasets: hub names and local paths as TRL takes them, plus the shipped defaults.
+
+`trl-padfree/<size>-<type>` names a demo model built from a config (saved once to a local cache, then loaded by
+path like any checkpoint, so the reference model is reloaded the way TRL reloads a hub model), and
+`trl-padfree/demo-preferences` the preference data shipped in the package. Nothing here downloads anything itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from datasets import DatasetDict, load_dataset
+
+from .data import DEMO_DATASET_NAME, load_demo_dataset, load_demo_tokenizer
+from .tiny import is_demo_model_name, make_demo_model, parse_demo_model_name
+
+DATA_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRL_PADFREE_CACHE", Path.home() / ".cache" / "trl_padfree"))
+
+
+def _looks_like_path(name: str) -> bool:
+    # Hub ids are `name` or `owner/name`; these can only be meant as local paths
+    return name.startswith((".", "/", "~"))
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A demo model name becomes the local directory it is saved in (built on first use); anything else is returned
+    unchanged for `from_pretrained`."""
+    if not is_demo_model_name(name_or_path):
+        if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
+            raise FileNotFoundError(f"Model folder {name_or_path!r} does not exist.")
+        return name_or_path
+    size, model_type = parse_demo_model_name(name_or_path)
+    directory = cache_dir() / f"{size}-{model_type}"
+    if not (directory / "config.json").exists():
+        _save_atomically(directory, lambda path: _save_demo_model(size, model_type, path))
+    return str(directory)
+
+
+def _save_demo_model(size: str, model_type: str, path: Path) -> None:
+    make_demo_model(size, model_type).save_pretrained(path)
+    load_demo_tokenizer().save_pretrained(path)
+
+
+def _save_atomically(directory: Path, save) -> None:
+    # Several processes (`accelerate launch`) may build the same model at once: each writes its own copy, one wins
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-"))
+    try:
+        save(staging)
+        os.rename(staging, directory)
+    except OSError:
+        if not (directory / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_preference_dataset(name_or_path: str, config_name: str | None = None) -> DatasetDict:
+    """The shipped demo data, a local data file or folder, or a hub dataset, as a `DatasetDict`."""
+    if name_or_path == DEMO_DATASET_NAME:
+        return load_demo_dataset()
+    path = Path(name_or_path).expanduser()
+    if path.suffix in DATA_FILE_FORMATS:
+        if not path.is_file():
+            raise FileNotFoundError(f"Dataset file {str(path)!r} does not exist.")
+        return load_dataset(DATA_FILE_FORMATS[path.suffix], data_files=str(path))
+    if path.is_dir() or _looks_like_path(name_or_path):
+        if not path.is_dir():
+            raise FileNotFoundError(f"Dataset folder {str(path)!r} does not exist.")
+        return load_dataset(str(path), name=config_name)
+    return load_dataset(name_or_path, name=config_name)
