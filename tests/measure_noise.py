@@ -33,12 +33,15 @@ def main():
         loss = abs(padded.loss - packed.loss) / abs(padded.loss)
         grad = max((padded.grads[name] - packed.grads[name]).abs().max().item() for name in padded.grads) / largest
         metric = max(
-            abs(padded.metrics[key] - packed.metrics[key]) / max(1.0, abs(padded.metrics[key])) for key in padded.metrics
+            abs(padded.metrics[key] - packed.metrics[key]) / max(1.0, abs(padded.metrics[key]))
+            for key in padded.metrics
         )
         for key, value in (("loss", loss), ("grad", grad), ("metric", metric)):
             maxima[key] = max(maxima[key], value)
         print(f"{str(options):48} {padded.loss:8.3g} {loss:9.2g} {grad:9.2g} {metric:10.2g}")
-    print(f"max: loss rel {maxima['loss']:.2g}, gradient / largest {maxima['grad']:.2g}, metric rel {maxima['metric']:.2g}")
+    print(
+        f"max: loss rel {maxima['loss']:.2g}, gradient / largest {maxima['grad']:.2g}, metric rel {maxima['metric']:.2g}"
+    )
 
 
 if __name__ == "__main__":
