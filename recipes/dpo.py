@@ -15,7 +15,7 @@ Besides hub names and local paths, `model_name_or_path` takes a demo model built
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_padfree import DPOConfig, DPOTrainer
-from trl_padfree.cli import one_line_errors
+from trl_padfree.cli import one_line_errors, one_line_usage_errors
 from trl_padfree.sources import load_preference_dataset, resolve_model
 
 
@@ -52,5 +52,5 @@ def main(script_args: ScriptArguments, training_args: DPOConfig, model_args: Mod
 
 if __name__ == "__main__":
     with one_line_errors("recipes/dpo.py"):
-        parser = TrlParser((ScriptArguments, DPOConfig, ModelConfig))
+        parser = one_line_usage_errors(TrlParser((ScriptArguments, DPOConfig, ModelConfig)))
         main(*parser.parse_args_and_config())

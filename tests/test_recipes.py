@@ -2,6 +2,7 @@
 launch` with two CPU processes), TRL's own script runs with the swapped import, bad input is a one-line error."""
 
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -100,11 +101,19 @@ def _tiny_model_path(environment: dict) -> str:
     return run([sys.executable, "-c", code], environment).stdout.strip()
 
 
-def test_unknown_config_key_is_one_line_error(tmp_path, environment):
+def run_recipe_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """Exit status and stderr of `python recipes/dpo.py ARGS`, run in this process (a fresh one costs seconds)."""
+    monkeypatch.setattr(sys, "argv", [str(RECIPE), *args])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(RECIPE), run_name="__main__")
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_unknown_config_key_is_one_line_error(tmp_path, monkeypatch, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text(TINY_CONFIG.read_text() + "\nlearning_rat: 1.0e-5\n")
-    command = [sys.executable, str(RECIPE), "--config", str(config), "--output_dir", str(tmp_path)]
-    assert_one_line_error(run(command, environment), "learning_rat")
+    args = ["--config", str(config), "--output_dir", str(tmp_path)]
+    assert_one_line_error(*run_recipe_in_process(args, monkeypatch, capsys), "learning_rat")
 
 
 @pytest.mark.parametrize(
@@ -115,7 +124,11 @@ def test_unknown_config_key_is_one_line_error(tmp_path, environment):
         (["--model_name_or_path", "trl-padfree/huge-llama"], "huge-llama"),
         (["--model_name_or_path", "/no/such/model"], "Model folder '/no/such/model' does not exist"),
         (["--dataset_train_split", "validation"], "validation"),
+        (["--learning_rate", "fast"], "--learning_rate"),
     ],
 )
-def test_bad_recipe_input_is_one_line_error(args, expected, tmp_path, environment):
-    assert_one_line_error(run(recipe(*args, output_dir=tmp_path), environment), expected)
+def test_bad_recipe_input_is_one_line_error(args, expected, tmp_path, monkeypatch, capsys, environment):
+    for name in ("TRL_PADFREE_CACHE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(name, environment[name])
+    recipe_args = recipe(*args, output_dir=tmp_path)[2:]
+    assert_one_line_error(*run_recipe_in_process(recipe_args, monkeypatch, capsys), expected)

@@ -32,7 +32,17 @@ def one_line_errors(program: str):
 
 class _OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        _exit_with_usage_error(self, message)
+
+
+def one_line_usage_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make `parser` (e.g. a `TrlParser`) report a bad flag in one line, without the usage block."""
+    parser.error = lambda message: _exit_with_usage_error(parser, message)
+    return parser
+
+
+def _exit_with_usage_error(parser: argparse.ArgumentParser, message: str):
+    parser.exit(2, f"{parser.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from transformers import ProgressCallback, TrainerCallback
 
 from .config import DPOConfig
 from .data import load_demo_dataset, load_demo_tokenizer
-from .models import VERIFIED_MODEL_TYPES
+from .models import VERIFIED_MODEL_TYPES, resolve_attn_implementation
 from .tiny import DEMO_MODEL_SIZES, make_demo_model
 from .trainer import DPOTrainer
 
@@ -163,7 +163,7 @@ def run_demo(options: argparse.Namespace) -> DemoReport:
         model=f"{options.size}-{options.model_type}",
         steps=options.steps,
         pairs_per_step=options.batch_size,
-        packed_attn_implementation=options.attn_implementation,
+        packed_attn_implementation=resolve_attn_implementation(options.attn_implementation, "sdpa"),
         real_tokens=real_tokens,
         padded_tokens=padded_tokens,
         padding_removed=1 - real_tokens / padded_tokens,
@@ -180,7 +180,7 @@ def run_demo(options: argparse.Namespace) -> DemoReport:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=sorted(DEMO_MODEL_SIZES), default="small", help="demo model size")
     parser.add_argument("--model-type", choices=VERIFIED_MODEL_TYPES, default="llama", help="architecture")
-    parser.add_argument("--steps", type=_positive_int, default=30, help="optimizer steps per run")
+    parser.add_argument("--steps", type=_positive_int, default=20, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=_positive_int, default=8, help="preference pairs per step")
     parser.add_argument(
         "--attn-implementation",
