@@ -9,12 +9,13 @@ import argparse
 import contextlib
 import os
 import sys
+import warnings
 
-from . import demo
+from . import bench, demo
 
 # What a user can fix from the message alone (a bad option or config key, a missing file or model); anything else is
 # a bug and keeps its traceback
-USER_ERRORS = (ValueError, OSError, NotImplementedError)
+USER_ERRORS = (ValueError, OSError, NotImplementedError, ImportError)  # ImportError: a missing optional package
 
 
 @contextlib.contextmanager
@@ -56,10 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
             "data, no download), then report the padding removed, tokens/s and both losses.",
         )
     )
+    bench.add_arguments(
+        commands.add_parser(
+            "bench",
+            help="time padded vs padding-free DPO training steps on the same batches",
+            description="Time full DPO training steps (reference forward, policy forward and backward) of padded TRL "
+            "and of padding-free mode with each attention backend, on the same batches, alternating the modes.",
+        )
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    # TRL 1.16 still calls transformers 5's deprecated `gradient_checkpointing` names: nothing a user can act on
+    warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
     options = build_parser().parse_args(argv)
     with one_line_errors(f"trl-padfree {options.command}"):
         return options.run(options)

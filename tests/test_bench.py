@@ -1,0 +1,57 @@
+"""`trl-padfree bench`: the batches it builds, and a tiny run's JSON rows (no timing is asserted)."""
+
+import json
+
+import pytest
+
+from trl_padfree.bench import DISTRIBUTIONS, ROW_KEYS, make_batches
+from trl_padfree.cli import main
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_batches_follow_the_distribution_and_respect_max_length(distribution):
+    batches = make_batches(distribution, num_batches=3, pairs_per_batch=4, max_length=300, vocab_size=2048, seed=1)
+    assert len(batches) == 3 and all(len(batch) == 4 for batch in batches)
+    for pair in (pair for batch in batches for pair in batch):
+        assert pair["prompt_ids"] and pair["chosen_ids"] and pair["rejected_ids"]
+        for completion in ("chosen_ids", "rejected_ids"):
+            assert len(pair["prompt_ids"]) + len(pair[completion]) < 300  # room for TRL's EOS
+        assert min(pair["prompt_ids"] + pair["chosen_ids"] + pair["rejected_ids"]) >= 4  # no special token
+    assert batches == make_batches(distribution, 3, 4, 300, 2048, seed=1)
+
+
+def test_long_prompt_distribution_has_longer_prompts_than_chat():
+    def mean_prompt(distribution):
+        pairs = [pair for batch in make_batches(distribution, 8, 8, 4096, 2048, seed=0) for pair in batch]
+        return sum(len(pair["prompt_ids"]) for pair in pairs) / len(pairs)
+
+    assert mean_prompt("capybara") > 3 * mean_prompt("ultrafeedback")
+
+
+def test_unknown_distribution_is_refused():
+    with pytest.raises(ValueError, match="Unknown distribution 'hh'"):
+        make_batches("hh", 1, 1, 100, 2048, seed=0)
+
+
+def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    output, plot = tmp_path / "rows.json", tmp_path / "speedup.png"
+    args = ["bench", "--quick", "--batches", "1", "--pairs-per-batch", "3", "--max-length", "128"]
+    args += ["--distributions", "ultrafeedback", "shipped", "--output", str(output), "--plot", str(plot)]
+    assert main(args) == 0
+    rows = json.loads(output.read_text())
+    assert [(row["distribution"], row["backend"]) for row in rows] == [
+        (distribution, backend)
+        for distribution in ("ultrafeedback", "shipped")
+        for backend in ("padfree_varlen", "sdpa")
+    ]
+    for row in rows:
+        assert set(ROW_KEYS) <= row.keys()
+        assert row["device"].startswith("cpu")
+        assert row["real_tokens"] == row["padded_mode_real_tokens"] > 0  # both modes processed the same tokens
+        assert row["ideal_speedup"] == pytest.approx(row["padded_tokens"] / row["real_tokens"])
+        assert row["speedup"] == pytest.approx(row["padded_step_s"] / row["padfree_step_s"])
+        assert row["padded_step_s"] > 0 and row["padfree_step_s"] > 0 and row["real_tokens_per_s"] > 0
+        assert row["padded_peak_mem_mb"] > 0 and row["padfree_peak_mem_mb"] > 0
+    assert plot.stat().st_size > 0
+    assert "| ultrafeedback | padfree_varlen |" in capsys.readouterr().out
