@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import importlib.util
 import json
 import platform
 import random
@@ -282,14 +283,8 @@ def available_backends(device: torch.device, requested: list[str] | None) -> lis
         return requested
     if device.type == "cpu":
         return list(CPU_BACKENDS)
-    backends = [name for name in GPU_BACKENDS if name != "flash_attention_2"]
-    try:
-        import flash_attn  # noqa: F401
-
-        backends.insert(1, "flash_attention_2")
-    except ImportError:
-        pass
-    return backends
+    has_flash_attn = importlib.util.find_spec("flash_attn") is not None
+    return [name for name in GPU_BACKENDS if name != "flash_attention_2" or has_flash_attn]
 
 
 def run_bench(options: argparse.Namespace) -> list[BenchRow]:
