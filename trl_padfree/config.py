@@ -23,6 +23,16 @@ class DPOConfig(trl.DPOConfig):
             `"padfree_varlen"` (PyTorch's varlen flash attention on CUDA, exact per-sequence attention on CPU).
             `"keep"` keeps the model's own; `"sdpa"` and `"eager"` are exact too, but their block-diagonal mask costs
             the square of the whole row.
+
+    > Parameters that control memory under DeepSpeed
+
+        ref_offload (`bool`, *optional*, defaults to `False`):
+            Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
+            to pinned CPU memory (`offload_param: {device: cpu, pin_memory: true}`), whatever the policy's offload
+            settings: the GPUs then hold no reference weights, at the cost of fetching them over PCIe on every
+            reference forward. The reference is loaded straight into CPU shards. With `precompute_ref_log_probs` it
+            is released once the log-probs are computed. Raises without ZeRO-3, or when there is no separate
+            reference model (PEFT, or precomputed log-probs without a `ref_model`).
     """
 
     packed_attn_implementation: str = field(
@@ -30,5 +40,12 @@ class DPOConfig(trl.DPOConfig):
         metadata={
             "help": "Attention for packed rows: 'auto' (flash varlen if the model uses it, else 'padfree_varlen'), "
             "'keep', 'padfree_varlen', 'flash_attention_2', 'flash_attention_3', 'sdpa' or 'eager'."
+        },
+    )
+    ref_offload: bool = field(
+        default=False,
+        metadata={
+            "help": "DeepSpeed ZeRO-3 only: keep the reference model's parameters in pinned CPU memory (its own "
+            "stage-3 config with offload_param cpu), independent of the policy's offload settings."
         },
     )

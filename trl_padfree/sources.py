@@ -15,6 +15,7 @@ from pathlib import Path
 from datasets import DatasetDict, load_dataset
 
 from .data import DEMO_DATASET_NAME, load_demo_dataset, load_demo_tokenizer
+from .offload import zero3_init_config
 from .tiny import is_demo_model_name, make_demo_model, parse_demo_model_name
 
 DATA_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -44,7 +45,10 @@ def resolve_model(name_or_path: str) -> str:
 
 
 def _save_demo_model(size: str, model_type: str, path: Path) -> None:
-    make_demo_model(size, model_type).save_pretrained(path)
+    # Built whole even under a ZeRO-3 launch, whose `zero.Init` would otherwise shard it before it is saved
+    with zero3_init_config(None):
+        model = make_demo_model(size, model_type)
+    model.save_pretrained(path)
     load_demo_tokenizer().save_pretrained(path)
 
 

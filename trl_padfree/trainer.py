@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import inspect
 
 import torch
 import trl
 from accelerate.utils import is_peft_model
+from trl.trainer.utils import get_config_model_id
 
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .models import check_packable, resolve_attn_implementation
+from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
 from .packing import pad_length_to_multiple
 
 
@@ -24,6 +28,12 @@ def _padding_free_hidden_from_trl(args):
         yield
     finally:
         args.padding_free = padding_free
+
+
+def _bound_argument(name: str, *args, **kwargs):
+    # The value `trl.DPOTrainer.__init__` would receive for `name`, however it was passed
+    bound = inspect.signature(trl.DPOTrainer.__init__).bind(None, *args, **kwargs)
+    return bound.arguments.get(name)
 
 
 class DPOTrainer(trl.DPOTrainer):
@@ -45,20 +55,47 @@ class DPOTrainer(trl.DPOTrainer):
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         self._padding_free_requested = bool(args is not None and args.padding_free)
         self._padding_free_ready = False
-        if self._padding_free_requested:
-            if data_collator is not None and not (
-                isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free
-            ):
+        if self._padding_free_requested and data_collator is not None:
+            if not (isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free):
                 raise ValueError(
                     f"padding_free=True needs packed batches, but the data collator is {type(data_collator).__name__}. "
                     "Pass `PaddingFreePreferenceCollator(...)` (padding_free=True), or no collator at all."
                 )
-            with _padding_free_hidden_from_trl(args):
-                super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
-            self._enable_padding_free()
-        else:
+        ref_offload = bool(getattr(args, "ref_offload", False))
+        if ref_offload:
+            peft_config = _bound_argument("peft_config", model, ref_model, args, data_collator, *more_args, **kwargs)
+            check_ref_offload(args, model, ref_model, peft_config)
+            if ref_model is None:
+                ref_model = self._load_offloaded_reference(model, args)
+
+        with contextlib.ExitStack() as scopes:
+            if self._padding_free_requested:
+                scopes.enter_context(_padding_free_hidden_from_trl(args))
+            if ref_offload:
+                scopes.enter_context(reference_prepared_by_own_config(args))
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
+        if self._padding_free_requested:
+            self._enable_padding_free()
+        if ref_offload and args.precompute_ref_log_probs:
+            # Every reference log-prob is in the datasets now: free the reference's CPU shards for training
+            self.ref_model = None
+            gc.collect()
         self._check_datasets_not_empty()
+
+    @staticmethod
+    def _load_offloaded_reference(model, args):
+        # The reference TRL would load (same checkpoint, init kwargs, dtype and attention as the policy), but built
+        # under the reference's own ZeRO-3 config so its shards land in CPU memory
+        init_kwargs = dict(args.model_init_kwargs or {})
+        init_kwargs["device_map"] = None
+        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        if isinstance(model, str):
+            model_id = model
+        else:
+            model_id = get_config_model_id(model.config)
+            init_kwargs.setdefault("dtype", model.dtype)
+            init_kwargs.setdefault("attn_implementation", model.config._attn_implementation)
+        return load_offloaded_reference(model_id, init_kwargs, args)
 
     def _check_datasets_not_empty(self) -> None:
         # TRL drops examples whose prompt alone fills `max_length`; with none left, torch's sampler fails obscurely

@@ -1,0 +1,130 @@
+"""Train DPO a few steps on a saved tiny model and write what happened as JSON, for multi-process tests.
+
+Run it with plain `python` for a single-process baseline, or under `accelerate launch` (DeepSpeed over gloo on CPU
+with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
+
+    {"<run>": {"losses": [...], "metrics": [{...}, ...], "world_size": 2, "zero_stage": 3,
+               "reference": {"offloaded": true, "kept": true}, "policy_sharded": true}, ...}
+
+The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
+gives a process its slice of the same global batches the single process sees whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import trl
+
+from trl_padfree import DPOConfig, DPOTrainer
+from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
+from trl_padfree.offload import reference_offloaded, zero3_init_config
+
+# TRL 1.16 still calls transformers 5's deprecated gradient checkpointing names
+warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
+
+
+# A run is named by its options joined with "+", e.g. "padding_free+ref_offload"
+RUN_OPTIONS = ("trl", "padding_free", "ref_offload", "explicit_ref", "precompute", "bf16", "checkpointing")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a saved model folder")
+    parser.add_argument("--output", required=True)
+    parser.add_argument(
+        "--runs",
+        default="padding_free",
+        help=f"comma-separated runs, one after the other in the same processes; each joins options of {RUN_OPTIONS} "
+        "with '+' ('trl': TRL's own trainer, padded; 'explicit_ref': pass a `ref_model`)",
+    )
+    parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=192)
+    parser.add_argument("--num-pairs", type=int, default=32, help="keep it equal across the runs compared")
+    return parser.parse_args(argv)
+
+
+def run_options(run: str) -> set[str]:
+    options = set(run.split("+"))
+    if unknown := options - set(RUN_OPTIONS):
+        raise ValueError(f"Unknown run options {sorted(unknown)} in {run!r}; choose from {RUN_OPTIONS}.")
+    return options
+
+
+def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
+    flags = run_options(run)
+    trainer_class, config_class = (trl.DPOTrainer, trl.DPOConfig) if "trl" in flags else (DPOTrainer, DPOConfig)
+    extra = {"ref_offload": True} if "ref_offload" in flags else {}
+    args = config_class(
+        output_dir=output_dir,
+        padding_free="padding_free" in flags,
+        precompute_ref_log_probs="precompute" in flags,
+        per_device_train_batch_size=options.batch_size,
+        max_steps=options.steps,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        max_length=options.max_length,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16="bf16" in flags,
+        activation_checkpointing="checkpointing" in flags,
+        seed=0,
+        **extra,
+    )
+    ref_model = None
+    if "explicit_ref" in flags:
+        from transformers import AutoModelForCausalLM
+
+        with zero3_init_config(None):  # a plain model, as a user would load it
+            ref_model = AutoModelForCausalLM.from_pretrained(options.model, dtype=torch.float32)
+    return trainer_class(
+        model=options.model,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=load_demo_dataset("train").select(range(options.num_pairs)),
+        processing_class=load_demo_tokenizer(),
+    )
+
+
+def describe(trainer) -> dict:
+    policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    parameters = list(policy.parameters())
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    return {
+        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+        "metrics": [entry for entry in trainer.state.log_history if "loss" in entry],
+        "world_size": trainer.accelerator.num_processes,
+        "zero_stage": plugin.zero_stage if plugin is not None else None,
+        "reference": {
+            "kept": trainer.ref_model is not None,
+            "offloaded": trainer.ref_model is not None and reference_offloaded(trainer.ref_model),
+        },
+        # Under ZeRO-3 each process holds 1/world of every parameter it partitions
+        "policy_sharded": all(hasattr(p, "ds_tensor") for p in parameters)
+        and sum(p.ds_tensor.numel() for p in parameters) < sum(p.ds_numel for p in parameters),
+    }
+
+
+def main(argv=None) -> None:
+    options = parse_args(argv)
+    output = Path(options.output)
+    reports = {}
+    for run in options.runs.split(","):
+        trainer = build_trainer(run, options, str(output.parent / f"{output.stem}-{run}"))
+        trainer.train()
+        reports[run] = describe(trainer)
+        is_main_process = trainer.accelerator.is_main_process
+        del trainer
+    if is_main_process:
+        output.write_text(json.dumps(reports, indent=1))
+
+
+if __name__ == "__main__":
+    main()

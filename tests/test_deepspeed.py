@@ -1,0 +1,206 @@
+"""DeepSpeed ZeRO-3 and `ref_offload`, for real: two CPU processes over gloo (`DS_ACCELERATOR=cpu`) launched by
+`accelerate launch` with the shipped `zero3_ref_offload.yaml`, compared step by step with TRL's padded trainer in one
+process on the same global batches. The refusals and the reference's config are checked in this process."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+deepspeed = pytest.importorskip("deepspeed")
+
+from accelerate.utils import DeepSpeedPlugin  # noqa: E402
+from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
+
+from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
+from trl_padfree.data import load_demo_tokenizer  # noqa: E402
+from trl_padfree.offload import check_ref_offload, reference_deepspeed_config, zero3_init_config  # noqa: E402
+from trl_padfree.tiny import make_demo_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
+ZERO3_REF_OFFLOAD = ROOT / "recipes" / "accelerate_configs" / "zero3_ref_offload.yaml"
+PAIRS_PER_PROCESS = 2
+# fp32, 2 processes vs 1 after two AdamW steps: measured loss 2.3e-6; metrics 1.4e-7 to 1.1e-5 relative (grad_norm),
+# rewards 4.6e-6 absolute (beta x log-ratios of ~0.3, so their margin cancels to 0.016)
+LOSS_ATOL = 1e-5
+METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
+# bf16 weights under DeepSpeed, packed vs padded: measured loss 4.6e-4 (as tests/test_trainer.py's bf16 bound)
+BF16_LOSS_ATOL = 5e-3
+COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+                    "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
+
+RUNS = {
+    "zero3": "padding_free",
+    "ref_offload": "padding_free+ref_offload",
+    "precompute": "padding_free+ref_offload+explicit_ref+precompute",
+    "bf16": "padding_free+ref_offload+bf16+checkpointing",
+    "bf16_padded": "trl+bf16+checkpointing",
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("model")
+    make_demo_model("tiny", "llama").save_pretrained(directory)
+    load_demo_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def single_process_padded(model_dir, tmp_path_factory):
+    """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
+    sys.path.insert(0, str(TRAIN_SCRIPT.parent))
+    try:
+        import train_dpo
+    finally:
+        sys.path.pop(0)
+    output = tmp_path_factory.mktemp("single") / "report.json"
+    train_dpo.main(
+        [
+            "--model",
+            str(model_dir),
+            "--output",
+            str(output),
+            "--runs",
+            "trl",
+            "--batch-size",
+            str(2 * PAIRS_PER_PROCESS),
+        ]
+    )
+    return json.loads(output.read_text())["trl"]
+
+
+@pytest.fixture(scope="module")
+def zero3_runs(model_dir, tmp_path_factory):
+    """Every run of RUNS, one after the other, in the same two DeepSpeed ZeRO-3 processes."""
+    output = tmp_path_factory.mktemp("zero3") / "report.json"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3_REF_OFFLOAD),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29531",
+        str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output),
+        "--runs", ",".join(RUNS.values()), "--batch-size", str(PAIRS_PER_PROCESS),
+    ]  # fmt: skip
+    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    reports = json.loads(output.read_text())
+    return {name: reports[run] for name, run in RUNS.items()}
+
+
+def assert_same_training(report: dict, expected: dict) -> None:
+    assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
+    for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
+        for key in COMPARED_METRICS:
+            assert metrics[key] == pytest.approx(expected_metrics[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+
+
+def test_zero3_padding_free_on_two_processes_matches_single_process_padded_trl(zero3_runs, single_process_padded):
+    report = zero3_runs["zero3"]
+    assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
+    assert len(report["losses"]) == 3
+    assert_same_training(report, single_process_padded)
+    # TRL's reference config: sharded like the policy, not offloaded
+    assert report["reference"] == {"kept": True, "offloaded": False}
+    assert report["metrics"][0]["padfree/padding_removed"] > 0
+
+
+def test_ref_offload_keeps_reference_on_cpu_and_trains_the_same(zero3_runs, single_process_padded):
+    report = zero3_runs["ref_offload"]
+    assert report["reference"] == {"kept": True, "offloaded": True}
+    assert report["policy_sharded"]
+    assert_same_training(report, single_process_padded)
+
+
+def test_ref_offload_with_precomputed_log_probs_releases_the_reference(zero3_runs, single_process_padded):
+    report = zero3_runs["precompute"]
+    assert report["reference"]["kept"] is False
+    assert_same_training(report, single_process_padded)
+
+
+def test_zero3_bf16_with_activation_checkpointing_matches_padded_zero3(zero3_runs):
+    packed, padded = zero3_runs["bf16"], zero3_runs["bf16_padded"]
+    assert packed["reference"]["offloaded"]
+    assert packed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert packed["losses"] == pytest.approx(padded["losses"], abs=BF16_LOSS_ATOL)
+
+
+# Refusals, checked before anything is loaded
+
+
+def offload_args(stage: int | None, precompute: bool = False) -> SimpleNamespace:
+    plugin = DeepSpeedPlugin(zero_stage=stage) if stage is not None else None
+    return SimpleNamespace(deepspeed_plugin=plugin, precompute_ref_log_probs=precompute)
+
+
+def test_ref_offload_without_deepspeed_is_refused_by_the_trainer(tmp_path):
+    args = DPOConfig(output_dir=str(tmp_path), ref_offload=True, use_cpu=True, bf16=False, report_to=[])
+    with pytest.raises(ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3: launch with"):
+        DPOTrainer(model="unused", args=args)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_ref_offload_below_stage_3_is_refused(stage):
+    with pytest.raises(ValueError, match=f"zero stage {stage}: parameter offload exists only at stage 3"):
+        check_ref_offload(offload_args(stage), model="some/model", ref_model=None, peft_config=None)
+
+
+def test_ref_offload_with_a_peft_reference_is_refused():
+    from peft import LoraConfig
+
+    with pytest.raises(ValueError, match="no reference model to offload: with a PEFT adapter"):
+        check_ref_offload(offload_args(3), model="some/model", ref_model=None, peft_config=LoraConfig())
+
+
+def test_ref_offload_with_precompute_and_no_reference_is_refused():
+    with pytest.raises(ValueError, match="no reference model to offload: with precompute_ref_log_probs=True"):
+        check_ref_offload(offload_args(3, precompute=True), model="some/model", ref_model=None, peft_config=None)
+
+
+def test_ref_offload_applies_at_stage_3():
+    check_ref_offload(offload_args(3), model="some/model", ref_model=None, peft_config=None)
+
+
+def test_reference_config_offloads_parameters_whatever_the_policy_does(tmp_path):
+    policy_plugin = DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="none")
+    policy_config = {
+        **policy_plugin.deepspeed_config,
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+        "scheduler": {"type": "WarmupLR", "params": {}},
+        "bf16": {"enabled": "auto"},
+    }
+    policy_config["zero_optimization"]["reduce_bucket_size"] = "auto"
+    policy_config["zero_optimization"]["stage3_max_live_parameters"] = "auto"
+    args = DPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=True, per_device_train_batch_size=3, gradient_accumulation_steps=2
+    )
+    with zero3_init_config(None):
+        config = reference_deepspeed_config(policy_config, args, hidden_size=64)
+
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_optimizer" not in zero and "optimizer" not in config and "scheduler" not in config
+    assert zero["reduce_bucket_size"] == 64 * 64 and "stage3_max_live_parameters" not in zero  # DeepSpeed's default
+    assert config["train_micro_batch_size_per_gpu"] == 3 and config["gradient_accumulation_steps"] == 2
+    assert config["bf16"] == {"enabled": True}
+    assert "auto" not in json.dumps(config)
+    assert policy_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu", "the policy's is untouched"
+
+
+def test_zero3_init_config_restores_the_trainers_config():
+    before = hf_deepspeed.deepspeed_config()
+    with zero3_init_config(None):
+        outer = hf_deepspeed.HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_batch_size": 1})
+        with zero3_init_config({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}):
+            assert hf_deepspeed.deepspeed_config()["zero_optimization"]["offload_param"]["device"] == "cpu"
+        assert hf_deepspeed.deepspeed_config() is outer.config
+        with zero3_init_config(None):
+            assert not hf_deepspeed.is_deepspeed_zero3_enabled()
+        assert hf_deepspeed.is_deepspeed_zero3_enabled()
+    assert hf_deepspeed.deepspeed_config() is before

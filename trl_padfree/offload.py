@@ -1,0 +1,196 @@
+"""`ref_offload`: the reference model on its own DeepSpeed ZeRO-3 config, parameters in pinned CPU memory.
+
+TRL gives the reference model a copy of the policy's DeepSpeed config (minus the optimizer), so under ZeRO-3 a frozen
+reference costs each GPU as much as the policy's sharded weights, and it inherits the policy's parameter offload or
+lack of it. With `ref_offload=True` the reference gets its own stage-3 inference config with
+`offload_param: {device: cpu, pin_memory: true}`, whatever the policy does:
+
+    policy     ZeRO-3, its own offload settings      params + grads + optimizer states sharded over the GPUs
+    reference  ZeRO-3, offload_param cpu (pinned)    its shards in CPU memory, fetched layer by layer per forward
+
+The reference must also be *built* that way: DeepSpeed leaves a parameter where `zero.Init` first put it, so a
+reference loaded under the policy's config would stay sharded on the GPUs. `load_offloaded_reference` loads it under
+the reference config; `reference_prepared_by_own_config` makes TRL's trainer wrap it in that config's engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+import trl.trainer.dpo_trainer as trl_dpo_trainer
+from transformers.integrations import deepspeed as hf_deepspeed
+
+OFFLOAD_PARAM = {"device": "cpu", "pin_memory": True}
+# Config entries only an optimizer reads; an inference engine without one refuses or misuses them
+TRAINING_ONLY_KEYS = ("optimizer", "scheduler")
+
+
+def check_ref_offload(args, model, ref_model, peft_config) -> None:
+    """Refuse `ref_offload=True` where it cannot apply, before anything is loaded, naming the fix."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is None:
+        raise ValueError(
+            "ref_offload=True needs DeepSpeed ZeRO-3: launch with `accelerate launch --config_file "
+            "recipes/accelerate_configs/zero3_ref_offload.yaml ...` (or pass a stage-3 `deepspeed` config), or set "
+            "ref_offload=False."
+        )
+    if plugin.zero_stage != 3:
+        raise ValueError(
+            f"ref_offload=True needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero stage {plugin.zero_stage}: "
+            "parameter offload exists only at stage 3 (TRL gives the reference stage 0 below it, a full copy per "
+            "GPU). Use recipes/accelerate_configs/zero3_ref_offload.yaml, or set ref_offload=False."
+        )
+    from accelerate.utils import is_peft_model
+
+    if ref_model is None and (peft_config is not None or (not isinstance(model, str) and is_peft_model(model))):
+        raise ValueError(
+            "ref_offload=True has no reference model to offload: with a PEFT adapter the reference is the policy "
+            "with its adapter disabled, which costs no extra memory. Set ref_offload=False."
+        )
+    if ref_model is None and args.precompute_ref_log_probs:
+        raise ValueError(
+            "ref_offload=True has no reference model to offload: with precompute_ref_log_probs=True and no "
+            "`ref_model`, TRL computes the reference log-probs with the untrained policy before training and keeps "
+            "no reference. Set ref_offload=False (or pass a `ref_model` to precompute with, offloaded and released "
+            "after precomputation)."
+        )
+
+
+def reference_deepspeed_config(policy_config: dict, args, hidden_size: int | None = None) -> dict:
+    """The reference's inference config: the policy's precision and batch settings, ZeRO-3, parameters offloaded to
+    pinned CPU memory, and no optimizer.
+
+    `"auto"` values are filled the way the Trainer fills the policy's: from `args` (batch sizes, precision) by
+    transformers' own resolver, and the bucket sizes it leaves for training time from the model's hidden size (or
+    DeepSpeed's defaults when that is unknown).
+    """
+    config = copy.deepcopy(policy_config)
+    for key in TRAINING_ONLY_KEYS:
+        config.pop(key, None)
+    zero = config.setdefault("zero_optimization", {})
+    zero.pop("offload_optimizer", None)
+    zero["stage"] = 3
+    zero["offload_param"] = dict(OFFLOAD_PARAM)
+    with _hf_deepspeed_config_restored():  # building a transformers DeepSpeed config registers it globally
+        resolver = hf_deepspeed.HfTrainerDeepSpeedConfig(config)
+        resolver.trainer_config_process(args)
+    config = resolver.config
+    # DeepSpeed derives the global batch from the micro-batch; given both, it checks them against a world size that
+    # `zero.Init` may see before distributed setup completes
+    config.pop("train_batch_size", None)
+    zero = config["zero_optimization"]
+    bucket_sizes = {}
+    if hidden_size is not None:
+        bucket_sizes = {
+            "reduce_bucket_size": hidden_size * hidden_size,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+            # Parameters smaller than this (norms, biases) stay whole on every GPU instead of being fetched each time
+            "stage3_param_persistence_threshold": 10 * hidden_size,
+        }
+    for key, value in list(zero.items()):
+        if value == "auto":
+            if key in bucket_sizes:
+                zero[key] = bucket_sizes[key]
+            else:
+                del zero[key]
+    return config
+
+
+@contextlib.contextmanager
+def _hf_deepspeed_config_restored():
+    # transformers reads the DeepSpeed config `from_pretrained` builds under from a module-level weak reference, which
+    # every new `HfDeepSpeedConfig` overwrites
+    previous_ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    previous = previous_ref() if previous_ref is not None else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            hf_deepspeed.set_hf_deepspeed_config(previous)
+        else:
+            hf_deepspeed.unset_hf_deepspeed_config()
+
+
+@contextlib.contextmanager
+def zero3_init_config(config: dict | None):
+    """Make transformers build models under `config` (ZeRO-3 `zero.Init`), or unpartitioned with `None`, restoring
+    the trainer's config afterwards."""
+    with _hf_deepspeed_config_restored():
+        if config is None:
+            hf_deepspeed.unset_hf_deepspeed_config()
+            yield
+        else:
+            active = hf_deepspeed.HfDeepSpeedConfig(config)  # held here: transformers keeps only a weak reference
+            yield
+            del active
+
+
+def _hidden_size(config) -> int | None:
+    text_config = config.get_text_config()
+    hidden_sizes = getattr(text_config, "hidden_sizes", None)
+    return max(hidden_sizes) if hidden_sizes else getattr(text_config, "hidden_size", None)
+
+
+def load_offloaded_reference(model_id: str, init_kwargs: dict, args):
+    """Load the reference from `model_id` straight into pinned CPU shards (no process ever holds it on a GPU)."""
+    from transformers import AutoConfig
+    from trl.trainer.utils import create_model_from_path
+
+    config_kwargs = {k: init_kwargs[k] for k in ("revision", "trust_remote_code") if k in init_kwargs}
+    hidden_size = _hidden_size(AutoConfig.from_pretrained(model_id, **config_kwargs))
+    config = reference_deepspeed_config(args.deepspeed_plugin.deepspeed_config, args, hidden_size)
+    with zero3_init_config(config):
+        return create_model_from_path(model_id, **init_kwargs)
+
+
+def prepare_offloaded_reference(model: torch.nn.Module, accelerator, args):
+    """Wrap the reference in a DeepSpeed inference engine with its own offloaded ZeRO-3 config."""
+    import deepspeed
+
+    if _sharded_off_cpu(model):
+        raise ValueError(
+            "ref_offload=True got a reference model already sharded onto the GPUs by ZeRO-3 (it was loaded under "
+            "the policy's DeepSpeed config, and DeepSpeed keeps parameters where they were first sharded). Pass no "
+            "`ref_model` (the trainer then loads it offloaded), or load it outside the ZeRO-3 context."
+        )
+    config = reference_deepspeed_config(
+        accelerator.state.deepspeed_plugin.deepspeed_config, args, _hidden_size(model.config)
+    )
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()
+    return engine
+
+
+def _sharded_off_cpu(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "ds_tensor") and p.ds_tensor.device.type != "cpu" for p in model.parameters())
+
+
+def reference_offloaded(model: torch.nn.Module) -> bool:
+    """Whether every parameter of `model` (a DeepSpeed engine or its module) is a ZeRO-3 shard held in CPU memory by
+    an engine configured to offload its parameters there."""
+    engine_config = getattr(model, "_config", None)
+    if engine_config is None or engine_config.zero_config.offload_param is None:
+        return False
+    module = getattr(model, "module", model)
+    offload_device = engine_config.zero_config.offload_param.device
+    return offload_device == "cpu" and all(
+        hasattr(p, "ds_tensor") and p.ds_tensor.device.type == "cpu" for p in module.parameters()
+    )
+
+
+@contextlib.contextmanager
+def reference_prepared_by_own_config(args):
+    """While TRL's `DPOTrainer.__init__` runs, route its DeepSpeed preparation of the reference model through
+    `prepare_offloaded_reference`. TRL prepares the reference inline in `__init__`, through this module-level name,
+    so there is no narrower seam. Its only other use there, a precompute engine over the policy, happens only when
+    there is no reference, which `check_ref_offload` refuses."""
+    trl_prepare = trl_dpo_trainer.prepare_deepspeed
+    trl_dpo_trainer.prepare_deepspeed = lambda model, accelerator: prepare_offloaded_reference(
+        model, accelerator, args
+    )
+    try:
+        yield
+    finally:
+        trl_dpo_trainer.prepare_deepspeed = trl_prepare
