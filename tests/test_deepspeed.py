@@ -41,6 +41,8 @@ RUNS = {
     "precompute": "padding_free+ref_offload+explicit_ref+precompute",
     "bf16": "padding_free+ref_offload+bf16+checkpointing",
     "bf16_padded": "trl+bf16+checkpointing",
+    "sync": "padding_free+ref_offload+sync",
+    "sync_not_offloaded": "padding_free+sync",
 }
 
 
@@ -129,6 +131,14 @@ def test_zero3_bf16_with_activation_checkpointing_matches_padded_zero3(zero3_run
     assert packed["reference"]["offloaded"]
     assert packed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
     assert packed["losses"] == pytest.approx(padded["losses"], abs=BF16_LOSS_ATOL)
+
+
+def test_sync_ref_model_updates_an_offloaded_reference(zero3_runs):
+    offloaded, sharded = zero3_runs["sync"], zero3_runs["sync_not_offloaded"]
+    assert offloaded["reference"]["offloaded"]
+    assert offloaded["losses"] == pytest.approx(sharded["losses"], abs=LOSS_ATOL)
+    # The reference moved half way to the policy after each step, so step 3 differs from a fixed reference
+    assert abs(offloaded["losses"][2] - zero3_runs["ref_offload"]["losses"][2]) > 100 * LOSS_ATOL
 
 
 # Refusals, checked before anything is loaded

@@ -29,7 +29,7 @@ warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v
 
 
 # A run is named by its options joined with "+", e.g. "padding_free+ref_offload"
-RUN_OPTIONS = ("trl", "padding_free", "ref_offload", "explicit_ref", "precompute", "bf16", "checkpointing")
+RUN_OPTIONS = ("trl", "padding_free", "ref_offload", "explicit_ref", "precompute", "bf16", "checkpointing", "sync")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--runs",
         default="padding_free",
         help=f"comma-separated runs, one after the other in the same processes; each joins options of {RUN_OPTIONS} "
-        "with '+' ('trl': TRL's own trainer, padded; 'explicit_ref': pass a `ref_model`)",
+        "with '+' ('trl': TRL's own trainer, padded; 'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model "
+        "every step, half way)",
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
@@ -60,6 +61,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     flags = run_options(run)
     trainer_class, config_class = (trl.DPOTrainer, trl.DPOConfig) if "trl" in flags else (DPOTrainer, DPOConfig)
     extra = {"ref_offload": True} if "ref_offload" in flags else {}
+    if "sync" in flags:
+        extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     args = config_class(
         output_dir=output_dir,
         padding_free="padding_free" in flags,
