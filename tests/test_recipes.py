@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from test_cli import assert_one_line_error
 from trl import ModelConfig, ScriptArguments, TrlParser
 
@@ -19,7 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "dpo.py"
 TINY_CONFIG = ROOT / "recipes" / "configs" / "tiny_cpu.yaml"
 RECIPE_CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))
-ACCELERATE_CONFIGS = sorted((ROOT / "recipes" / "accelerate_configs").glob("*.yaml"))
 # The tiny config, made a few seconds long: the smallest model, two steps, no evaluation
 QUICK = ["--model_name_or_path", "trl-padfree/tiny-llama", "--max_steps", "2", "--logging_steps", "1"]
 
@@ -48,13 +46,6 @@ def test_every_recipe_config_parses(config, monkeypatch):
     parser = TrlParser((ScriptArguments, DPOConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config()
     assert training_args.padding_free and script_args.dataset_name and model_args.model_name_or_path
-
-
-@pytest.mark.parametrize("config", ACCELERATE_CONFIGS, ids=lambda path: path.name)
-def test_every_accelerate_config_starts_with_its_command(config):
-    text = config.read_text()
-    assert text.startswith("#") and f"--config_file recipes/accelerate_configs/{config.name}" in text
-    assert yaml.safe_load(text)["distributed_type"]
 
 
 def test_recipe_trains_the_tiny_config(tmp_path, environment):
