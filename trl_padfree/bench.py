@@ -40,6 +40,16 @@ CPU_BACKENDS = ("padfree_varlen", "sdpa")
 GPU_BACKENDS = ("padfree_varlen", "flash_attention_2", "sdpa")
 # Shapes of public models, built with random weights from the config alone (no download)
 MODEL_SHAPES = {
+    "llama3.2-1b": dict(
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
     "qwen2.5-0.5b": dict(
         model_type="qwen2",
         hidden_size=896,

@@ -4,7 +4,8 @@ Run it with plain `python` for a single-process baseline, or under `accelerate l
 with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
 
     {"<run>": {"losses": [...], "metrics": [{...}, ...], "world_size": 2, "zero_stage": 3,
-               "reference": {"offloaded": true, "kept": true}, "policy_sharded": true}, ...}
+               "reference": {"offloaded": true, "kept": true}, "policy_sharded": true,
+               "peak_gpu_memory_bytes": null}, ...}
 
 The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
 gives a process its slice of the same global batches the single process sees whole.
@@ -75,7 +76,7 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),
         bf16="bf16" in flags,
         activation_checkpointing="checkpointing" in flags,
         seed=0,
@@ -110,6 +111,7 @@ def describe(trainer) -> dict:
             "offloaded": trainer.ref_model is not None and reference_offloaded(trainer.ref_model),
         },
         # Under ZeRO-3 each process holds 1/world of every parameter it partitions
+        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "policy_sharded": all(hasattr(p, "ds_tensor") for p in parameters)
         and sum(p.ds_tensor.numel() for p in parameters) < sum(p.ds_numel for p in parameters),
     }
