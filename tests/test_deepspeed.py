@@ -214,3 +214,43 @@ def test_zero3_init_config_restores_the_trainers_config():
             assert not hf_deepspeed.is_deepspeed_zero3_enabled()
         assert hf_deepspeed.is_deepspeed_zero3_enabled()
     assert hf_deepspeed.deepspeed_config() is before
+
+
+def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajectory(tmp_path):
+    """The user's command (recipes/dpo.py, zero3_ref_offload.yaml, --ref_offload true): train 3 steps saving at 2,
+    then resume from step 2 in new processes; step 3 must be the same."""
+    environment = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "TQDM_DISABLE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRL_PADFREE_CACHE": str(tmp_path / "cache"),
+    }
+
+    def train(output_dir: Path, *extra: str) -> dict:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3_REF_OFFLOAD),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29532",
+            str(ROOT / "recipes" / "dpo.py"), "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
+            "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
+            "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
+            "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
+        assert result.returncode == 0, result.stderr[-6000:]
+        state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
+        return next(entry for entry in state["log_history"] if entry.get("step") == 3 and "loss" in entry)
+
+    uninterrupted = train(tmp_path / "run")
+    resumed = train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2"))
+    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=LOSS_ATOL)
+    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=METRIC_RTOL)
+
+
+def test_ref_offload_is_a_recipe_option():
+    from trl import TrlParser
+
+    (args,) = TrlParser((DPOConfig,)).parse_args_into_dataclasses(
+        ["--output_dir", "out", "--use_cpu", "true", "--bf16", "false", "--ref_offload", "true"]
+    )
+    assert args.ref_offload is True
