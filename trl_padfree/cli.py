@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 
-from . import bench, demo
+from . import bench, demo, plan
 
 # What a user can fix from the message alone (a bad option or config key, a missing file or model); anything else is
 # a bug and keeps its traceback
@@ -63,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="time padded vs padding-free DPO training steps on the same batches",
             description="Time full DPO training steps (reference forward, policy forward and backward) of padded TRL "
             "and of padding-free mode with each attention backend, on the same batches, alternating the modes.",
+        )
+    )
+    plan.add_arguments(
+        commands.add_parser(
+            "plan",
+            help="estimate GPU and CPU memory of a DPO run (policy, reference, activations) and the cheapest fix",
+            description="Estimate per-GPU and per-node CPU memory of a DPO run from the model's config alone: policy "
+            "states (DeepSpeed's estimators), the reference model, an activation estimate; say whether it fits and "
+            "the cheapest change that makes it fit. See docs/memory-planning.md.",
         )
     )
     return parser

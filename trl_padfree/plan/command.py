@@ -1,0 +1,112 @@
+"""Command line: the options of `trl-padfree plan` and what it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .memory import BYTES_PER_PARAM, DEFAULT_RESERVE, REFERENCE_PLACES, Setup
+from .report import format_report, plan_to_json
+from .search import make_plan
+from .shapes import load_model_shape
+from .units import GiB, parse_count, parse_memory
+
+
+def _argument(parse):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    memory, count = _argument(parse_memory), _argument(parse_count)
+    parser.add_argument(
+        "model",
+        help="a local folder or config.json, a hub name (its config only), trl-padfree/<size>-<type>, or a parameter "
+        "count (34.4B, 7e9, 500M)",
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8, metavar="N", help="default: 8")
+    parser.add_argument("--nodes", type=int, default=1, metavar="N", help="default: 1")
+    parser.add_argument(
+        "--gpu-memory",
+        type=memory,
+        default=80 * GiB,
+        metavar="SIZE",
+        help="per GPU: 80 (GiB, the default), 80GiB, 80GB (10^9 bytes)",
+    )
+    parser.add_argument(
+        "--zero-stage", type=int, choices=(0, 1, 2, 3), default=3, help="0: plain data parallelism (default: 3)"
+    )
+    parser.add_argument("--offload-optimizer", action="store_true", help="DeepSpeed offload_optimizer: cpu")
+    parser.add_argument(
+        "--offload-param", action="store_true", help="DeepSpeed offload_param: cpu (ZeRO-3, with the optimizer)"
+    )
+    parser.add_argument("--precision", choices=tuple(BYTES_PER_PARAM), default="bf16", help="default: bf16")
+    parser.add_argument(
+        "--reference",
+        choices=REFERENCE_PLACES,
+        default="gpu",
+        help="gpu (default); offload (ref_offload: true, ZeRO-3); precompute (precompute_ref_log_probs: true)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=count,
+        default=8192,
+        metavar="T",
+        help="per micro-batch and GPU: the chosen + rejected tokens of all its pairs, at most pairs x 2 x max_length "
+        "(default: 8192)",
+    )
+    parser.add_argument(
+        "--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True, help="default: on"
+    )
+    parser.add_argument(
+        "--min-tokens", type=count, default=2048, metavar="T", help="the fewest tokens to suggest (default: 2048)"
+    )
+    parser.add_argument(
+        "--reserve",
+        type=memory,
+        default=DEFAULT_RESERVE,
+        metavar="SIZE",
+        help="per GPU, for the CUDA context, NCCL and DeepSpeed buffers, fragmentation (default: 3 GiB)",
+    )
+    parser.add_argument("--cpu-memory", type=memory, metavar="SIZE", help="per node (default: not checked)")
+    parser.add_argument(
+        "--zero-init", action=argparse.BooleanOptionalAction, default=True, help="ZeRO-3 zero.Init (default: on)"
+    )
+    parser.add_argument(
+        "--largest-layer", type=count, metavar="COUNT", help="parameters of the largest layer, with a parameter count"
+    )
+    parser.add_argument("--json", metavar="FILE", help="write the numbers (bytes) as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    setup = Setup(
+        gpus_per_node=options.gpus_per_node,
+        nodes=options.nodes,
+        gpu_memory=options.gpu_memory,
+        zero_stage=options.zero_stage,
+        offload_optimizer=options.offload_optimizer,
+        offload_param=options.offload_param,
+        precision=options.precision,
+        reference=options.reference,
+        tokens=options.tokens,
+        activation_checkpointing=options.activation_checkpointing,
+        reserve=options.reserve,
+        cpu_memory=options.cpu_memory,
+        zero_init=options.zero_init,
+    )
+    if options.min_tokens < 1:
+        raise ValueError("--min-tokens must be at least 1.")
+    shape = load_model_shape(options.model, options.largest_layer)
+    plan = make_plan(shape, setup, options.min_tokens)
+    print(format_report(plan))
+    if options.json:
+        Path(options.json).write_text(json.dumps(plan_to_json(plan), indent=2) + "\n")
+    return 0
