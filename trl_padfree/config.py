@@ -26,6 +26,12 @@ class DPOConfig(trl.DPOConfig):
 
     > Parameters that control memory under DeepSpeed
 
+        sequence_parallel_size (`int`, *optional*, defaults to `1`):
+            Split each packed row over this many GPUs with DeepSpeed Ulysses (ALST), so one long preference pair can
+            span several GPUs. Sets `parallelism_config` to accelerate's `ParallelismConfig(sp_backend="deepspeed",
+            sp_size=N)`; needs `padding_free=True`, a DeepSpeed launch, attention heads divisible by N. Every rank of
+            a group gets the same micro-batch; data parallelism runs across groups.
+
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
             to pinned CPU memory (`offload_param: {device: cpu, pin_memory: true}`), whatever the policy's offload
@@ -49,3 +55,25 @@ class DPOConfig(trl.DPOConfig):
             "stage-3 config with offload_param cpu), independent of the policy's offload settings."
         },
     )
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "DeepSpeed Ulysses sequence parallelism: split each packed row over this many GPUs (needs "
+            "padding_free=True and a DeepSpeed launch)."
+        },
+    )
+
+    def __post_init__(self):
+        if self.sequence_parallel_size < 1:
+            raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
+        if self.sequence_parallel_size > 1 and self.parallelism_config is None:
+            from accelerate.parallelism_config import ParallelismConfig
+            from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+            # accelerate accepts only transformers' built-in kernels here; the trainer hands DeepSpeed the model's
+            # packing-aware attention instead (sequence_parallel.py)
+            handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation="sdpa")
+            self.parallelism_config = ParallelismConfig(
+                sp_backend="deepspeed", sp_size=self.sequence_parallel_size, sp_handler=handler
+            )
+        super().__post_init__()

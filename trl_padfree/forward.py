@@ -12,13 +12,17 @@ own code on the same numbers; only the forward differs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .packing import padded_view_index, to_padded_view
+
+if TYPE_CHECKING:
+    from .sequence_parallel import SequenceParallelGroup
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -33,6 +37,8 @@ class PackedBatch:
     cu_seq_lens: torch.Tensor  # (segments + 1,) int32, the padding segment included
     max_length: int
     seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
+    # Set while training under sequence parallelism: each rank runs its chunk of the row (sequence_parallel.py)
+    sequence_parallel: SequenceParallelGroup | None = field(default=None, compare=False)
 
     def __post_init__(self):
         starts = self.cu_seq_lens[: len(self.seq_lens)].to(torch.long)
@@ -61,6 +67,11 @@ class PackedBatch:
         # that token would be scored from the last token of the previous sequence
         labels = self.input_ids.masked_fill(self.completion_mask == 0, -100)
         return labels.masked_fill(self.position_ids == 0, -100)
+
+    def shift_labels(self) -> torch.Tensor:
+        """`labels()` shifted left by one (position i scores token i + 1), for a forward on a chunk of the row."""
+        labels = self.labels()
+        return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
 
     def padded(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
         """`(1, T, ...)` -> `(sequences, width, ...)`."""
@@ -104,7 +115,7 @@ class PackedBatch:
         return outputs
 
 
-def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any]):
+def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module: torch.nn.Module | None = None):
     """Call `forward` on the packed row in place of the padded inputs TRL built, and return padded views."""
     if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
         raise ValueError(
@@ -114,10 +125,42 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any]):
     # TRL built these for its padded layout; the packed row replaces them
     for key in ("input_ids", "attention_mask", "position_ids", "inputs_embeds"):
         kwargs.pop(key, None)
-    if kwargs.get("labels") is not None:
-        kwargs["labels"] = packed_batch.labels()
-    outputs = forward(**{**kwargs, **packed_batch.model_kwargs()})
+    group = packed_batch.sequence_parallel
+    if group is None:
+        if kwargs.get("labels") is not None:
+            kwargs["labels"] = packed_batch.labels()
+        outputs = forward(**{**kwargs, **packed_batch.model_kwargs()})
+        return packed_batch.to_padded_outputs(outputs)
+
+    # Sequence parallelism: this rank's chunk in, the whole row's per-token outputs back (sequence_parallel.py)
+    model_kwargs = packed_batch.model_kwargs()
+    model_kwargs["input_ids"] = group.chunk(packed_batch.input_ids)
+    model_kwargs["position_ids"] = group.chunk(packed_batch.position_ids)
+    if kwargs.pop("labels", None) is not None:
+        kwargs["shift_labels"] = group.chunk(packed_batch.shift_labels())
+    with _ulysses_enabled(module):
+        outputs = forward(**{**kwargs, **model_kwargs})
+    chunk_length = model_kwargs["input_ids"].shape[1]
+    for key in list(outputs.keys()):
+        value = outputs[key]
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (1, chunk_length):
+            # Position i scored token i + 1: the row's last position scored nothing
+            outputs[key] = group.gather(value)[:, : packed_batch.row_length - 1]
     return packed_batch.to_padded_outputs(outputs)
+
+
+@contextlib.contextmanager
+def _ulysses_enabled(module: torch.nn.Module | None):
+    # DeepSpeed runs Ulysses only in training mode (accelerate sets disable_in_eval): a reference model in eval mode
+    # would attend within its own chunk. Its dropout is off (checked when sequence parallelism is set up).
+    if module is None or module.training:
+        yield
+        return
+    module.train()
+    try:
+        yield
+    finally:
+        module.eval()
 
 
 def add_packed_forward(model: torch.nn.Module) -> None:
@@ -136,7 +179,7 @@ def add_packed_forward(model: torch.nn.Module) -> None:
             return inner_forward(*args, **kwargs)
         if args:
             raise TypeError("A packed forward takes keyword arguments only.")
-        return run_packed(inner_forward, packed_batch, kwargs)
+        return run_packed(inner_forward, packed_batch, kwargs, model)
 
     model.forward = forward
     model._padfree_packed_forward = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
+import math
 
 import torch
 import trl
@@ -16,6 +17,7 @@ from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .models import check_packable, resolve_attn_implementation
 from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
 from .packing import pad_length_to_multiple
+from .sequence_parallel import SameBatchOnEveryRank, active_group, check_sequence_parallel, sequence_parallel_size
 
 
 @contextlib.contextmanager
@@ -76,6 +78,7 @@ class DPOTrainer(trl.DPOTrainer):
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
         if self._padding_free_requested:
             self._enable_padding_free()
+        self._set_up_sequence_parallel()
         if ref_offload and args.precompute_ref_log_probs:
             # Every reference log-prob is in the datasets now: free the reference's CPU shards for training
             self.ref_model = None
@@ -146,6 +149,49 @@ class DPOTrainer(trl.DPOTrainer):
             add_packed_forward(model)
         self.padding_free = True
         self._padding_free_ready = True
+        # What TRL's padded collator would pad to, for the padding-saved metrics (sequence parallelism pads the row)
+        self._padded_pad_to_multiple_of = self.data_collator.pad_to_multiple_of
+
+    def _set_up_sequence_parallel(self) -> None:
+        """Under accelerate's `ParallelismConfig(sp_backend="deepspeed", sp_size=N)`: rows padded to a multiple of
+        N, the packing-aware attention handed to DeepSpeed Ulysses, whole batches on every rank of the group."""
+        sp_size = sequence_parallel_size(self.accelerator)
+        if sp_size == 1:
+            return
+        if not self.padding_free:
+            raise ValueError(
+                f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "
+                "group, with per-sequence positions that TRL's padded batches do not carry. Set padding_free=True."
+            )
+        if not self.args.disable_dropout:
+            raise ValueError(
+                "Sequence parallelism runs the reference model in training mode (DeepSpeed switches Ulysses off in "
+                "eval mode), so its dropout must be off: set disable_dropout=True."
+            )
+        if self.aux_loss_enabled:
+            raise ValueError(
+                "Sequence parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the "
+                "row alone. Set router_aux_loss_coef=0, or sp_size=1."
+            )
+        policy = self.accelerator.unwrap_model(self.model)
+        policy = policy.get_base_model() if is_peft_model(policy) else policy
+        attn_implementation = policy.config._attn_implementation
+        check_sequence_parallel(policy.config, attn_implementation, sp_size)
+        # accelerate only accepts the names of transformers' built-in kernels here; DeepSpeed wraps whichever
+        # registered attention the model runs, ours included, and checks it matches the model
+        self.accelerator.parallelism_config.sp_handler.sp_attn_implementation = attn_implementation
+        self.data_collator.pad_to_multiple_of = math.lcm(self._padded_pad_to_multiple_of or 1, sp_size)
+        self.accelerator.deepspeed_ulysses_dl_adapter = self._same_batch_on_every_rank
+        # DeepSpeed shapes Ulysses' buffers by its micro-batch size: a packed micro-batch is one row
+        deepspeed_config = self.accelerator.state.deepspeed_plugin.deepspeed_config
+        deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+        deepspeed_config.pop("train_batch_size", None)
+        # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
+        self._tp_size *= sp_size
+
+    def _same_batch_on_every_rank(self, dataloader, model):
+        # Replaces accelerate's hook that wraps the train dataloader in DeepSpeed's adapter (sequence_parallel.py)
+        return SameBatchOnEveryRank(dataloader, active_group(self.accelerator), self.accelerator.device)
 
     def _packed_inputs(self, inputs: dict) -> dict:
         """The padded-layout inputs TRL's loss code reads, carrying the packed row the forward really runs on."""
@@ -169,13 +215,16 @@ class DPOTrainer(trl.DPOTrainer):
         holds, and the tokens TRL's padded collator would have made of the same sequences (2 x pairs x longest).
         """
         sequences = len(packed_batch.seq_lens)
-        padded_width = pad_length_to_multiple(packed_batch.width, self.data_collator.pad_to_multiple_of)
+        padded_width = pad_length_to_multiple(packed_batch.width, self._padded_pad_to_multiple_of)
         counts = torch.tensor(
             [packed_batch.seq_lens.sum().item(), sequences * padded_width, packed_batch.row_length],
             dtype=torch.float64,
             device=self.accelerator.device,
         )
         real_tokens, padded_tokens, row_length = self.accelerator.gather(counts).view(-1, 3).T.tolist()
+        if packed_batch.sequence_parallel is not None:  # every rank of a group holds the same row: count it once
+            ranks = packed_batch.sequence_parallel.size
+            real_tokens, padded_tokens, row_length = real_tokens[::ranks], padded_tokens[::ranks], row_length[::ranks]
         metrics = self._metrics["train" if self.model.training else "eval"]
         metrics["padfree/real_tokens"].append(sum(real_tokens))
         metrics["padfree/padded_tokens"].append(sum(padded_tokens))
@@ -203,5 +252,7 @@ class DPOTrainer(trl.DPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if is_packed_batch(inputs):
             inputs = self._packed_inputs(inputs)
+            if model.training:
+                inputs[PACKED_BATCH_KWARG].sequence_parallel = active_group(self.accelerator)
             self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -30,7 +30,17 @@ warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v
 
 
 # A run is named by its options joined with "+", e.g. "padding_free+ref_offload"
-RUN_OPTIONS = ("trl", "padding_free", "ref_offload", "explicit_ref", "precompute", "bf16", "checkpointing", "sync")
+RUN_OPTIONS = (
+    "trl",
+    "padding_free",
+    "ref_offload",
+    "explicit_ref",
+    "precompute",
+    "bf16",
+    "checkpointing",
+    "sync",
+    "sp",
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="padding_free",
         help=f"comma-separated runs, one after the other in the same processes; each joins options of {RUN_OPTIONS} "
         "with '+' ('trl': TRL's own trainer, padded; 'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model "
-        "every step, half way)",
+        "every step, half way; 'sp': sequence_parallel_size=2)",
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
@@ -62,6 +72,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     flags = run_options(run)
     trainer_class, config_class = (trl.DPOTrainer, trl.DPOConfig) if "trl" in flags else (DPOTrainer, DPOConfig)
     extra = {"ref_offload": True} if "ref_offload" in flags else {}
+    if "sp" in flags:
+        extra["sequence_parallel_size"] = 2
     if "sync" in flags:
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     args = config_class(
