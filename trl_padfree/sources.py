@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 from datasets import DatasetDict, load_dataset
 
 from .data import DEMO_DATASET_NAME, load_demo_dataset, load_demo_tokenizer
@@ -40,7 +41,13 @@ def resolve_model(name_or_path: str) -> str:
     size, model_type = parse_demo_model_name(name_or_path)
     directory = cache_dir() / f"{size}-{model_type}"
     if not (directory / "config.json").exists():
-        _save_atomically(directory, lambda path: _save_demo_model(size, model_type, path))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # transformers writes a model from global rank 0 only; the others wait for it (one shared cache)
+            if torch.distributed.get_rank() == 0:
+                _save_atomically(directory, lambda path: _save_demo_model(size, model_type, path))
+            torch.distributed.barrier()
+        else:
+            _save_atomically(directory, lambda path: _save_demo_model(size, model_type, path))
     return str(directory)
 
 
