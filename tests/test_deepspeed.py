@@ -15,15 +15,13 @@ import pytest
 deepspeed = pytest.importorskip("deepspeed")
 
 from accelerate.utils import DeepSpeedPlugin  # noqa: E402
+from distributed_runs import launch, save_tiny_model, train_in_this_process  # noqa: E402
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
 from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
-from trl_padfree.data import load_demo_tokenizer  # noqa: E402
 from trl_padfree.offload import check_ref_offload, reference_deepspeed_config, zero3_init_config  # noqa: E402
-from trl_padfree.tiny import make_demo_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
 ZERO3_REF_OFFLOAD = ROOT / "recipes" / "accelerate_configs" / "zero3_ref_offload.yaml"
 PAIRS_PER_PROCESS = 2
 # fp32, 2 processes vs 1 after two AdamW steps: measured loss 2.3e-6; metrics 1.4e-7 to 1.1e-5 relative (grad_norm),
@@ -48,50 +46,22 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("model")
-    make_demo_model("tiny", "llama").save_pretrained(directory)
-    load_demo_tokenizer().save_pretrained(directory)
-    return directory
+    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
 def single_process_padded(model_dir, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    sys.path.insert(0, str(TRAIN_SCRIPT.parent))
-    try:
-        import train_dpo
-    finally:
-        sys.path.pop(0)
     output = tmp_path_factory.mktemp("single") / "report.json"
-    train_dpo.main(
-        [
-            "--model",
-            str(model_dir),
-            "--output",
-            str(output),
-            "--runs",
-            "trl",
-            "--batch-size",
-            str(2 * PAIRS_PER_PROCESS),
-        ]
-    )
-    return json.loads(output.read_text())["trl"]
+    return train_in_this_process(model_dir, output, "--runs", "trl", "--batch-size", str(2 * PAIRS_PER_PROCESS))["trl"]
 
 
 @pytest.fixture(scope="module")
 def zero3_runs(model_dir, tmp_path_factory):
     """Every run of RUNS, one after the other, in the same two DeepSpeed ZeRO-3 processes."""
     output = tmp_path_factory.mktemp("zero3") / "report.json"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3_REF_OFFLOAD),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29531",
-        str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output),
-        "--runs", ",".join(RUNS.values()), "--batch-size", str(PAIRS_PER_PROCESS),
-    ]  # fmt: skip
-    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    reports = json.loads(output.read_text())
+    options = ("--runs", ",".join(RUNS.values()), "--batch-size", str(PAIRS_PER_PROCESS))
+    reports = launch("zero3_ref_offload.yaml", 29531, model_dir, output, *options)
     return {name: reports[run] for name, run in RUNS.items()}
 
 

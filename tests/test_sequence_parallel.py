@@ -3,11 +3,7 @@ under ZeRO-3 split every packed row in two, so most sequences' log-prob sums cro
 loss and metrics must equal TRL's padded trainer in one process on the same micro-batches. `-k sequence_parallel`
 selects these tests."""
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,55 +11,33 @@ from transformers import AutoConfig
 
 deepspeed = pytest.importorskip("deepspeed")
 
+from distributed_runs import launch, save_tiny_model, train_in_this_process  # noqa: E402
 from test_deepspeed import COMPARED_METRICS, LOSS_ATOL, METRIC_ATOL, METRIC_RTOL  # noqa: E402
 
-from trl_padfree.data import load_demo_tokenizer  # noqa: E402
 from trl_padfree.sequence_parallel import check_sequence_parallel  # noqa: E402
-from trl_padfree.tiny import make_demo_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
-ZERO3 = ROOT / "recipes" / "accelerate_configs" / "zero3.yaml"
 PAIRS = 2  # per micro-batch: with sequence parallelism both ranks share it
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("model")
-    make_demo_model("tiny", "llama").save_pretrained(directory)
-    load_demo_tokenizer().save_pretrained(directory)
-    return directory
+    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
 def single_process_padded(model_dir, tmp_path_factory):
-    sys.path.insert(0, str(TRAIN_SCRIPT.parent))
-    try:
-        import train_dpo
-    finally:
-        sys.path.pop(0)
     output = tmp_path_factory.mktemp("single") / "report.json"
-    train_dpo.main(
-        ["--model", str(model_dir), "--output", str(output), "--runs", "trl"]
-        + ["--batch-size", str(PAIRS), "--steps", str(STEPS)]
-    )
-    return json.loads(output.read_text())["trl"]
+    options = ("--runs", "trl", "--batch-size", str(PAIRS), "--steps", str(STEPS))
+    return train_in_this_process(model_dir, output, *options)["trl"]
 
 
 @pytest.fixture(scope="module")
 def sequence_parallel_runs(model_dir, tmp_path_factory):
     output = tmp_path_factory.mktemp("sp") / "report.json"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29533",
-        str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output),
-        "--runs", "padding_free+sp", "--batch-size", str(PAIRS), "--steps", str(STEPS),
-    ]  # fmt: skip
-    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return json.loads(output.read_text())
+    options = ("--runs", "padding_free+sp", "--batch-size", str(PAIRS), "--steps", str(STEPS))
+    return launch("zero3.yaml", 29533, model_dir, output, *options)
 
 
 def test_sequence_parallel_2_matches_single_process_padded_trl(sequence_parallel_runs, single_process_padded):

@@ -158,6 +158,11 @@ class DPOTrainer(trl.DPOTrainer):
         sp_size = sequence_parallel_size(self.accelerator)
         if sp_size == 1:
             return
+        if not self.is_deepspeed_enabled:
+            raise ValueError(
+                f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses: launch with a DeepSpeed config, "
+                "e.g. `accelerate launch --config_file recipes/accelerate_configs/zero3.yaml ...`."
+            )
         if not self.padding_free:
             raise ValueError(
                 f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "

@@ -1,0 +1,45 @@
+"""Run tests/distributed/train_dpo.py in this process (the single-process baseline) or under `accelerate launch`
+with DeepSpeed on CPU processes, and read back its JSON report."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from trl_padfree.data import load_demo_tokenizer
+from trl_padfree.tiny import make_demo_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
+ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate_configs"
+
+
+def save_tiny_model(directory: Path) -> Path:
+    """A tiny Llama saved like a checkpoint, so every process (and TRL's reference) loads it by path."""
+    make_demo_model("tiny", "llama").save_pretrained(directory)
+    load_demo_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def train_in_this_process(model_dir: Path, output: Path, *options: str) -> dict:
+    sys.path.insert(0, str(TRAIN_SCRIPT.parent))
+    try:
+        import train_dpo
+    finally:
+        sys.path.pop(0)
+    train_dpo.main(["--model", str(model_dir), "--output", str(output), *options])
+    return json.loads(output.read_text())
+
+
+def launch(config: str, port: int, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:
+    """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`)."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
+        "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(port),
+        str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output), *options,
+    ]  # fmt: skip
+    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(output.read_text())
