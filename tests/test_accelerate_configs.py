@@ -51,6 +51,9 @@ if state.deepspeed_plugin is not None:
     report["zero_stage"] = state.deepspeed_plugin.zero_stage
     report["zero3_init_flag"] = state.deepspeed_plugin.zero3_init_flag
     report["deepspeed_config"] = state.deepspeed_plugin.deepspeed_config
+if accelerator.parallelism_config is not None:
+    config = accelerator.parallelism_config
+    report["parallelism_config"] = {"sp_size": config.sp_size, "sp_backend": config.sp_backend}
 print("ACCELERATOR " + json.dumps(report))
 """
 
@@ -165,6 +168,13 @@ def test_config_builds_an_accelerator(config, accelerators):
     assert report["distributed_type"] == expected_type
     assert report["num_processes"] == 1
     assert report["mixed_precision"] == settings["mixed_precision"]
+    if parallelism := settings.get("parallelism_config"):  # sequence parallelism, passed on as environment variables
+        assert report["parallelism_config"] == {
+            "sp_size": parallelism["parallelism_config_sp_size"],
+            "sp_backend": parallelism["parallelism_config_sp_backend"],
+        }
+    else:
+        assert "parallelism_config" not in report
     if expected_type != "DEEPSPEED":
         return
 

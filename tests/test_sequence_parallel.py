@@ -1,7 +1,9 @@
-"""Sequence parallelism (DeepSpeed Ulysses through `sequence_parallel_size`), for real: 2 CPU processes over gloo
-under ZeRO-3 split every packed row in two, so most sequences' log-prob sums cross the chunk boundary. Every step's
-loss and metrics must equal TRL's padded trainer in one process on the same micro-batches. `-k sequence_parallel`
-selects these tests."""
+"""Sequence parallelism (DeepSpeed Ulysses), for real: CPU processes over gloo under ZeRO-3 split every packed row
+over the group, so sequences' log-prob sums cross the chunk boundaries. Every step's loss and metrics (grad_norm
+included, and the losses of later steps follow the gradients of earlier ones) must equal TRL's padded trainer, and
+sp_size 1 padding-free, in one process on the same micro-batches. `-k sequence_parallel` selects these tests.
+
+Each launch is its own `accelerate launch`: DeepSpeed sets up sequence parallelism once per process."""
 
 import math
 from pathlib import Path
@@ -17,8 +19,9 @@ from test_deepspeed import COMPARED_METRICS, LOSS_ATOL, METRIC_ATOL, METRIC_RTOL
 from trl_padfree.sequence_parallel import check_sequence_parallel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = 2  # per micro-batch: with sequence parallelism both ranks share it
+PAIRS = 2  # per micro-batch: with sequence parallelism every rank of the group shares it
 STEPS = 4
+SINGLE_PROCESS_RUNS = ("trl", "padding_free", "trl+lora")
 
 
 @pytest.fixture(scope="module")
@@ -27,32 +30,72 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def single_process_padded(model_dir, tmp_path_factory):
+def single_process(model_dir, tmp_path_factory):
+    """TRL padded, and our padding-free trainer with sp_size 1, in this process on the same micro-batches."""
     output = tmp_path_factory.mktemp("single") / "report.json"
-    options = ("--runs", "trl", "--batch-size", str(PAIRS), "--steps", str(STEPS))
-    return train_in_this_process(model_dir, output, *options)["trl"]
+    options = ("--runs", ",".join(SINGLE_PROCESS_RUNS), "--batch-size", str(PAIRS), "--steps", str(STEPS))
+    return train_in_this_process(model_dir, output, *options)
 
 
 @pytest.fixture(scope="module")
-def sequence_parallel_runs(model_dir, tmp_path_factory):
-    output = tmp_path_factory.mktemp("sp") / "report.json"
-    options = ("--runs", "padding_free+sp", "--batch-size", str(PAIRS), "--steps", str(STEPS))
-    return launch("zero3.yaml", 29533, model_dir, output, *options)
+def sequence_parallel_launch(model_dir, tmp_path_factory):
+    def run(config: str, port: int, run: str, processes: int = 2, sp_size: int = 2) -> dict:
+        output = tmp_path_factory.mktemp("sp") / "report.json"
+        options = ("--runs", run, "--batch-size", str(PAIRS), "--steps", str(STEPS), "--sp-size", str(sp_size))
+        return launch(config, port, model_dir, output, *options, processes=processes)[run]
+
+    return run
 
 
-def test_sequence_parallel_2_matches_single_process_padded_trl(sequence_parallel_runs, single_process_padded):
-    report = sequence_parallel_runs["padding_free+sp"]
-    assert report["world_size"] == 2 and report["zero_stage"] == 3
+def assert_same_training(report: dict, expected: dict, sp_size: int) -> None:
+    assert report["zero_stage"] == 3 and report["sequence_parallel_size"] == sp_size
+    assert report["sequences_split_across_ranks"] > 0, "no sequence crossed a chunk boundary: nothing was tested"
     assert len(report["losses"]) == STEPS
     assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
-    assert report["losses"] == pytest.approx(single_process_padded["losses"], abs=LOSS_ATOL)
-    for step, (metrics, expected) in enumerate(zip(report["metrics"], single_process_padded["metrics"], strict=True)):
-        for key in COMPARED_METRICS:
-            assert metrics[key] == pytest.approx(expected[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
-        # Both ranks computed the same row: its tokens are counted once
-        assert metrics["padfree/real_tokens"] == metrics["num_tokens"] - (
-            report["metrics"][step - 1]["num_tokens"] if step else 0
-        )
+    assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
+    for step, (metrics, reference) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
+        for key in (*COMPARED_METRICS, "grad_norm"):
+            assert metrics[key] == pytest.approx(reference[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+        # Every rank of a group computed the same row: its tokens are counted once
+        new_tokens = metrics["num_tokens"] - (report["metrics"][step - 1]["num_tokens"] if step else 0)
+        assert metrics["padfree/real_tokens"] == new_tokens
+
+
+def test_sequence_parallel_2_matches_padded_trl_and_sp_1(sequence_parallel_launch, single_process):
+    report = sequence_parallel_launch("zero3.yaml", 29533, "padding_free+sp")
+    assert report["world_size"] == 2
+    assert_same_training(report, single_process["trl"], sp_size=2)
+    assert_same_training(report, single_process["padding_free"], sp_size=2)
+
+
+def test_sequence_parallel_from_the_accelerate_config_with_a_separate_reference(
+    sequence_parallel_launch, single_process
+):
+    # zero3_sp2.yaml sets sp_size in its parallelism_config section; the reference is a model of its own, run by its
+    # own DeepSpeed engine through the same Ulysses attention
+    report = sequence_parallel_launch("zero3_sp2.yaml", 29534, "padding_free+explicit_ref")
+    assert report["reference"]["kept"]
+    assert_same_training(report, single_process["trl"], sp_size=2)
+
+
+def test_sequence_parallel_with_peft_reference(sequence_parallel_launch, single_process):
+    # LoRA policy: the reference is the same model with its adapter disabled, run in training mode under Ulysses
+    report = sequence_parallel_launch("zero3.yaml", 29535, "padding_free+sp+lora")
+    assert not report["reference"]["kept"]
+    assert_same_training(report, single_process["trl+lora"], sp_size=2)
+
+
+def test_sequence_parallel_with_reference_offloaded(sequence_parallel_launch, single_process):
+    report = sequence_parallel_launch("zero3_ref_offload.yaml", 29536, "padding_free+sp+ref_offload")
+    assert report["reference"]["offloaded"]
+    assert_same_training(report, single_process["trl"], sp_size=2)
+
+
+def test_sequence_parallel_4(sequence_parallel_launch, single_process):
+    # 4 ranks split each row in 4; the tiny model's 2 key-value heads are replicated by DeepSpeed
+    report = sequence_parallel_launch("zero3.yaml", 29537, "padding_free+sp", processes=4, sp_size=4)
+    assert report["world_size"] == 4
+    assert_same_training(report, single_process["trl"], sp_size=4)
 
 
 # Refusals
@@ -91,3 +134,27 @@ def test_sequence_parallel_size_sets_accelerates_parallelism_config(tmp_path):
     assert args.parallelism_config.sp_size == 2 and args.parallelism_config.sp_backend == "deepspeed"
     with pytest.raises(ValueError, match="sequence_parallel_size must be at least 1"):
         DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, sequence_parallel_size=0)
+
+
+def test_sequence_parallel_size_comes_from_the_accelerate_config(tmp_path, monkeypatch):
+    from trl_padfree import DPOConfig
+
+    # what `accelerate launch` passes on from zero3_sp2.yaml's parallelism_config section
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
+    args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
+    assert args.sequence_parallel_size == 2 and args.parallelism_config.sp_size == 2
+    with pytest.raises(ValueError, match="sequence_parallel_size=4 disagrees with the accelerate config's"):
+        DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, sequence_parallel_size=4)
+
+
+def test_sequence_parallel_refuses_a_second_setup_in_one_process(monkeypatch):
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    from trl_padfree.sequence_parallel import check_no_sequence_parallel_groups_yet
+
+    check_no_sequence_parallel_groups_yet()
+    monkeypatch.setattr(parallel_state_sp, "_SEQUENCE_PARALLEL_GROUP", object())  # as an earlier trainer leaves it
+    with pytest.raises(RuntimeError, match="Run each sequence-parallel training in its own `accelerate launch`"):
+        check_no_sequence_parallel_groups_yet()

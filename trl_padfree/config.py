@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import trl
@@ -30,7 +31,8 @@ class DPOConfig(trl.DPOConfig):
             Split each packed row over this many GPUs with DeepSpeed Ulysses (ALST), so one long preference pair can
             span several GPUs. Sets `parallelism_config` to accelerate's `ParallelismConfig(sp_backend="deepspeed",
             sp_size=N)`; needs `padding_free=True`, a DeepSpeed launch, attention heads divisible by N. Every rank of
-            a group gets the same micro-batch; data parallelism runs across groups.
+            a group gets the same micro-batch; data parallelism runs across groups. An accelerate config can set it
+            instead, with `parallelism_config_sp_size` (`recipes/accelerate_configs/zero3_sp2.yaml`).
 
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
@@ -66,6 +68,14 @@ class DPOConfig(trl.DPOConfig):
     def __post_init__(self):
         if self.sequence_parallel_size < 1:
             raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
+        launched_size = _sequence_parallel_size_from_accelerate_launch()
+        if launched_size > 1:
+            if self.sequence_parallel_size not in (1, launched_size):
+                raise ValueError(
+                    f"sequence_parallel_size={self.sequence_parallel_size} disagrees with the accelerate config's "
+                    f"parallelism_config_sp_size={launched_size}. Set one of them."
+                )
+            self.sequence_parallel_size = launched_size
         if self.sequence_parallel_size > 1 and self.parallelism_config is None:
             from accelerate.parallelism_config import ParallelismConfig
             from accelerate.utils import DeepSpeedSequenceParallelConfig
@@ -77,3 +87,12 @@ class DPOConfig(trl.DPOConfig):
                 sp_backend="deepspeed", sp_size=self.sequence_parallel_size, sp_handler=handler
             )
         super().__post_init__()
+
+
+def _sequence_parallel_size_from_accelerate_launch() -> int:
+    # `accelerate launch` passes a config file's `parallelism_config` section on as environment variables
+    if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() != "true":
+        return 1
+    if os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed") != "deepspeed":
+        return 1
+    return int(os.environ.get("PARALLELISM_CONFIG_SP_SIZE", "1"))

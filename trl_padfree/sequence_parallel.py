@@ -128,3 +128,16 @@ def check_sequence_parallel(model_config, attn_implementation: str, sp_size: int
             "off in eval mode, which would attend within each rank's chunk only), so attention dropout must be 0: "
             f"the model has attention_dropout={text_config.attention_dropout}. Set it to 0."
         )
+
+
+def check_no_sequence_parallel_groups_yet() -> None:
+    """DeepSpeed creates its sequence-parallel groups, and wraps the attention function for Ulysses, once per process
+    (`parallel_state_sp.initialize_sequence_parallel` asserts it runs once): a second sequence-parallel trainer in the
+    same process would fail deep inside `train()`, or wrap the attention twice. Say so before anything runs."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    if parallel_state_sp._SEQUENCE_PARALLEL_GROUP is not None:
+        raise RuntimeError(
+            "DeepSpeed sets up sequence parallelism once per process, and an earlier trainer in this process already "
+            "did. Run each sequence-parallel training in its own `accelerate launch`."
+        )

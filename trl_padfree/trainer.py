@@ -17,7 +17,13 @@ from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .models import check_packable, resolve_attn_implementation
 from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
 from .packing import pad_length_to_multiple
-from .sequence_parallel import SameBatchOnEveryRank, active_group, check_sequence_parallel, sequence_parallel_size
+from .sequence_parallel import (
+    SameBatchOnEveryRank,
+    active_group,
+    check_no_sequence_parallel_groups_yet,
+    check_sequence_parallel,
+    sequence_parallel_size,
+)
 
 
 @contextlib.contextmanager
@@ -178,6 +184,7 @@ class DPOTrainer(trl.DPOTrainer):
                 "Sequence parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the "
                 "row alone. Set router_aux_loss_coef=0, or sp_size=1."
             )
+        check_no_sequence_parallel_groups_yet()
         policy = self.accelerator.unwrap_model(self.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attn_implementation = policy.config._attn_implementation

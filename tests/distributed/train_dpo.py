@@ -5,7 +5,8 @@ with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
 
     {"<run>": {"losses": [...], "metrics": [{...}, ...], "world_size": 2, "zero_stage": 3,
                "reference": {"offloaded": true, "kept": true}, "policy_sharded": true,
-               "peak_gpu_memory_bytes": null}, ...}
+               "peak_gpu_memory_bytes": null, "sequence_parallel_size": 1, "sequences_split_across_ranks": 0},
+     ...}
 
 The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
 gives a process its slice of the same global batches the single process sees whole.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -24,6 +26,7 @@ import trl
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
 from trl_padfree.offload import reference_offloaded, zero3_init_config
+from trl_padfree.sequence_parallel import sequence_parallel_size
 
 # TRL 1.16 still calls transformers 5's deprecated gradient checkpointing names
 warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
@@ -40,6 +43,7 @@ RUN_OPTIONS = (
     "checkpointing",
     "sync",
     "sp",
+    "lora",
 )
 
 
@@ -56,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--sp-size", type=int, default=2, help="sequence_parallel_size of the 'sp' option")
     parser.add_argument("--max-length", type=int, default=192)
     parser.add_argument("--num-pairs", type=int, default=32, help="keep it equal across the runs compared")
     return parser.parse_args(argv)
@@ -73,7 +78,13 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     trainer_class, config_class = (trl.DPOTrainer, trl.DPOConfig) if "trl" in flags else (DPOTrainer, DPOConfig)
     extra = {"ref_offload": True} if "ref_offload" in flags else {}
     if "sp" in flags:
-        extra["sequence_parallel_size"] = 2
+        extra["sequence_parallel_size"] = options.sp_size
+    if "lora" in flags:
+        from peft import LoraConfig
+
+        extra_trainer = {"peft_config": LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")}
+    else:
+        extra_trainer = {}
     if "sync" in flags:
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     args = config_class(
@@ -100,16 +111,42 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
 
         with zero3_init_config(None):  # a plain model, as a user would load it
             ref_model = AutoModelForCausalLM.from_pretrained(options.model, dtype=torch.float32)
-    return trainer_class(
+    trainer = trainer_class(
         model=options.model,
         ref_model=ref_model,
         args=args,
         train_dataset=load_demo_dataset("train").select(range(options.num_pairs)),
         processing_class=load_demo_tokenizer(),
+        **extra_trainer,
     )
+    trainer.data_collator = RowRecorder(trainer.data_collator)
+    return trainer
+
+
+class RowRecorder:
+    """The collator, recording each packed row's segment boundaries and length (sequence parallelism pads the row)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.rows = []
+
+    def __call__(self, examples):
+        batch = self.collator(examples)
+        if "cu_seq_lens_q" in batch:
+            self.rows.append((batch["cu_seq_lens_q"].tolist(), batch["input_ids"].shape[1]))
+        return batch
+
+    def sequences_split(self, sp_size: int) -> int:
+        """How many sequences straddle a boundary between two ranks' chunks of their row."""
+        split = 0
+        for boundaries, row_length in self.rows:
+            cuts = [row_length // sp_size * rank for rank in range(1, sp_size)]
+            split += sum(any(start < cut < end for cut in cuts) for start, end in pairwise(boundaries))
+        return split
 
 
 def describe(trainer) -> dict:
+    sp_size = sequence_parallel_size(trainer.accelerator)
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
@@ -126,6 +163,8 @@ def describe(trainer) -> dict:
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "policy_sharded": all(hasattr(p, "ds_tensor") for p in parameters)
         and sum(p.ds_tensor.numel() for p in parameters) < sum(p.ds_numel for p in parameters),
+        "sequence_parallel_size": sp_size,
+        "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size),
     }
 
 
