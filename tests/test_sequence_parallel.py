@@ -21,7 +21,8 @@ from trl_padfree.sequence_parallel import check_sequence_parallel  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = 2  # per micro-batch: with sequence parallelism every rank of the group shares it
 STEPS = 4
-SINGLE_PROCESS_RUNS = ("trl", "padding_free", "trl+lora")
+EVAL_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "entropy")
+SINGLE_PROCESS_RUNS = ("trl+eval", "padding_free", "trl+lora")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def assert_same_training(report: dict, expected: dict, sp_size: int) -> None:
     assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
     assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
     for step, (metrics, reference) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
-        for key in (*COMPARED_METRICS, "grad_norm"):
+        for key in COMPARED_METRICS:
             assert metrics[key] == pytest.approx(reference[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
         # Every rank of a group computed the same row: its tokens are counted once
         new_tokens = metrics["num_tokens"] - (report["metrics"][step - 1]["num_tokens"] if step else 0)
@@ -62,10 +63,15 @@ def assert_same_training(report: dict, expected: dict, sp_size: int) -> None:
 
 
 def test_sequence_parallel_2_matches_padded_trl_and_sp_1(sequence_parallel_launch, single_process):
-    report = sequence_parallel_launch("zero3.yaml", 29533, "padding_free+sp")
+    report = sequence_parallel_launch("zero3.yaml", 29533, "padding_free+sp+eval")
     assert report["world_size"] == 2
-    assert_same_training(report, single_process["trl"], sp_size=2)
+    assert_same_training(report, single_process["trl+eval"], sp_size=2)
     assert_same_training(report, single_process["padding_free"], sp_size=2)
+    # Evaluation runs the model in eval mode, where DeepSpeed switches Ulysses off: each rank evaluates whole rows of
+    # its own batches, data-parallel. (TRL's logits means weigh tokens across processes: they depend on the grouping.)
+    expected = single_process["trl+eval"]["eval"]
+    for key in ("eval_loss", *(f"eval_{name}" for name in EVAL_METRICS)):
+        assert report["eval"][key] == pytest.approx(expected[key], rel=METRIC_RTOL, abs=METRIC_ATOL), key
 
 
 def test_sequence_parallel_from_the_accelerate_config_with_a_separate_reference(
@@ -75,7 +81,7 @@ def test_sequence_parallel_from_the_accelerate_config_with_a_separate_reference(
     # own DeepSpeed engine through the same Ulysses attention
     report = sequence_parallel_launch("zero3_sp2.yaml", 29534, "padding_free+explicit_ref")
     assert report["reference"]["kept"]
-    assert_same_training(report, single_process["trl"], sp_size=2)
+    assert_same_training(report, single_process["trl+eval"], sp_size=2)
 
 
 def test_sequence_parallel_with_peft_reference(sequence_parallel_launch, single_process):
@@ -88,14 +94,14 @@ def test_sequence_parallel_with_peft_reference(sequence_parallel_launch, single_
 def test_sequence_parallel_with_reference_offloaded(sequence_parallel_launch, single_process):
     report = sequence_parallel_launch("zero3_ref_offload.yaml", 29536, "padding_free+sp+ref_offload")
     assert report["reference"]["offloaded"]
-    assert_same_training(report, single_process["trl"], sp_size=2)
+    assert_same_training(report, single_process["trl+eval"], sp_size=2)
 
 
 def test_sequence_parallel_4(sequence_parallel_launch, single_process):
     # 4 ranks split each row in 4; the tiny model's 2 key-value heads are replicated by DeepSpeed
     report = sequence_parallel_launch("zero3.yaml", 29537, "padding_free+sp", processes=4, sp_size=4)
     assert report["world_size"] == 4
-    assert_same_training(report, single_process["trl"], sp_size=4)
+    assert_same_training(report, single_process["trl+eval"], sp_size=4)
 
 
 # Refusals

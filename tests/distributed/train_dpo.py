@@ -44,6 +44,7 @@ RUN_OPTIONS = (
     "sync",
     "sp",
     "lora",
+    "eval",
 )
 
 
@@ -92,6 +93,7 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         padding_free="padding_free" in flags,
         precompute_ref_log_probs="precompute" in flags,
         per_device_train_batch_size=options.batch_size,
+        per_device_eval_batch_size=options.batch_size,
         max_steps=options.steps,
         learning_rate=1e-3,
         lr_scheduler_type="constant",
@@ -176,6 +178,9 @@ def main(argv=None) -> None:
         trainer = build_trainer(run, options, str(output.parent / f"{output.stem}-{run}"))
         trainer.train()
         reports[run] = describe(trainer)
+        if "eval" in run_options(run):
+            # pairs of the tokenized training set: none of them dropped for length
+            reports[run]["eval"] = trainer.evaluate(trainer.train_dataset.select(range(8)))
         is_main_process = trainer.accelerator.is_main_process
         del trainer
     if is_main_process:
