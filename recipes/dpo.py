@@ -2,7 +2,8 @@
 from `--config file.yaml`.
 
     python recipes/dpo.py --config recipes/configs/tiny_cpu.yaml
-    accelerate launch --cpu --num_processes 2 recipes/dpo.py --config recipes/configs/tiny_cpu.yaml
+    ACCELERATE_USE_CPU=true accelerate launch --config_file recipes/accelerate_configs/multi_gpu.yaml \\
+        --num_processes 2 recipes/dpo.py --config recipes/configs/tiny_cpu.yaml
     accelerate launch --config_file recipes/accelerate_configs/single_gpu.yaml \\
         recipes/dpo.py --config recipes/configs/qwen2.5-0.5b_1gpu.yaml
 

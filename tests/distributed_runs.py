@@ -33,13 +33,17 @@ def train_in_this_process(model_dir: Path, output: Path, *options: str) -> dict:
 
 
 def launch(config: str, port: int, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:
-    """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`)."""
+    """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`), or
+    with `config=None` plain data parallelism: multi_gpu.yaml on CPU processes."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
         "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(port),
         str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output), *options,
     ]  # fmt: skip
     environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    if config == "multi_gpu.yaml":
+        # Not `accelerate launch --cpu`: it runs the script in one process, whatever --num_processes says
+        environment["ACCELERATE_USE_CPU"] = "true"
     result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return json.loads(output.read_text())

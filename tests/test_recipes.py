@@ -56,12 +56,17 @@ def test_recipe_trains_the_tiny_config(tmp_path, environment):
 
 
 def test_recipe_under_accelerate_launch_with_two_cpu_processes(tmp_path, environment):
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
-    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    result = run(launch + recipe(output_dir=tmp_path)[1:], environment)
+    # Data parallelism over gloo: the multi-GPU config on CPU processes. (`accelerate launch --cpu` would run the
+    # script in a single process, whatever --num_processes says.)
+    config = ROOT / "recipes" / "accelerate_configs" / "multi_gpu.yaml"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    launch += ["--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29539"]
+    result = run(launch + recipe(output_dir=tmp_path)[1:], {**environment, "ACCELERATE_USE_CPU": "true"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "model.safetensors").exists()
     assert "padfree/padding_removed" in result.stdout
+    # 320 pairs, 8 per process: 2 steps are 0.1 epoch with two processes (0.05 with one)
+    assert "'train_loss'" in result.stdout and "'epoch': '0.1'}" in result.stdout
 
 
 def test_trl_script_with_swapped_import_trains_padding_free(tmp_path, environment):

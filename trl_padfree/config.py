@@ -25,6 +25,18 @@ class DPOConfig(trl.DPOConfig):
             `"keep"` keeps the model's own; `"sdpa"` and `"eager"` are exact too, but their block-diagonal mask costs
             the square of the whole row.
 
+        max_tokens_per_batch (`int` or `None`, *optional*, defaults to `None`):
+            Token-budget batching for training: fill each micro-batch with whole pairs (chosen and rejected together)
+            up to this many tokens in the packed row, instead of `per_device_train_batch_size` pairs. The loss of an
+            optimizer step is the mean over all of its pairs, across gradient accumulation and processes, as in
+            padded training of the same pairs. Needs `padding_free=True`. A pair longer than the budget is an error;
+            set `max_length` to at most half the budget to have TRL truncate every pair to fit.
+
+        token_budget_window (`int`, *optional*, defaults to `1000`):
+            With `max_tokens_per_batch`: pairs are shuffled (with `data_seed`, else `seed`), cut into windows of this
+            many pairs, and each window packed best-fit decreasing. Larger windows fill rows better; smaller ones mix
+            lengths more.
+
     > Parameters that control memory under DeepSpeed
 
         sequence_parallel_size (`int`, *optional*, defaults to `1`):
@@ -50,6 +62,17 @@ class DPOConfig(trl.DPOConfig):
             "'keep', 'padfree_varlen', 'flash_attention_2', 'flash_attention_3', 'sdpa' or 'eager'."
         },
     )
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token-budget batching: fill each training micro-batch with whole pairs up to this many tokens "
+            "(needs padding_free=True); per_device_train_batch_size is then not used for training."
+        },
+    )
+    token_budget_window: int = field(
+        default=1000,
+        metadata={"help": "With max_tokens_per_batch: pairs per shuffled window packed best-fit decreasing."},
+    )
     ref_offload: bool = field(
         default=False,
         metadata={
@@ -68,6 +91,10 @@ class DPOConfig(trl.DPOConfig):
     def __post_init__(self):
         if self.sequence_parallel_size < 1:
             raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
+        if self.max_tokens_per_batch is not None and self.max_tokens_per_batch < 1:
+            raise ValueError(f"max_tokens_per_batch must be positive, got {self.max_tokens_per_batch}.")
+        if self.token_budget_window < 1:
+            raise ValueError(f"token_budget_window must be positive, got {self.token_budget_window}.")
         launched_size = _sequence_parallel_size_from_accelerate_launch()
         if launched_size > 1:
             if self.sequence_parallel_size not in (1, launched_size):

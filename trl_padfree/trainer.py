@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import math
@@ -10,6 +11,8 @@ import math
 import torch
 import trl
 from accelerate.utils import is_peft_model
+from torch.utils.data import DataLoader
+from transformers.trainer_utils import seed_worker
 from trl.trainer.utils import get_config_model_id
 
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
@@ -24,6 +27,7 @@ from .sequence_parallel import (
     check_sequence_parallel,
     sequence_parallel_size,
 )
+from .token_budget import TokenBudgetBatchSampler, check_pairs_fit, pair_lengths, uneven_gathers
 
 
 @contextlib.contextmanager
@@ -44,6 +48,17 @@ def _bound_argument(name: str, *args, **kwargs):
     return bound.arguments.get(name)
 
 
+# TRL's metrics that are means over the pairs of a micro-batch
+PER_PAIR_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
+
+
 class DPOTrainer(trl.DPOTrainer):
     """
     Drop-in replacement for [`trl.DPOTrainer`] that honours `padding_free=True`.
@@ -62,6 +77,7 @@ class DPOTrainer(trl.DPOTrainer):
 
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         self._padding_free_requested = bool(args is not None and args.padding_free)
+        self._token_budget = None  # set up once TRL has tokenized the data (_set_up_token_budget)
         self._padding_free_ready = False
         if self._padding_free_requested and data_collator is not None:
             if not (isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free):
@@ -85,6 +101,7 @@ class DPOTrainer(trl.DPOTrainer):
         if self._padding_free_requested:
             self._enable_padding_free()
         self._set_up_sequence_parallel()
+        self._set_up_token_budget()
         if ref_offload and args.precompute_ref_log_probs:
             # Every reference log-prob is in the datasets now: free the reference's CPU shards for training
             self.ref_model = None
@@ -201,6 +218,66 @@ class DPOTrainer(trl.DPOTrainer):
         # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
         self._tp_size *= sp_size
 
+    def _set_up_token_budget(self) -> None:
+        """With `max_tokens_per_batch`: training micro-batches of whole pairs up to the budget (token_budget.py)."""
+        self._pairs_in_step = None
+        self._pair_weights = []  # pairs of each training micro-batch, over processes, since the last log
+        budget = getattr(self.args, "max_tokens_per_batch", None)
+        if budget is None or self.train_dataset is None:
+            return
+        if not self.padding_free:
+            raise ValueError(
+                "max_tokens_per_batch needs padding_free=True: a padded micro-batch costs pairs x longest sequence, "
+                "not its tokens. Set padding_free=True."
+            )
+        if sequence_parallel_size(self.accelerator) > 1:
+            raise ValueError(
+                "max_tokens_per_batch does not work with sequence parallelism yet. Unset one of them; with sequence "
+                "parallelism, size rows with per_device_train_batch_size and max_length."
+            )
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
+            raise ValueError("max_tokens_per_batch needs a training dataset with a length, not an IterableDataset.")
+        pad_to_multiple_of = self.data_collator.pad_to_multiple_of
+        lengths = pair_lengths(self.train_dataset, self.args.max_length)
+        check_pairs_fit(lengths, budget, pad_to_multiple_of, self.args.max_length)
+        self._token_budget = TokenBudgetBatchSampler(
+            lengths,
+            budget,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+            num_processes=self.accelerator.num_processes,
+            window=self.args.token_budget_window,
+            pad_to_multiple_of=pad_to_multiple_of,
+        )
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self._token_budget is None:
+            return super().get_train_dataloader()
+        # Trainer's own dataloader settings, with the budgeted micro-batches in place of a fixed batch size
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        args = self.args
+        dataloader = DataLoader(
+            dataset,
+            batch_sampler=self._token_budget,
+            collate_fn=self.data_collator,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers,
+            prefetch_factor=args.dataloader_prefetch_factor,
+            worker_init_fn=functools.partial(
+                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
+            ),
+        )
+        return self.accelerator.prepare(dataloader)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        # Trainer fetches every micro-batch of an optimizer step before the first forward: count the step's pairs
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._token_budget is not None:
+            pairs = sum(len(batch["seq_lens"]) // 2 for batch in batch_samples)
+            total = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), reduction="sum")
+            self._pairs_in_step = int(total.item())
+        return batch_samples, num_items_in_batch
+
     def _same_batch_on_every_rank(self, dataloader, model):
         # Replaces accelerate's hook that wraps the train dataloader in DeepSpeed's adapter (sequence_parallel.py)
         return SameBatchOnEveryRank(dataloader, active_group(self.accelerator), self.accelerator.device)
@@ -225,15 +302,17 @@ class DPOTrainer(trl.DPOTrainer):
 
         `padfree/real_tokens` and `padfree/padded_tokens` are summed over processes: the tokens the packed row really
         holds, and the tokens TRL's padded collator would have made of the same sequences (2 x pairs x longest).
+        With token-budget batching, `padfree/pairs_per_micro_batch` and `padfree/budget_fill` (real tokens / budget)
+        are averaged over processes.
         """
         sequences = len(packed_batch.seq_lens)
         padded_width = pad_length_to_multiple(packed_batch.width, self._padded_pad_to_multiple_of)
         counts = torch.tensor(
-            [packed_batch.seq_lens.sum().item(), sequences * padded_width, packed_batch.row_length],
+            [packed_batch.seq_lens.sum().item(), sequences * padded_width, packed_batch.row_length, sequences // 2],
             dtype=torch.float64,
             device=self.accelerator.device,
         )
-        real_tokens, padded_tokens, row_length = self.accelerator.gather(counts).view(-1, 3).T.tolist()
+        real_tokens, padded_tokens, row_length, pairs = self.accelerator.gather(counts).view(-1, 4).T.tolist()
         if packed_batch.sequence_parallel is not None:  # every rank of a group holds the same row: count it once
             ranks = packed_batch.sequence_parallel.size
             real_tokens, padded_tokens, row_length = real_tokens[::ranks], padded_tokens[::ranks], row_length[::ranks]
@@ -242,6 +321,9 @@ class DPOTrainer(trl.DPOTrainer):
         metrics["padfree/padded_tokens"].append(sum(padded_tokens))
         metrics["padfree/padding_removed"].append(1.0 - sum(real_tokens) / sum(padded_tokens))
         metrics["padfree/row_length"].append(sum(row_length) / len(row_length))
+        if self._token_budget is not None and self.model.training:
+            metrics["padfree/pairs_per_micro_batch"].append(sum(pairs) / len(pairs))
+            metrics["padfree/budget_fill"].append(sum(real_tokens) / len(real_tokens) / self._token_budget.budget)
 
     def _precompute_ref_logps(self, dataset, name, batch_size):
         # Called from TRL's __init__, before this class could enable packing
@@ -267,4 +349,33 @@ class DPOTrainer(trl.DPOTrainer):
             if model.training:
                 inputs[PACKED_BATCH_KWARG].sequence_parallel = active_group(self.accelerator)
             self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._token_budget is None or not model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+        with uneven_gathers(self.accelerator):
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # TRL's loss is the mean over this micro-batch's pairs; Trainer divides it by the accumulation steps and the
+        # gradient is averaged over processes. Weigh it so the step's loss is the mean over all of the step's pairs.
+        pairs = len(inputs[PACKED_BATCH_KWARG].seq_lens) // 2
+        weight = (
+            pairs * self.current_gradient_accumulation_steps * self.accelerator.num_processes / self._pairs_in_step
+        )
+        pairs_over_processes = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), "sum")
+        self._pair_weights.append(pairs_over_processes.item())
+        if return_outputs:
+            loss, outputs = result
+            return loss * weight, outputs
+        return result * weight
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # TRL averages its per-micro-batch metrics equally; token-budget micro-batches hold different numbers of
+        # pairs, so weigh the per-pair means by pairs, as one padded batch of the same pairs would
+        train_metrics = self._metrics["train"]
+        if self.model.training and self._pair_weights:
+            weights = self._pair_weights
+            for key in PER_PAIR_METRICS:
+                if len(train_metrics.get(key, ())) == len(weights):
+                    values = train_metrics[key]
+                    train_metrics[key] = [sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)]
+            self._pair_weights = []
+        super().log(logs, start_time)

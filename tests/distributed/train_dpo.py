@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import trl
+from transformers import TrainerCallback
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
@@ -62,6 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--sp-size", type=int, default=2, help="sequence_parallel_size of the 'sp' option")
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--max-tokens-per-batch", type=int, help="token-budget batching")
+    parser.add_argument("--pairs", help="comma-separated indices: train on these pairs of the data only")
+    parser.add_argument(
+        "--save-grads", help="save the first optimizer step's gradients (unclipped, process 0) to this file"
+    )
     parser.add_argument("--max-length", type=int, default=192)
     parser.add_argument("--num-pairs", type=int, default=32, help="keep it equal across the runs compared")
     return parser.parse_args(argv)
@@ -86,6 +93,10 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra_trainer = {"peft_config": LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")}
     else:
         extra_trainer = {}
+    if options.max_tokens_per_batch:
+        extra["max_tokens_per_batch"] = options.max_tokens_per_batch
+    if options.save_grads:
+        extra["max_grad_norm"] = 0.0
     if "sync" in flags:
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     args = config_class(
@@ -94,6 +105,7 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         precompute_ref_log_probs="precompute" in flags,
         per_device_train_batch_size=options.batch_size,
         per_device_eval_batch_size=options.batch_size,
+        gradient_accumulation_steps=options.grad_accum,
         max_steps=options.steps,
         learning_rate=1e-3,
         lr_scheduler_type="constant",
@@ -113,16 +125,36 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
 
         with zero3_init_config(None):  # a plain model, as a user would load it
             ref_model = AutoModelForCausalLM.from_pretrained(options.model, dtype=torch.float32)
+    dataset = load_demo_dataset("train").select(range(options.num_pairs))
+    if options.pairs:
+        dataset = dataset.select([int(index) for index in options.pairs.split(",")])
     trainer = trainer_class(
         model=options.model,
         ref_model=ref_model,
         args=args,
-        train_dataset=load_demo_dataset("train").select(range(options.num_pairs)),
+        train_dataset=dataset,
         processing_class=load_demo_tokenizer(),
         **extra_trainer,
     )
     trainer.data_collator = RowRecorder(trainer.data_collator)
+    if options.save_grads:
+        trainer.add_callback(FirstStepGradients(options.save_grads))
     return trainer
+
+
+class FirstStepGradients(TrainerCallback):
+    """Saves the gradients the first optimizer step applies (after the data-parallel reduction), from process 0."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.saved = False
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if not self.saved and state.is_world_process_zero:
+            torch.save(
+                {name: p.grad.detach().cpu() for name, p in model.named_parameters() if p.grad is not None}, self.path
+            )
+        self.saved = True
 
 
 class RowRecorder:
@@ -147,8 +179,14 @@ class RowRecorder:
         return split
 
 
+def epoch_micro_batches(sampler, epoch: int) -> list[list[int]]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
 def describe(trainer) -> dict:
     sp_size = sequence_parallel_size(trainer.accelerator)
+    budget = trainer._token_budget if isinstance(trainer, DPOTrainer) else None
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
@@ -167,6 +205,9 @@ def describe(trainer) -> dict:
         and sum(p.ds_tensor.numel() for p in parameters) < sum(p.ds_numel for p in parameters),
         "sequence_parallel_size": sp_size,
         "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size),
+        # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
+        "train_pairs": len(trainer.train_dataset),
+        "micro_batches": epoch_micro_batches(budget, 0) if budget is not None else None,
     }
 
 

@@ -1,0 +1,174 @@
+"""Token-budget batching: training micro-batches filled with whole pairs up to `max_tokens_per_batch` tokens.
+
+Once padding is gone, a micro-batch costs memory in proportion to its real tokens. A fixed number of pairs per
+micro-batch then leaves memory unused on short pairs and runs out on long ones. Here each micro-batch is a bin of
+pairs (chosen and rejected together) whose packed row fits the budget.
+
+The pairs are packed once per run, deterministically for the seed: shuffled, cut into windows of `window` pairs, and
+each window packed best-fit decreasing (longest pair first, each into the fullest bin it still fits). The window
+keeps the packing local to a random part of the data, so long and short pairs still mix across micro-batches. Each
+epoch shuffles the order of the micro-batches (again from the seed), so the number of micro-batches, and of
+optimizer steps, is the same in every epoch and on every process, and a resumed run sees the same batches.
+
+Under data parallelism every process computes the same bins and accelerate deals them out round-robin; the bin
+count is made a multiple of the number of processes by splitting the bins that hold the most pairs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import random
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+
+def pair_tokens(prompt: int, chosen: int, rejected: int, max_length: int | None) -> int:
+    """Tokens a pair adds to the packed row: prompt + chosen and prompt + rejected, each cut to `max_length` as the
+    collator cuts them."""
+    chosen_sequence, rejected_sequence = prompt + chosen, prompt + rejected
+    if max_length is not None:
+        chosen_sequence, rejected_sequence = min(chosen_sequence, max_length), min(rejected_sequence, max_length)
+    return chosen_sequence + rejected_sequence
+
+
+def pair_lengths(dataset, max_length: int | None) -> list[int]:
+    """`pair_tokens` of every pair of a dataset tokenized by TRL (`prompt_ids`, `chosen_ids`, `rejected_ids`)."""
+    missing = {"prompt_ids", "chosen_ids", "rejected_ids"} - set(dataset.column_names)
+    if missing:
+        raise ValueError(
+            f"Token-budget batching needs the tokenized pairs, but the training dataset has no {sorted(missing)} "
+            "column(s). Pass a prompt/chosen/rejected dataset and let DPOTrainer tokenize it."
+        )
+    columns = (dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])
+    return [pair_tokens(len(p), len(c), len(r), max_length) for p, c, r in zip(*columns, strict=True)]
+
+
+def usable_budget(budget: int, pad_to_multiple_of: int | None) -> int:
+    """The most real tokens a row may hold so that, padded to a multiple, it still fits the budget."""
+    multiple = pad_to_multiple_of or 1
+    return budget // multiple * multiple
+
+
+def check_pairs_fit(lengths: Sequence[int], budget: int, pad_to_multiple_of: int | None, max_length) -> None:
+    capacity = usable_budget(budget, pad_to_multiple_of)
+    too_long = [index for index, length in enumerate(lengths) if length > capacity]
+    if too_long:
+        index = max(too_long, key=lambda i: lengths[i])
+        raise ValueError(
+            f"{len(too_long)} pair(s) of the training set do not fit max_tokens_per_batch={budget} (the longest, pair "
+            f"{index}, has {lengths[index]} tokens: prompt + chosen and prompt + rejected, cut to max_length="
+            f"{max_length}). Raise max_tokens_per_batch, or set max_length to at most {capacity // 2} so that TRL "
+            "truncates every sequence to fit."
+        )
+
+
+def pack_window(indices: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: each pair, longest first, into the bin with the least room that still holds it."""
+    bins: list[list[int]] = []
+    rooms: list[tuple[int, int]] = []  # (room left, bin number), sorted
+    for index in sorted(indices, key=lambda i: -lengths[i]):  # stable: equal lengths keep the shuffled order
+        position = bisect.bisect_left(rooms, (lengths[index], -1))
+        if position == len(rooms):
+            bins.append([index])
+            bisect.insort(rooms, (capacity - lengths[index], len(bins) - 1))
+            continue
+        room, number = rooms.pop(position)
+        bins[number].append(index)
+        bisect.insort(rooms, (room - lengths[index], number))
+    return bins
+
+
+def split_to_multiple(bins: list[list[int]], lengths: Sequence[int], multiple: int) -> list[list[int]]:
+    """Split the bins holding the most pairs until their count is a multiple of `multiple` (a split bin's halves
+    each fit, so the budget still holds)."""
+    bins = [list(each) for each in bins]
+    while len(bins) % multiple:
+        largest = max(range(len(bins)), key=lambda number: (len(bins[number]), -number))
+        if len(bins[largest]) < 2:
+            raise ValueError(
+                f"Token-budget batching made {len(bins)} micro-batches of one pair each, which cannot be shared "
+                f"evenly by {multiple} processes. Raise max_tokens_per_batch so that pairs share micro-batches."
+            )
+        # Alternate the pairs, longest first, so both halves get a similar number of tokens
+        ordered = sorted(bins[largest], key=lambda i: (-lengths[i], i))
+        bins[largest] = ordered[0::2]
+        bins.append(ordered[1::2])
+    return bins
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Yields micro-batches (lists of dataset indices) whose pairs fit `budget` tokens, for every process alike;
+    `accelerator.prepare` deals them out round-robin. `set_epoch` reorders them."""
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        budget: int,
+        *,
+        seed: int,
+        num_processes: int = 1,
+        window: int = 1000,
+        pad_to_multiple_of: int | None = None,
+    ):
+        if budget < 1:
+            raise ValueError(f"max_tokens_per_batch must be positive, got {budget}.")
+        if window < 1:
+            raise ValueError(f"token_budget_window must be positive, got {window}.")
+        if not lengths:
+            raise ValueError("Token-budget batching got an empty training set.")
+        self.lengths = list(lengths)
+        self.budget = budget
+        self.seed = seed
+        self.epoch = 0
+        capacity = usable_budget(budget, pad_to_multiple_of)
+        order = list(range(len(self.lengths)))
+        random.Random(seed).shuffle(order)
+        bins = []
+        for start in range(0, len(order), window):
+            bins.extend(pack_window(order[start : start + window], self.lengths, capacity))
+        self.bins = split_to_multiple(bins, self.lengths, num_processes)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(range(len(self.bins)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        for number in order:
+            yield list(self.bins[number])
+
+    def fill_ratio(self) -> float:
+        """Real tokens over budget, across all micro-batches."""
+        return sum(self.lengths) / (len(self.bins) * self.budget)
+
+
+def gather_uneven(gather, pad_across_processes, tensor):
+    """`accelerator.gather` for per-pair tensors whose length differs between processes (micro-batches hold
+    different numbers of pairs): pad to the longest, gather, drop the padding."""
+    if tensor.dim() == 0:
+        return gather(tensor)
+    sizes = gather(tensor.new_tensor([tensor.shape[0]], dtype=torch.long)).tolist()
+    padded = pad_across_processes(tensor, dim=0)
+    gathered = gather(padded)
+    width = padded.shape[0]
+    return torch.cat([gathered[rank * width : rank * width + size] for rank, size in enumerate(sizes)])
+
+
+@contextlib.contextmanager
+def uneven_gathers(accelerator):
+    """Within the block, `accelerator.gather` and `gather_for_metrics` accept per-process lengths that differ, so
+    TRL's metric code (which gathers per-pair rewards and log-probs) works on token-budget micro-batches."""
+    gather, pad = accelerator.gather, accelerator.pad_across_processes
+    accelerator.gather = functools.partial(gather_uneven, gather, pad)
+    accelerator.gather_for_metrics = accelerator.gather
+    try:
+        yield
+    finally:
+        del accelerator.gather, accelerator.gather_for_metrics  # back to the class's methods
