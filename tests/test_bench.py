@@ -55,3 +55,25 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
         assert row["padded_peak_mem_mb"] > 0 and row["padfree_peak_mem_mb"] > 0
     assert plot.stat().st_size > 0
     assert "| ultrafeedback | padfree_varlen |" in capsys.readouterr().out
+
+
+def test_batching_schemes_hold_the_same_pairs_and_budget_rows_fit_the_fixed_peak():
+    from trl_padfree.bench_budget import _row_length, batching_schemes
+
+    pairs = make_batches("capybara", 1, 40, 1024, 2048, seed=2)[0]
+    fixed, budgeted, budget = batching_schemes(pairs, pairs_per_batch=4, seed=0)
+    assert budget == max(_row_length(batch) for batch in fixed)
+    assert all(_row_length(batch) <= budget for batch in budgeted)
+    assert len(budgeted) <= len(fixed)
+    key = lambda batches: sorted(id(pair) for batch in batches for pair in batch)  # noqa: E731
+    assert key(fixed) == key(budgeted) == sorted(id(pair) for pair in pairs)
+
+
+def test_batching_run_writes_its_rows(tmp_path, capsys):
+    output = tmp_path / "batching.json"
+    args = ["bench", "--batching", "--quick", "--batches", "2", "--pairs-per-batch", "3", "--max-length", "128"]
+    assert main([*args, "--distributions", "ultrafeedback", "--output", str(output)]) == 0
+    (row,) = json.loads(output.read_text())
+    assert row["pairs"] == 6 and row["fixed_steps_per_epoch"] == 2 and row["budget_steps_per_epoch"] <= 2
+    assert row["fixed_tokens_per_s"] > 0 and row["budget_tokens_per_s"] > 0 and 0 < row["budget_fill"] <= 1
+    assert "| ultrafeedback | 6 | 3 |" in capsys.readouterr().out

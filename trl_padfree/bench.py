@@ -387,6 +387,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=1024, help="per-sequence truncation, as TRL's max_length")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--batching",
+        action="store_true",
+        help="instead: fixed pairs per micro-batch vs token-budget micro-batches at the same peak row length, "
+        "padding-free both (tokens/s, optimizer steps per epoch)",
+    )
     parser.add_argument("--output", metavar="FILE.json", help="write the rows as a JSON list")
     parser.add_argument("--plot", metavar="FILE.png", help="plot speedup vs ideal per distribution")
     parser.set_defaults(run=run)
@@ -398,10 +404,16 @@ def run(options: argparse.Namespace) -> int:
     if options.batches < 1 or options.pairs_per_batch < 1 or options.max_length < 3:
         raise ValueError("--batches and --pairs-per-batch must be at least 1, and --max-length at least 3.")
     datasets.disable_progress_bars()
-    rows = run_bench(options)
-    print(format_table(rows))
+    if options.batching:
+        from .bench_budget import format_batching_table, run_batching_bench
+
+        rows = run_batching_bench(options)
+        print(format_batching_table(rows))
+    else:
+        rows = run_bench(options)
+        print(format_table(rows))
     if options.output:
         Path(options.output).write_text(json.dumps([asdict(row) for row in rows], indent=2) + "\n")
-    if options.plot:
+    if options.plot and not options.batching:
         plot(rows, options.plot)
     return 0

@@ -1,0 +1,136 @@
+"""`trl-padfree bench --batching`: fixed pairs per micro-batch vs token-budget micro-batches, padding-free both.
+
+One epoch over the same pool of pairs, batched two ways:
+- `fixed`: `--pairs-per-batch` pairs per micro-batch, in the pool's order (what `per_device_train_batch_size` does);
+- `budget`: `TokenBudgetBatchSampler` with the budget set to the longest row the fixed batches make, so no budgeted
+  row is longer than the fixed scheme's peak: the same peak activation memory.
+
+Both epochs run through the same padding-free trainer step (reference forward, policy forward and backward), in
+alternating order, repeated. Reported per distribution: tokens/s, micro-batches (optimizer steps) per epoch, peak
+memory, and how full the rows are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .bench import PeakMemory, _device_name, make_batches, make_bench_trainer, timed_step
+from .data import load_demo_tokenizer
+from .token_budget import TokenBudgetBatchSampler, pair_tokens
+
+REPEATS = 2
+
+
+@dataclass
+class BatchingRow:
+    distribution: str
+    device: str
+    model: str
+    pairs: int
+    pairs_per_batch: int
+    budget_tokens: int
+    fixed_steps_per_epoch: int
+    budget_steps_per_epoch: int
+    fixed_tokens_per_s: float
+    budget_tokens_per_s: float
+    speedup: float
+    fixed_peak_mem_mb: float | None
+    budget_peak_mem_mb: float | None
+    fixed_fill: float  # mean row length / budget
+    budget_fill: float
+
+
+def batching_schemes(
+    pairs: list[dict], pairs_per_batch: int, seed: int
+) -> tuple[list[list[dict]], list[list[dict]], int]:
+    """The fixed micro-batches, the token-budget ones, and the budget (the longest fixed row)."""
+    lengths = [pair_tokens(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"]), None) for p in pairs]
+    fixed = [
+        list(range(start, min(start + pairs_per_batch, len(pairs)))) for start in range(0, len(pairs), pairs_per_batch)
+    ]
+    budget = max(sum(lengths[index] for index in batch) for batch in fixed)
+    budgeted = list(TokenBudgetBatchSampler(lengths, budget, seed=seed))
+    to_pairs = lambda batches: [[pairs[index] for index in batch] for batch in batches]  # noqa: E731
+    return to_pairs(fixed), to_pairs(budgeted), budget
+
+
+def _row_length(batch: list[dict]) -> int:
+    return sum(pair_tokens(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"]), None) for p in batch)
+
+
+def bench_batching_distribution(distribution: str, trainer, options: argparse.Namespace, device) -> BatchingRow:
+    vocab_size = len(load_demo_tokenizer())
+    pool_size = options.batches * options.pairs_per_batch
+    pairs = make_batches(distribution, 1, pool_size, options.max_length, vocab_size, options.seed)[0]
+    random.Random(options.seed).shuffle(pairs)
+    fixed, budgeted, budget = batching_schemes(pairs, options.pairs_per_batch, options.seed)
+    schemes = {"fixed": fixed, "budget": budgeted}
+    memory = PeakMemory(device)
+    timed_step(trainer, fixed[0], memory)  # warm-up
+    seconds = dict.fromkeys(schemes, 0.0)
+    peaks: dict[str, float | None] = dict.fromkeys(schemes)
+    progress = tqdm(total=REPEATS * (len(fixed) + len(budgeted)), desc=distribution, unit="batch", leave=False)
+    for repeat in range(REPEATS):
+        for name in schemes if repeat % 2 == 0 else reversed(list(schemes)):
+            for batch in schemes[name]:
+                step_seconds, peak = timed_step(trainer, batch, memory)
+                seconds[name] += step_seconds
+                if peak is not None:
+                    peaks[name] = max(peaks[name] or 0.0, peak)
+                progress.update()
+    progress.close()
+    real_tokens = sum(_row_length(batch) for batch in fixed) * REPEATS
+    fill = {
+        name: sum(_row_length(batch) for batch in batches) / (len(batches) * budget)
+        for name, batches in schemes.items()
+    }
+    return BatchingRow(
+        distribution=distribution,
+        device=_device_name(device),
+        model=options.model,
+        pairs=len(pairs),
+        pairs_per_batch=options.pairs_per_batch,
+        budget_tokens=budget,
+        fixed_steps_per_epoch=len(fixed),
+        budget_steps_per_epoch=len(budgeted),
+        fixed_tokens_per_s=real_tokens / seconds["fixed"],
+        budget_tokens_per_s=real_tokens / seconds["budget"],
+        speedup=seconds["fixed"] / seconds["budget"],
+        fixed_peak_mem_mb=peaks["fixed"],
+        budget_peak_mem_mb=peaks["budget"],
+        fixed_fill=fill["fixed"],
+        budget_fill=fill["budget"],
+    )
+
+
+def run_batching_bench(options: argparse.Namespace) -> list[BatchingRow]:
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    trainer = make_bench_trainer(options.model, "padfree_varlen", device, dtype)
+    return [bench_batching_distribution(name, trainer, options, device) for name in options.distributions]
+
+
+def format_batching_table(rows: list[BatchingRow]) -> str:
+    header = (
+        "| distribution | pairs | fixed: pairs/batch | budget tokens | steps/epoch fixed | steps/epoch budget | "
+        "tokens/s fixed | tokens/s budget | speedup | row fill fixed | row fill budget | peak MB fixed | "
+        "peak MB budget |"
+    )
+    lines = [header, "|" + "---|" * 13]
+    for row in rows:
+        peaks = [
+            f"{value:,.0f}" if value is not None else "n/a"
+            for value in (row.fixed_peak_mem_mb, row.budget_peak_mem_mb)
+        ]
+        lines.append(
+            f"| {row.distribution} | {row.pairs} | {row.pairs_per_batch} | {row.budget_tokens:,} | "
+            f"{row.fixed_steps_per_epoch} | {row.budget_steps_per_epoch} | {row.fixed_tokens_per_s:,.0f} | "
+            f"{row.budget_tokens_per_s:,.0f} | {row.speedup:.2f}x | {row.fixed_fill:.2f} | {row.budget_fill:.2f} | "
+            f"{peaks[0]} | {peaks[1]} |"
+        )
+    return "\n".join(lines)
