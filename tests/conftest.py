@@ -1,5 +1,15 @@
 import os
 
+import pytest
+
 os.environ.setdefault("TQDM_DISABLE", "1")  # keep the test log readable; set before TRL reads it
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama saved like a checkpoint, for tests that train it in other processes (`distributed_runs.py`)."""
+    from distributed_runs import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("model"))

@@ -3,6 +3,7 @@ with DeepSpeed on CPU processes, and read back its JSON report."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +33,19 @@ def train_in_this_process(model_dir: Path, output: Path, *options: str) -> dict:
     return json.loads(output.read_text())
 
 
-def launch(config: str, port: int, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:
+def free_port() -> int:
+    """A port nothing listens on now: fixed ports collide with a previous launch's socket still closing."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(config: str, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:
     """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`), or
     with `config=None` plain data parallelism: multi_gpu.yaml on CPU processes."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
-        "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(port),
+        "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
         str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output), *options,
     ]  # fmt: skip
     environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}

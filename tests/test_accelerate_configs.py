@@ -16,7 +16,6 @@ all of them.
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from accelerate.utils.launch import (
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
 )
+from distributed_runs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "recipes" / "accelerate_configs"
@@ -82,12 +82,6 @@ def test_deepspeed_keys_are_launch_options(config):
 def test_ref_offload_config_says_the_trainer_option_it_needs():
     text = "\n".join(header(CONFIG_DIR / "zero3_ref_offload.yaml"))
     assert "--ref_offload true" in text and "ref_offload: true" in text and "NOT OFFLOADED" in text
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch_environment(config: Path, probe: Path) -> tuple[list[str], dict[str, str]]:

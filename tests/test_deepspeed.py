@@ -15,7 +15,7 @@ import pytest
 deepspeed = pytest.importorskip("deepspeed")
 
 from accelerate.utils import DeepSpeedPlugin  # noqa: E402
-from distributed_runs import launch, save_tiny_model, train_in_this_process  # noqa: E402
+from distributed_runs import free_port, launch, train_in_this_process  # noqa: E402
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
 from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
@@ -45,11 +45,6 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
 def single_process_padded(model_dir, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
     output = tmp_path_factory.mktemp("single") / "report.json"
@@ -61,7 +56,7 @@ def zero3_runs(model_dir, tmp_path_factory):
     """Every run of RUNS, one after the other, in the same two DeepSpeed ZeRO-3 processes."""
     output = tmp_path_factory.mktemp("zero3") / "report.json"
     options = ("--runs", ",".join(RUNS.values()), "--batch-size", str(PAIRS_PER_PROCESS))
-    reports = launch("zero3_ref_offload.yaml", 29531, model_dir, output, *options)
+    reports = launch("zero3_ref_offload.yaml", model_dir, output, *options)
     return {name: reports[run] for name, run in RUNS.items()}
 
 
@@ -200,7 +195,7 @@ def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajecto
     def train(output_dir: Path, *extra: str) -> dict:
         command = [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3_REF_OFFLOAD),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29532",
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
             str(ROOT / "recipes" / "dpo.py"), "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
             "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
             "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from distributed_runs import free_port
 from test_cli import assert_one_line_error
 from trl import ModelConfig, ScriptArguments, TrlParser
 
@@ -60,7 +61,7 @@ def test_recipe_under_accelerate_launch_with_two_cpu_processes(tmp_path, environ
     # script in a single process, whatever --num_processes says.)
     config = ROOT / "recipes" / "accelerate_configs" / "multi_gpu.yaml"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    launch += ["--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29539"]
+    launch += ["--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port())]
     result = run(launch + recipe(output_dir=tmp_path)[1:], {**environment, "ACCELERATE_USE_CPU": "true"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "model.safetensors").exists()

@@ -13,7 +13,7 @@ from transformers import AutoConfig
 
 deepspeed = pytest.importorskip("deepspeed")
 
-from distributed_runs import launch, save_tiny_model, train_in_this_process  # noqa: E402
+from distributed_runs import launch, train_in_this_process  # noqa: E402
 from test_deepspeed import COMPARED_METRICS, LOSS_ATOL, METRIC_ATOL, METRIC_RTOL  # noqa: E402
 
 from trl_padfree.sequence_parallel import check_sequence_parallel  # noqa: E402
@@ -26,11 +26,6 @@ SINGLE_PROCESS_RUNS = ("trl+eval", "padding_free", "trl+lora")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
 def single_process(model_dir, tmp_path_factory):
     """TRL padded, and our padding-free trainer with sp_size 1, in this process on the same micro-batches."""
     output = tmp_path_factory.mktemp("single") / "report.json"
@@ -40,10 +35,10 @@ def single_process(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sequence_parallel_launch(model_dir, tmp_path_factory):
-    def run(config: str, port: int, run: str, processes: int = 2, sp_size: int = 2) -> dict:
+    def run(config: str, run: str, processes: int = 2, sp_size: int = 2) -> dict:
         output = tmp_path_factory.mktemp("sp") / "report.json"
         options = ("--runs", run, "--batch-size", str(PAIRS), "--steps", str(STEPS), "--sp-size", str(sp_size))
-        return launch(config, port, model_dir, output, *options, processes=processes)[run]
+        return launch(config, model_dir, output, *options, processes=processes)[run]
 
     return run
 
@@ -63,7 +58,7 @@ def assert_same_training(report: dict, expected: dict, sp_size: int) -> None:
 
 
 def test_sequence_parallel_2_matches_padded_trl_and_sp_1(sequence_parallel_launch, single_process):
-    report = sequence_parallel_launch("zero3.yaml", 29533, "padding_free+sp+eval")
+    report = sequence_parallel_launch("zero3.yaml", "padding_free+sp+eval")
     assert report["world_size"] == 2
     assert_same_training(report, single_process["trl+eval"], sp_size=2)
     assert_same_training(report, single_process["padding_free"], sp_size=2)
@@ -79,27 +74,27 @@ def test_sequence_parallel_from_the_accelerate_config_with_a_separate_reference(
 ):
     # zero3_sp2.yaml sets sp_size in its parallelism_config section; the reference is a model of its own, run by its
     # own DeepSpeed engine through the same Ulysses attention
-    report = sequence_parallel_launch("zero3_sp2.yaml", 29534, "padding_free+explicit_ref")
+    report = sequence_parallel_launch("zero3_sp2.yaml", "padding_free+explicit_ref")
     assert report["reference"]["kept"]
     assert_same_training(report, single_process["trl+eval"], sp_size=2)
 
 
 def test_sequence_parallel_with_peft_reference(sequence_parallel_launch, single_process):
     # LoRA policy: the reference is the same model with its adapter disabled, run in training mode under Ulysses
-    report = sequence_parallel_launch("zero3.yaml", 29535, "padding_free+sp+lora")
+    report = sequence_parallel_launch("zero3.yaml", "padding_free+sp+lora")
     assert not report["reference"]["kept"]
     assert_same_training(report, single_process["trl+lora"], sp_size=2)
 
 
 def test_sequence_parallel_with_reference_offloaded(sequence_parallel_launch, single_process):
-    report = sequence_parallel_launch("zero3_ref_offload.yaml", 29536, "padding_free+sp+ref_offload")
+    report = sequence_parallel_launch("zero3_ref_offload.yaml", "padding_free+sp+ref_offload")
     assert report["reference"]["offloaded"]
     assert_same_training(report, single_process["trl+eval"], sp_size=2)
 
 
 def test_sequence_parallel_4(sequence_parallel_launch, single_process):
     # 4 ranks split each row in 4; the tiny model's 2 key-value heads are replicated by DeepSpeed
-    report = sequence_parallel_launch("zero3.yaml", 29537, "padding_free+sp", processes=4, sp_size=4)
+    report = sequence_parallel_launch("zero3.yaml", "padding_free+sp", processes=4, sp_size=4)
     assert report["world_size"] == 4
     assert_same_training(report, single_process["trl+eval"], sp_size=4)
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from distributed_runs import launch, save_tiny_model, train_in_this_process
+from distributed_runs import launch, train_in_this_process
 from trainer_utils import make_trainer, train_losses
 from transformers import TrainerCallback
 
@@ -178,15 +178,10 @@ def test_token_budget_config_is_checked(tmp_path):
 # Two processes (plain data parallelism over gloo, multi_gpu.yaml on CPU) with gradient accumulation
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
-
-
 def test_two_processes_with_accumulation_equal_padded_trl_on_the_same_pairs(model_dir, tmp_path):
     # max_length 1024 drops no pair, so indices into TRL's tokenized set are indices into the shipped data
     options = ("--max-tokens-per-batch", "2048", "--grad-accum", "2", "--steps", "1", "--max-length", "1024")
-    report = launch("multi_gpu.yaml", 29538, model_dir, tmp_path / "budget.json", "--runs", "padding_free", *options,
+    report = launch("multi_gpu.yaml", model_dir, tmp_path / "budget.json", "--runs", "padding_free", *options,
                     "--save-grads", str(tmp_path / "budget.pt"))["padding_free"]  # fmt: skip
     assert report["world_size"] == 2 and report["train_pairs"] == 32
     # accelerate deals micro-batches out round-robin: step 1 is the first 2 processes x 2 accumulation of them
