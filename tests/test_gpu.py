@@ -47,9 +47,9 @@ def varlen_kernel_calls(monkeypatch):
     calls = []
     kernel = attention.torch_varlen_attention
 
-    def spy(query, key, value, cu_seq_lens, max_length, scaling, sliding_window):
+    def spy(*args, sliding_window, **kwargs):
         calls.append(sliding_window)
-        return kernel(query, key, value, cu_seq_lens, max_length, scaling, sliding_window)
+        return kernel(*args, sliding_window=sliding_window, **kwargs)
 
     monkeypatch.setattr(attention, "torch_varlen_attention", spy)
     return calls

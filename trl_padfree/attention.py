@@ -6,11 +6,18 @@ Each sequence of a packed row attends only to itself, causally, read from `cu_se
 - Elsewhere (CPU, or fp32 on CUDA): one `scaled_dot_product_attention` per segment. Its cost grows with the sum of
   the squared sequence lengths, not with the square of the row as the dense block-diagonal sdpa/eager mask does.
 
+Both run with flash attention's varlen semantics (query and key segments, causal aligned to the bottom-right corner),
+so a prefix-sharing row (prefix_sharing.py) is two calls of the same kernel: the row's segments, then each rejected
+branch against its gathered prefix and branch keys, whose outputs replace the first call's for those tokens.
+
 Its mask function builds no mask (segments come from `cu_seq_lens` or `position_ids`) and refuses a padding mask,
 which this attention could not honour: a padded batch must use `sdpa` or `eager`.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 import torch.nn.functional as F
@@ -18,42 +25,51 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .packing import cu_seq_lens_from_position_ids
+from .prefix_sharing import SharedPrefixAttention
 
 ATTN_IMPLEMENTATION = "padfree_varlen"
 
 
-def _sliding_causal_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
-    # transformers' sliding window: query q sees keys k with q - window < k <= q
-    query = torch.arange(length, device=device).unsqueeze(1)
-    key = torch.arange(length, device=device).unsqueeze(0)
-    return (key <= query) & (key > query - window)
+def _causal_mask(queries: int, keys: int, window: int | None, device: torch.device) -> torch.Tensor:
+    # Causal aligned to the bottom-right corner: query q stands at key position q + keys - queries. With transformers'
+    # sliding window, it sees keys k with q' - window < k <= q'
+    query = torch.arange(queries, device=device).unsqueeze(1) + (keys - queries)
+    key = torch.arange(keys, device=device).unsqueeze(0)
+    mask = key <= query
+    return mask if window is None else mask & (key > query - window)
 
 
-def per_sequence_attention(
+def per_segment_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    cu_seq_lens: torch.Tensor,
+    cu_seq_lens_q: torch.Tensor,
+    cu_seq_lens_k: torch.Tensor,
     scaling: float | None,
     sliding_window: int | None,
     dropout: float,
 ) -> torch.Tensor:
-    """Exact causal attention per segment. Inputs `(1, heads, T, dim)`; returns `(1, T, heads, dim)`."""
+    """Exact causal attention per segment, one `scaled_dot_product_attention` each. Inputs `(1, heads, T, dim)`;
+    returns `(1, T_q, heads, dim)`.
+
+    Same semantics as flash attention's varlen kernel: segment i has queries `cu_seq_lens_q[i]:cu_seq_lens_q[i + 1]`
+    and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal aligned to the bottom-right corner when it has more keys.
+    """
     outputs = []
-    bounds = cu_seq_lens.tolist()
+    bounds_q, bounds_k = cu_seq_lens_q.tolist(), cu_seq_lens_k.tolist()
     enable_gqa = query.shape[1] != key.shape[1]
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        length = end - start
-        if length == 0:
+    for start_q, end_q, start_k, end_k in zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True):
+        queries, keys = end_q - start_q, end_k - start_k
+        if queries == 0:
             continue
         mask, is_causal = None, True
-        if sliding_window is not None and length > sliding_window:
-            mask, is_causal = _sliding_causal_mask(length, sliding_window, query.device), False
+        if keys != queries or (sliding_window is not None and keys > sliding_window):
+            mask, is_causal = _causal_mask(queries, keys, sliding_window, query.device), False
         outputs.append(
             F.scaled_dot_product_attention(
-                query[:, :, start:end],
-                key[:, :, start:end],
-                value[:, :, start:end],
+                query[:, :, start_q:end_q],
+                key[:, :, start_k:end_k],
+                value[:, :, start_k:end_k],
                 attn_mask=mask,
                 dropout_p=dropout,
                 is_causal=is_causal,
@@ -68,30 +84,78 @@ def torch_varlen_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    cu_seq_lens: torch.Tensor,
-    max_length: int,
+    cu_seq_lens_q: torch.Tensor,
+    cu_seq_lens_k: torch.Tensor,
+    max_length_q: int,
+    max_length_k: int,
     scaling: float | None,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """PyTorch's varlen flash attention (CUDA). Inputs `(1, heads, T, dim)`; returns `(1, T, heads, dim)`."""
+    """PyTorch's varlen flash attention (CUDA). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`."""
     from torch.nn.attention.varlen import varlen_attn
 
-    # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window
+    # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window.
+    # Both align to the bottom-right corner when a segment has more keys than queries.
     window = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
-    cu_seq_lens = cu_seq_lens.to(device=query.device, dtype=torch.int32)
     output = varlen_attn(
         query[0].transpose(0, 1),
         key[0].transpose(0, 1),
         value[0].transpose(0, 1),
-        cu_seq_lens,
-        cu_seq_lens,
-        max_length,
-        max_length,
+        cu_seq_lens_q.to(device=query.device, dtype=torch.int32),
+        cu_seq_lens_k.to(device=query.device, dtype=torch.int32),
+        max_length_q,
+        max_length_k,
         scale=scaling,
         window_size=window,
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return output.unsqueeze(0)
+
+
+def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options):
+    """The CUDA kernel in fp16/bf16 without dropout, else the per-segment reference with the same semantics."""
+    dropout = options.pop("dropout")
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
+        if max_length_q is None:
+            max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
+            max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())
+        return torch_varlen_attention(
+            query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options
+        )
+    return per_segment_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, dropout=dropout, **options)
+
+
+# Set while a prefix-sharing row runs forward, so an attention call that did not receive its layout fails loudly
+_EXPECTED_SHARED_PREFIX: contextvars.ContextVar[SharedPrefixAttention | None] = contextvars.ContextVar(
+    "trl_padfree_shared_prefix", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_prefix_expected(shared_prefix: SharedPrefixAttention | None):
+    token = _EXPECTED_SHARED_PREFIX.set(shared_prefix)
+    try:
+        yield
+    finally:
+        _EXPECTED_SHARED_PREFIX.reset(token)
+
+
+def shared_prefix_attention(query, key, value, shared_prefix: SharedPrefixAttention, **options) -> torch.Tensor:
+    """The second call of a prefix-sharing row: each rejected branch against its prefix and itself.
+
+    Returns `(1, Q, heads, dim)` for the branch tokens `shared_prefix.query_index`, in that order.
+    """
+    keys = shared_prefix.key_index
+    return varlen_attention(
+        query[:, :, shared_prefix.query_index],
+        key[:, :, keys],
+        value[:, :, keys],
+        shared_prefix.cu_seq_lens_q,
+        shared_prefix.cu_seq_lens_k,
+        shared_prefix.max_length_q,
+        shared_prefix.max_length_k,
+        **options,
+    )
 
 
 def padfree_varlen_attention(
@@ -107,6 +171,7 @@ def padfree_varlen_attention(
     cu_seq_lens_q: torch.Tensor | None = None,
     cu_seq_lens_k: torch.Tensor | None = None,  # self-attention: the same boundaries as the queries
     max_length_q: int | None = None,
+    shared_prefix: SharedPrefixAttention | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention function with transformers' `AttentionInterface` signature; see the module docstring."""
@@ -138,12 +203,18 @@ def padfree_varlen_attention(
     if not getattr(module, "is_causal", True):
         raise ValueError(f"`{ATTN_IMPLEMENTATION}` attention only supports causal (decoder) self-attention.")
 
-    use_kernel = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
-    if use_kernel:
-        max_length = max_length_q if max_length_q is not None else int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
-        output = torch_varlen_attention(query, key, value, cu_seq_lens_q, max_length, scaling, sliding_window)
-    else:
-        output = per_sequence_attention(query, key, value, cu_seq_lens_q, scaling, sliding_window, dropout)
+    options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout)
+    output = varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, **options)
+    if shared_prefix is not None:
+        # The first call let each rejected branch attend to itself only: replace those rows
+        branches = shared_prefix_attention(query, key, value, shared_prefix, **options)
+        output = output.index_copy(1, shared_prefix.query_index, branches)
+    elif _EXPECTED_SHARED_PREFIX.get() is not None:
+        raise ValueError(
+            "This model's attention layers did not receive the prefix-sharing layout (`shared_prefix`), so rejected "
+            "tokens would not see their prompt. Its model type does not pass keyword arguments down to attention; "
+            "set prefix_sharing=False for it."
+        )
     return output.contiguous(), None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from .packing import cu_seq_lens_from_lengths, pad_length_to_multiple, position_ids_from_lengths
+from .prefix_sharing import MIN_SHARED_PROMPT_TOKENS, shared_prefix_length
 
 REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -63,6 +65,45 @@ def _truncate(sequences: list[list[int]], max_length: int | None, truncation_mod
     raise ValueError(f"Unsupported truncation mode: {truncation_mode}, expected 'keep_start' or 'keep_end'")
 
 
+def _leading_zeros(mask: list[int]) -> int:
+    return next((index for index, flag in enumerate(mask) if flag), len(mask))
+
+
+@dataclass
+class _RowLayout:
+    """The row's segments, and where each sequence of the batch (chosen ones, then rejected ones) reads its tokens."""
+
+    segments: list[tuple[list[int], list[int], int]]  # tokens, completion mask, position of the first token
+    seq_starts: list[int]  # row start of each sequence's own tokens
+    prefix_starts: list[int]  # row start of the shared prefix it reads first (prefix sharing)
+    prefix_lens: list[int]  # tokens of that prefix, 0 if none
+
+
+def _lay_out(chosen, rejected, chosen_masks, rejected_masks, prefix_sharing: bool, min_prompt_tokens: int):
+    num_pairs = len(chosen)
+    if not prefix_sharing:  # TRL's order: every chosen sequence, then every rejected one
+        segments = [(tokens, mask, 0) for tokens, mask in zip(chosen + rejected, chosen_masks + rejected_masks)]
+        seq_starts = [0] + list(itertools.accumulate(len(tokens) for tokens, _, _ in segments))[:-1]
+        return _RowLayout(segments, seq_starts, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
+
+    # Pair by pair: [prefix + chosen branch] then [rejected branch], the rejected sequence reading the prefix first
+    layout = _RowLayout([], [0] * 2 * num_pairs, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
+    offset = 0
+    for pair in range(num_pairs):
+        prefix = shared_prefix_length(
+            _leading_zeros(chosen_masks[pair]), _leading_zeros(rejected_masks[pair]), min_prompt_tokens
+        )
+        layout.segments.append((chosen[pair], chosen_masks[pair], 0))
+        layout.seq_starts[pair] = offset
+        offset += len(chosen[pair])
+        layout.segments.append((rejected[pair][prefix:], rejected_masks[pair][prefix:], prefix))
+        layout.seq_starts[num_pairs + pair] = offset
+        layout.prefix_starts[num_pairs + pair] = layout.seq_starts[pair]
+        layout.prefix_lens[num_pairs + pair] = prefix
+        offset += len(rejected[pair]) - prefix
+    return layout
+
+
 def concatenated_inputs(
     examples: list[dict[str, Any]],
     pad_token_id: int = 0,
@@ -70,12 +111,19 @@ def concatenated_inputs(
     truncation_mode: str = "keep_start",
     pad_to_multiple_of: int | None = None,
     return_attention_mask: bool = False,
+    prefix_sharing: bool = False,
+    prefix_sharing_min_prompt_tokens: int = MIN_SHARED_PROMPT_TOKENS,
 ) -> dict[str, Any]:
     """Pack the chosen and rejected sequences of a batch into one row, with no padding between them.
 
     Order is the one of TRL's padded batch: every `prompt + chosen` sequence, then every `prompt + rejected` sequence.
     With `pad_to_multiple_of`, the row ends with one padding segment (positions restarting at 0, completion mask 0):
     kernels see it as a separate segment, so no real token attends to it, and it is not a sequence of the batch.
+
+    With `prefix_sharing`, pairs are laid out one after another, each as `[prefix + chosen branch]` and `[rejected
+    branch]` segments whose rejected branch reads the prefix (see `trl_padfree.prefix_sharing`); a pair whose
+    truncated sequences do not start with the same prompt tokens, or whose prompt is shorter than
+    `prefix_sharing_min_prompt_tokens`, keeps its two unshared segments.
 
     Args:
         examples: dicts with `prompt_ids`, `chosen_ids`, `rejected_ids` (lists of token ids) and optionally both
@@ -86,39 +134,48 @@ def concatenated_inputs(
         pad_to_multiple_of: pad the row (not each sequence) to a multiple of this length.
         return_attention_mask: also return `attention_mask` (1 on real tokens, 0 on the padding segment). It is for
             callers that want it; transformers treats a row with a mask as one sequence, so never pass it to a model.
+        prefix_sharing: compute each pair's prompt once (needs the `padfree_varlen` attention).
+        prefix_sharing_min_prompt_tokens: share only prompts of at least this many tokens (at least 2).
 
     Returns:
         A dict with `input_ids`, `position_ids`, `completion_mask` of shape `(1, total_length)`; `seq_lens` (one
         length per sequence, chosen then rejected); `cu_seq_lens_q`/`cu_seq_lens_k` (int32 segment boundaries,
         padding segment included) and `max_length_q`/`max_length_k` for varlen kernels; and the reference log-probs
-        when the examples carry them.
+        when the examples carry them. With `prefix_sharing`, also `seq_starts`, `shared_prefix_starts` and
+        `shared_prefix_lens` (per sequence: row start of its own tokens, and of the prefix it reads first).
     """
     _validate_examples(examples)
-    sequences, completion_masks = [], []
-    for completion_key in ("chosen_ids", "rejected_ids"):
-        for example in examples:
-            sequences.append(list(example["prompt_ids"]) + list(example[completion_key]))
-            completion_masks.append([0] * len(example["prompt_ids"]) + [1] * len(example[completion_key]))
-    sequences = _truncate(sequences, max_length, truncation_mode)
-    completion_masks = _truncate(completion_masks, max_length, truncation_mode)
+    chosen, rejected, chosen_masks, rejected_masks = [], [], [], []
+    for example in examples:
+        prompt = list(example["prompt_ids"])
+        chosen.append(prompt + list(example["chosen_ids"]))
+        rejected.append(prompt + list(example["rejected_ids"]))
+        chosen_masks.append([0] * len(prompt) + [1] * len(example["chosen_ids"]))
+        rejected_masks.append([0] * len(prompt) + [1] * len(example["rejected_ids"]))
+    chosen, rejected, chosen_masks, rejected_masks = (
+        _truncate(sequences, max_length, truncation_mode)
+        for sequences in (chosen, rejected, chosen_masks, rejected_masks)
+    )
 
-    seq_lens = [len(sequence) for sequence in sequences]
+    seq_lens = [len(sequence) for sequence in chosen + rejected]
     if min(seq_lens) == 0:
         raise ValueError(
             "A sequence of the batch is empty (no prompt and no completion tokens). Remove such pairs from the dataset."
         )
-    real_length = sum(seq_lens)
+    layout = _lay_out(chosen, rejected, chosen_masks, rejected_masks, prefix_sharing, prefix_sharing_min_prompt_tokens)
+    real_length = sum(len(tokens) for tokens, _, _ in layout.segments)
     padding_length = pad_length_to_multiple(real_length, pad_to_multiple_of) - real_length
-    segment_lens = seq_lens + ([padding_length] if padding_length else [])
+    segment_lens = [len(tokens) for tokens, _, _ in layout.segments] + ([padding_length] if padding_length else [])
+    first_positions = [first for _, _, first in layout.segments] + ([0] if padding_length else [])
 
-    input_ids = [token for sequence in sequences for token in sequence] + [pad_token_id] * padding_length
-    completion_mask = [flag for mask in completion_masks for flag in mask] + [0] * padding_length
+    input_ids = [token for tokens, _, _ in layout.segments for token in tokens] + [pad_token_id] * padding_length
+    completion_mask = [flag for _, mask, _ in layout.segments for flag in mask] + [0] * padding_length
     cu_seq_lens = cu_seq_lens_from_lengths(segment_lens)
     max_segment_length = max(segment_lens)
 
     output = {
         "input_ids": torch.tensor([input_ids], dtype=torch.long),
-        "position_ids": position_ids_from_lengths(segment_lens),
+        "position_ids": position_ids_from_lengths(segment_lens, first_positions),
         "completion_mask": torch.tensor([completion_mask], dtype=torch.long),
         "seq_lens": torch.tensor(seq_lens, dtype=torch.long),
         "cu_seq_lens_q": cu_seq_lens,
@@ -126,6 +183,10 @@ def concatenated_inputs(
         "max_length_q": max_segment_length,
         "max_length_k": max_segment_length,
     }
+    if prefix_sharing:
+        output["seq_starts"] = torch.tensor(layout.seq_starts, dtype=torch.long)
+        output["shared_prefix_starts"] = torch.tensor(layout.prefix_starts, dtype=torch.long)
+        output["shared_prefix_lens"] = torch.tensor(layout.prefix_lens, dtype=torch.long)
     if return_attention_mask:
         output["attention_mask"] = torch.tensor([[1] * real_length + [0] * padding_length], dtype=torch.long)
     if REF_COLUMNS[0] in examples[0]:
@@ -175,6 +236,8 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
 
     padding_free: bool = True
     return_attention_mask: bool = False
+    prefix_sharing: bool = False
+    prefix_sharing_min_prompt_tokens: int = MIN_SHARED_PROMPT_TOKENS
 
     @classmethod
     def from_padded(cls, collator: DataCollatorForPreference, **overrides) -> PaddingFreePreferenceCollator:
@@ -199,6 +262,8 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
             truncation_mode=self.truncation_mode,
             pad_to_multiple_of=self.pad_to_multiple_of,
             return_attention_mask=self.return_attention_mask,
+            prefix_sharing=self.prefix_sharing,
+            prefix_sharing_min_prompt_tokens=self.prefix_sharing_min_prompt_tokens,
         )
 
 

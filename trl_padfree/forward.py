@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .attention import ATTN_IMPLEMENTATION, shared_prefix_expected
 from .packing import padded_view_index, to_padded_view
+from .prefix_sharing import SharedPrefixAttention
 
 if TYPE_CHECKING:
     from .sequence_parallel import SequenceParallelGroup
@@ -37,15 +39,31 @@ class PackedBatch:
     cu_seq_lens: torch.Tensor  # (segments + 1,) int32, the padding segment included
     max_length: int
     seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
+    # Prefix sharing (prefix_sharing.py): per sequence, row start of its own tokens and of the prefix it reads first
+    seq_starts: torch.Tensor | None = None
+    shared_prefix_starts: torch.Tensor | None = None
+    shared_prefix_lens: torch.Tensor | None = None
     # Set while training under sequence parallelism: each rank runs its chunk of the row (sequence_parallel.py)
     sequence_parallel: SequenceParallelGroup | None = field(default=None, compare=False)
 
     def __post_init__(self):
-        starts = self.cu_seq_lens[: len(self.seq_lens)].to(torch.long)
+        starts = self.seq_starts if self.seq_starts is not None else self.cu_seq_lens[: len(self.seq_lens)].long()
+        prefix = (self.shared_prefix_starts, self.shared_prefix_lens)
         self.width = int(self.seq_lens.max())
-        self.token_index, self.token_valid = padded_view_index(starts, self.seq_lens, self.width)
-        # Shifted outputs: cell (i, j) scores token j + 1 of sequence i, computed at packed position start + j
-        self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1)
+        self.token_index, self.token_valid = padded_view_index(starts, self.seq_lens, self.width, *prefix)
+        # Shifted outputs: cell (i, j) scores token j + 1 of sequence i, computed at the packed position of token j.
+        # (With prefix sharing, a rejected sequence's last prefix cell reads the output that scores the chosen
+        # branch's first token: the same prompt token, never scored.)
+        self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1, *prefix)
+        self.shared_prefix = None
+        if self.shared_prefix_lens is not None and bool((self.shared_prefix_lens > 0).any()):
+            reads_prefix = self.shared_prefix_lens > 0
+            self.shared_prefix = SharedPrefixAttention.from_branches(
+                branch_starts=starts[reads_prefix],
+                branch_lens=(self.seq_lens - self.shared_prefix_lens)[reads_prefix],
+                prefix_starts=self.shared_prefix_starts[reads_prefix],
+                prefix_lens=self.shared_prefix_lens[reads_prefix],
+            ).to(self.input_ids.device)
 
     @classmethod
     def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:
@@ -56,7 +74,15 @@ class PackedBatch:
             cu_seq_lens=batch["cu_seq_lens_q"],
             max_length=int(batch["max_length_q"]),
             seq_lens=batch["seq_lens"],
+            seq_starts=batch.get("seq_starts"),
+            shared_prefix_starts=batch.get("shared_prefix_starts"),
+            shared_prefix_lens=batch.get("shared_prefix_lens"),
         )
+
+    @property
+    def real_row_tokens(self) -> int:
+        """Tokens of the row before its padding segment (every pair lays out two segments, shared or not)."""
+        return int(self.cu_seq_lens[len(self.seq_lens)])
 
     @property
     def row_length(self) -> int:
@@ -92,7 +118,7 @@ class PackedBatch:
     def model_kwargs(self) -> dict[str, Any]:
         # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
         # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer)
-        return {
+        kwargs = {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             "cu_seq_lens_q": self.cu_seq_lens,
@@ -101,6 +127,9 @@ class PackedBatch:
             "max_length_k": self.max_length,
             "use_cache": False,
         }
+        if self.shared_prefix is not None:
+            kwargs["shared_prefix"] = self.shared_prefix  # reaches the attention through transformers' kwargs
+        return kwargs
 
     def to_padded_outputs(self, outputs):
         """Replace every per-token field of a model output by its padded view, in place."""
@@ -126,10 +155,13 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     for key in ("input_ids", "attention_mask", "position_ids", "inputs_embeds"):
         kwargs.pop(key, None)
     group = packed_batch.sequence_parallel
+    if packed_batch.shared_prefix is not None:
+        _check_shares_prefixes(module, group)
     if group is None:
         if kwargs.get("labels") is not None:
             kwargs["labels"] = packed_batch.labels()
-        outputs = forward(**{**kwargs, **packed_batch.model_kwargs()})
+        with shared_prefix_expected(packed_batch.shared_prefix):
+            outputs = forward(**{**kwargs, **packed_batch.model_kwargs()})
         return packed_batch.to_padded_outputs(outputs)
 
     # Sequence parallelism: this rank's chunk in, the whole row's per-token outputs back (sequence_parallel.py)
@@ -147,6 +179,19 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
             # Position i scored token i + 1: the row's last position scored nothing
             outputs[key] = group.gather(value)[:, : packed_batch.row_length - 1]
     return packed_batch.to_padded_outputs(outputs)
+
+
+def _check_shares_prefixes(module: torch.nn.Module | None, group) -> None:
+    # Any other attention would read the rejected branches as sequences of their own, without their prompt
+    attn_implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if attn_implementation != ATTN_IMPLEMENTATION:
+        raise ValueError(
+            f"A prefix-sharing row needs the `{ATTN_IMPLEMENTATION}` attention, which lets rejected tokens attend to "
+            f"their prompt; this model runs {attn_implementation!r}. Set `packed_attn_implementation='auto'` (or "
+            f"'{ATTN_IMPLEMENTATION}'), or prefix_sharing=False."
+        )
+    if group is not None:
+        raise ValueError("Prefix sharing does not work with sequence parallelism yet. Set prefix_sharing=False.")
 
 
 @contextlib.contextmanager

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 import torch
 
 
-def position_ids_from_lengths(lengths: Sequence[int]) -> torch.Tensor:
-    """Positions that restart at 0 for every segment, as one row of shape `(1, sum(lengths))`."""
-    return torch.cat([torch.arange(length, dtype=torch.long) for length in lengths]).unsqueeze(0)
+def position_ids_from_lengths(lengths: Sequence[int], first_positions: Sequence[int] | None = None) -> torch.Tensor:
+    """Positions that restart at 0 (or at `first_positions`) for every segment, as one row `(1, sum(lengths))`."""
+    first_positions = first_positions or [0] * len(lengths)
+    ranges = [torch.arange(first, first + length) for first, length in zip(first_positions, lengths, strict=True)]
+    return torch.cat(ranges).to(torch.long).unsqueeze(0)
 
 
 def cu_seq_lens_from_lengths(lengths: Sequence[int]) -> torch.Tensor:
@@ -40,19 +42,35 @@ def segment_ids_from_lengths(lengths: torch.Tensor, total_length: int | None = N
 
 
 def padded_view_index(
-    seq_starts: torch.Tensor, seq_lens: torch.Tensor, width: int
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    width: int,
+    prefix_starts: torch.Tensor | None = None,
+    prefix_lens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each cell of a `(num_seqs, width)` right-padded view reads from in the packed row.
 
     Returns `(index, valid)`: cell `(i, j)` holds packed position `seq_starts[i] + j` when `valid[i, j]`, i.e. when
-    `j < seq_lens[i]`. Invalid cells point at position 0 and must be filled by the caller.
+    `j < seq_lens[i]`. Invalid cells point at position 0 and must be filled by the caller. With prefix sharing, a
+    sequence reads its first `prefix_lens[i]` tokens from `prefix_starts[i]` and the rest from `seq_starts[i]` on.
     """
-    offsets = torch.arange(width, device=seq_starts.device)
-    valid = offsets.unsqueeze(0) < seq_lens.unsqueeze(1)
-    index = torch.where(
-        valid, seq_starts.unsqueeze(1) + offsets.unsqueeze(0), torch.zeros_like(valid, dtype=torch.long)
-    )
+    offsets = torch.arange(width, device=seq_starts.device).unsqueeze(0)
+    valid = offsets < seq_lens.unsqueeze(1)
+    positions = seq_starts.unsqueeze(1) + offsets
+    if prefix_lens is not None:
+        in_prefix = offsets < prefix_lens.unsqueeze(1)
+        positions = torch.where(
+            in_prefix, prefix_starts.unsqueeze(1) + offsets, positions - prefix_lens.unsqueeze(1)
+        )
+    index = torch.where(valid, positions, torch.zeros_like(positions))
     return index, valid
+
+
+def ranges_index(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The positions of ranges `[start, start + length)`, one after another: `([4, 0], [2, 3])` -> `[4, 5, 0, 1, 2]`."""
+    offsets = torch.arange(int(lengths.sum()), device=starts.device)
+    range_starts = torch.cumsum(lengths, 0) - lengths  # where each range begins in the output
+    return offsets + torch.repeat_interleave(starts - range_starts, lengths)
 
 
 def to_padded_view(packed: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, fill_value=0) -> torch.Tensor:

@@ -1,0 +1,112 @@
+"""Prefix sharing: each pair laid out once, its prompt computed once for both completions.
+
+    unshared row   | p0 p1 p2 p3 c0 c1 | p0 p1 p2 p3 r0 r1 r2 |
+    shared row     | p0 p1 p2 | p3 c0 c1 | p3 r0 r1 r2 |
+    position_ids   | 0  1  2  | 3  4  5  | 3  4  5  6  |
+                     prefix     chosen     rejected branch: attends to the prefix and to itself, never to the
+                                branch     chosen branch; its positions continue from the prefix
+
+Both branches open with the last prompt token. A causal LM scores each token from the position before it, and one
+position scores one next token, so the rejected branch repeats p3 to score r0 from it. p3 sees the same prefix at the
+same position in both branches, so its hidden states are equal: one token per pair is computed twice instead of the
+whole prompt, and every token is scored exactly as in the unshared layout.
+
+Attention for that layout (attention.py) is two varlen calls: the row's segments (prefix + chosen branch, rejected
+branch, ...) as usual, then every rejected branch again against its gathered prefix and branch keys, whose outputs
+replace the first call's. `SharedPrefixAttention` holds the gather indices of that second call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .packing import cu_seq_lens_from_lengths, ranges_index
+
+# The prefix holds the prompt but its last token, which both branches repeat: shorter prompts share nothing
+MIN_SHARED_PROMPT_TOKENS = 2
+
+
+def prompt_tokens_kept(prompt: int, completion: int, max_length: int | None, truncation_mode: str) -> int:
+    """Prompt tokens left at the start of `prompt + completion` after TRL's per-sequence truncation."""
+    if max_length is None or prompt + completion <= max_length:
+        return prompt
+    if truncation_mode == "keep_end":  # the cut comes off the start, prompt first
+        return max(0, prompt - (prompt + completion - max_length))
+    return min(prompt, max_length)
+
+
+def shared_prefix_length(chosen_prompt: int, rejected_prompt: int, min_prompt_tokens: int) -> int:
+    """Tokens of the shared prefix, from the prompt tokens each truncated sequence starts with; 0 lays the pair out
+    unshared.
+
+    Both sequences start with the same prompt tokens exactly when they kept the same number of them (truncation cuts
+    the same prompt from one end), and a shorter prompt than `min_prompt_tokens` is not worth the second attention
+    call.
+    """
+    if chosen_prompt != rejected_prompt or chosen_prompt < max(MIN_SHARED_PROMPT_TOKENS, min_prompt_tokens):
+        return 0
+    return chosen_prompt - 1
+
+
+def pair_row_tokens(
+    prompt: int,
+    chosen: int,
+    rejected: int,
+    max_length: int | None,
+    truncation_mode: str = "keep_start",
+    min_prompt_tokens: int = MIN_SHARED_PROMPT_TOKENS,
+) -> int:
+    """Tokens a pair adds to a prefix-sharing row: both truncated sequences, less the shared prefix."""
+    chosen_sequence, rejected_sequence = prompt + chosen, prompt + rejected
+    if max_length is not None:
+        chosen_sequence, rejected_sequence = min(chosen_sequence, max_length), min(rejected_sequence, max_length)
+    prefix = shared_prefix_length(
+        prompt_tokens_kept(prompt, chosen, max_length, truncation_mode),
+        prompt_tokens_kept(prompt, rejected, max_length, truncation_mode),
+        min_prompt_tokens,
+    )
+    return chosen_sequence + rejected_sequence - prefix
+
+
+@dataclass
+class SharedPrefixAttention:
+    """The second attention call of a prefix-sharing row, passed to the model as the `shared_prefix` kwarg.
+
+    Queries are the tokens of every rejected branch that reads a prefix; its keys are that pair's prefix, then the
+    branch, so causal attention aligned to the bottom-right corner (flash attention's convention when a segment has
+    more keys than queries) lets each query see the whole prefix and the branch up to itself.
+    """
+
+    query_index: torch.Tensor  # (Q,) row positions of the rejected-branch tokens
+    key_index: torch.Tensor  # (K,) row positions of each pair's prefix, then of its rejected branch
+    cu_seq_lens_q: torch.Tensor  # (pairs + 1,) int32
+    cu_seq_lens_k: torch.Tensor  # (pairs + 1,) int32
+    max_length_q: int
+    max_length_k: int
+
+    @classmethod
+    def from_branches(
+        cls,
+        branch_starts: torch.Tensor,
+        branch_lens: torch.Tensor,
+        prefix_starts: torch.Tensor,
+        prefix_lens: torch.Tensor,
+    ) -> SharedPrefixAttention:
+        """From the row ranges of each rejected branch and of the prefix it reads (one entry per shared pair)."""
+        key_starts = torch.stack([prefix_starts, branch_starts], dim=1).reshape(-1)
+        key_lens = torch.stack([prefix_lens, branch_lens], dim=1).reshape(-1)
+        return cls(
+            query_index=ranges_index(branch_starts, branch_lens),
+            key_index=ranges_index(key_starts, key_lens),
+            cu_seq_lens_q=cu_seq_lens_from_lengths(branch_lens.tolist()),
+            cu_seq_lens_k=cu_seq_lens_from_lengths((prefix_lens + branch_lens).tolist()),
+            max_length_q=int(branch_lens.max()),
+            max_length_k=int((prefix_lens + branch_lens).max()),
+        )
+
+    def to(self, device: torch.device) -> SharedPrefixAttention:
+        moved = {name: getattr(self, name).to(device) for name in ("query_index", "key_index")}
+        moved |= {name: getattr(self, name).to(device) for name in ("cu_seq_lens_q", "cu_seq_lens_k")}
+        return SharedPrefixAttention(**moved, max_length_q=self.max_length_q, max_length_k=self.max_length_k)
