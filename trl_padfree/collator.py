@@ -82,7 +82,8 @@ class _RowLayout:
 def _lay_out(chosen, rejected, chosen_masks, rejected_masks, prefix_sharing: bool, min_prompt_tokens: int):
     num_pairs = len(chosen)
     if not prefix_sharing:  # TRL's order: every chosen sequence, then every rejected one
-        segments = [(tokens, mask, 0) for tokens, mask in zip(chosen + rejected, chosen_masks + rejected_masks)]
+        pieces = zip(chosen + rejected, chosen_masks + rejected_masks, strict=True)
+        segments = [(tokens, mask, 0) for tokens, mask in pieces]
         seq_starts = [0] + list(itertools.accumulate(len(tokens) for tokens, _, _ in segments))[:-1]
         return _RowLayout(segments, seq_starts, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
 

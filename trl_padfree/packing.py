@@ -59,9 +59,7 @@ def padded_view_index(
     positions = seq_starts.unsqueeze(1) + offsets
     if prefix_lens is not None:
         in_prefix = offsets < prefix_lens.unsqueeze(1)
-        positions = torch.where(
-            in_prefix, prefix_starts.unsqueeze(1) + offsets, positions - prefix_lens.unsqueeze(1)
-        )
+        positions = torch.where(in_prefix, prefix_starts.unsqueeze(1) + offsets, positions - prefix_lens.unsqueeze(1))
     index = torch.where(valid, positions, torch.zeros_like(positions))
     return index, valid
 
