@@ -37,6 +37,18 @@ class DPOConfig(trl.DPOConfig):
             many pairs, and each window packed best-fit decreasing. Larger windows fill rows better; smaller ones mix
             lengths more.
 
+        prefix_sharing (`bool`, *optional*, defaults to `False`):
+            Compute each pair's prompt once: the pair is laid out as `[prompt | chosen | rejected]`, the rejected
+            tokens attending to the prompt and themselves but not to the chosen ones, with positions continuing from
+            the prompt. Losses, gradients and metrics equal unshared training. Needs `padding_free=True` and the
+            `padfree_varlen` attention (`packed_attn_implementation="auto"` picks it); not with sequence parallelism
+            or a Mixture-of-Experts auxiliary loss.
+
+        prefix_sharing_min_prompt_tokens (`int`, *optional*, defaults to `2`):
+            With `prefix_sharing`: pairs whose prompt is shorter are laid out unshared, where the saved tokens would
+            not pay for the extra attention call. Also unshared: pairs whose chosen and rejected sequences were
+            truncated into the prompt by different amounts (`truncation_mode="keep_end"`).
+
     > Parameters that control memory under DeepSpeed
 
         sequence_parallel_size (`int`, *optional*, defaults to `1`):
@@ -73,6 +85,17 @@ class DPOConfig(trl.DPOConfig):
         default=1000,
         metadata={"help": "With max_tokens_per_batch: pairs per shuffled window packed best-fit decreasing."},
     )
+    prefix_sharing: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute each pair's prompt once, as [prompt | chosen | rejected] with rejected tokens not seeing "
+            "chosen ones (needs padding_free=True and the padfree_varlen attention)."
+        },
+    )
+    prefix_sharing_min_prompt_tokens: int = field(
+        default=2,
+        metadata={"help": "With prefix_sharing: lay out pairs with shorter prompts unshared (at least 2)."},
+    )
     ref_offload: bool = field(
         default=False,
         metadata={
@@ -93,6 +116,15 @@ class DPOConfig(trl.DPOConfig):
             raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
         if self.max_tokens_per_batch is not None and self.max_tokens_per_batch < 1:
             raise ValueError(f"max_tokens_per_batch must be positive, got {self.max_tokens_per_batch}.")
+        if self.prefix_sharing and not self.padding_free:
+            raise ValueError(
+                "prefix_sharing=True needs padding_free=True: the shared layout is a packed row. Set padding_free=True."
+            )
+        if self.prefix_sharing_min_prompt_tokens < 2:
+            raise ValueError(
+                "prefix_sharing_min_prompt_tokens must be at least 2 (the prefix is the prompt but its last token), "
+                f"got {self.prefix_sharing_min_prompt_tokens}."
+            )
         if self.token_budget_window < 1:
             raise ValueError(f"token_budget_window must be positive, got {self.token_budget_window}.")
         launched_size = _sequence_parallel_size_from_accelerate_launch()

@@ -29,13 +29,22 @@ PACKING_AWARE_ATTENTION = (ATTN_IMPLEMENTATION, *FLASH_VARLEN, "sdpa", "eager")
 SELF_CHECK_TOLERANCE = 1e-4
 
 
-def resolve_attn_implementation(requested: str, current: str | None) -> str:
-    """`auto` keeps a flash varlen kernel the model already uses, else picks `padfree_varlen`; `keep` keeps `current`."""
+def resolve_attn_implementation(requested: str, current: str | None, prefix_sharing: bool = False) -> str:
+    """`auto` keeps a flash varlen kernel the model already uses, else picks `padfree_varlen`; `keep` keeps `current`.
+
+    Prefix sharing needs `padfree_varlen`, the one attention that reads the shared layout: `auto` picks it always.
+    """
     if requested == "auto":
-        return current if current in FLASH_VARLEN else ATTN_IMPLEMENTATION
-    if requested == "keep":
-        return current
-    return requested
+        return current if current in FLASH_VARLEN and not prefix_sharing else ATTN_IMPLEMENTATION
+    resolved = current if requested == "keep" else requested
+    if prefix_sharing and resolved != ATTN_IMPLEMENTATION:
+        raise ValueError(
+            f"prefix_sharing=True needs the `{ATTN_IMPLEMENTATION}` attention (PyTorch's varlen kernel on CUDA, exact "
+            f"per-segment attention on CPU), which lets rejected tokens attend to their prompt; {resolved!r} would "
+            f"treat each rejected branch as a sequence of its own. Set packed_attn_implementation='auto' (or "
+            f"'{ATTN_IMPLEMENTATION}'), or prefix_sharing=False."
+        )
+    return resolved
 
 
 def check_attn_implementation(attn_implementation: str | None) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
+from .prefix_sharing import pair_row_tokens
+
 
 def pair_tokens(prompt: int, chosen: int, rejected: int, max_length: int | None) -> int:
     """Tokens a pair adds to the packed row: prompt + chosen and prompt + rejected, each cut to `max_length` as the
@@ -35,8 +37,14 @@ def pair_tokens(prompt: int, chosen: int, rejected: int, max_length: int | None)
     return chosen_sequence + rejected_sequence
 
 
-def pair_lengths(dataset, max_length: int | None) -> list[int]:
-    """`pair_tokens` of every pair of a dataset tokenized by TRL (`prompt_ids`, `chosen_ids`, `rejected_ids`)."""
+def pair_lengths(
+    dataset,
+    max_length: int | None,
+    truncation_mode: str = "keep_start",
+    prefix_sharing_min_prompt_tokens: int | None = None,
+) -> list[int]:
+    """Row tokens of every pair of a dataset tokenized by TRL (`prompt_ids`, `chosen_ids`, `rejected_ids`):
+    `pair_tokens`, or with prefix sharing (a minimum prompt length given) `prefix_sharing.pair_row_tokens`."""
     missing = {"prompt_ids", "chosen_ids", "rejected_ids"} - set(dataset.column_names)
     if missing:
         raise ValueError(
@@ -44,7 +52,12 @@ def pair_lengths(dataset, max_length: int | None) -> list[int]:
             "column(s). Pass a prompt/chosen/rejected dataset and let DPOTrainer tokenize it."
         )
     columns = (dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])
-    return [pair_tokens(len(p), len(c), len(r), max_length) for p, c, r in zip(*columns, strict=True)]
+    if prefix_sharing_min_prompt_tokens is None:
+        return [pair_tokens(len(p), len(c), len(r), max_length) for p, c, r in zip(*columns, strict=True)]
+    return [
+        pair_row_tokens(len(p), len(c), len(r), max_length, truncation_mode, prefix_sharing_min_prompt_tokens)
+        for p, c, r in zip(*columns, strict=True)
+    ]
 
 
 def usable_budget(budget: int, pad_to_multiple_of: int | None) -> int:

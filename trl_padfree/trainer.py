@@ -149,6 +149,16 @@ class DPOTrainer(trl.DPOTrainer):
                 "padding_free=True with a Mixture-of-Experts auxiliary loss and `pad_to_multiple_of` would count the "
                 "row padding in the load-balancing loss. Unset `pad_to_multiple_of`."
             )
+        prefix_sharing = bool(getattr(self.args, "prefix_sharing", False))
+        if prefix_sharing:
+            if self.aux_loss_enabled:
+                raise ValueError(
+                    "prefix_sharing=True with a Mixture-of-Experts auxiliary loss would count each prompt's router "
+                    "outputs once instead of twice in the load-balancing loss. Set router_aux_loss_coef=0 (or "
+                    "output_router_logits=False), or prefix_sharing=False."
+                )
+            self.data_collator.prefix_sharing = True
+            self.data_collator.prefix_sharing_min_prompt_tokens = self.args.prefix_sharing_min_prompt_tokens
 
         policy = self.accelerator.unwrap_model(self.model)
         if is_peft_model(policy):
@@ -165,7 +175,9 @@ class DPOTrainer(trl.DPOTrainer):
 
         requested = getattr(self.args, "packed_attn_implementation", "auto")
         for model in models:
-            attn_implementation = resolve_attn_implementation(requested, model.config._attn_implementation)
+            attn_implementation = resolve_attn_implementation(
+                requested, model.config._attn_implementation, prefix_sharing
+            )
             if attn_implementation != model.config._attn_implementation:
                 model.set_attn_implementation(attn_implementation)
             check_packable(model)
@@ -190,6 +202,11 @@ class DPOTrainer(trl.DPOTrainer):
             raise ValueError(
                 f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "
                 "group, with per-sequence positions that TRL's padded batches do not carry. Set padding_free=True."
+            )
+        if self.data_collator.prefix_sharing:
+            raise ValueError(
+                "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
+                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sp_size=1."
             )
         if not self.args.disable_dropout:
             raise ValueError(
@@ -238,7 +255,13 @@ class DPOTrainer(trl.DPOTrainer):
         if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
             raise ValueError("max_tokens_per_batch needs a training dataset with a length, not an IterableDataset.")
         pad_to_multiple_of = self.data_collator.pad_to_multiple_of
-        lengths = pair_lengths(self.train_dataset, self.args.max_length)
+        collator = self.data_collator
+        lengths = pair_lengths(
+            self.train_dataset,
+            self.args.max_length,
+            self.args.truncation_mode,
+            collator.prefix_sharing_min_prompt_tokens if collator.prefix_sharing else None,
+        )
         check_pairs_fit(lengths, budget, pad_to_multiple_of, self.args.max_length)
         self._token_budget = TokenBudgetBatchSampler(
             lengths,
@@ -300,30 +323,42 @@ class DPOTrainer(trl.DPOTrainer):
     def _log_packing_metrics(self, packed_batch: PackedBatch) -> None:
         """Log what packing saved on this micro-batch, next to TRL's metrics (so every `report_to` sees them).
 
-        `padfree/real_tokens` and `padfree/padded_tokens` are summed over processes: the tokens the packed row really
-        holds, and the tokens TRL's padded collator would have made of the same sequences (2 x pairs x longest).
-        With token-budget batching, `padfree/pairs_per_micro_batch` and `padfree/budget_fill` (real tokens / budget)
-        are averaged over processes.
+        `padfree/real_tokens` and `padfree/padded_tokens` are summed over processes: the tokens of the batch's
+        sequences, and the tokens TRL's padded collator would have made of them (2 x pairs x longest). With prefix
+        sharing, `padfree/shared_tokens` (summed) are the prompt tokens computed once instead of twice, and
+        `padfree/shared_pairs` the fraction of pairs laid out shared. With token-budget batching,
+        `padfree/pairs_per_micro_batch` and `padfree/budget_fill` (row tokens / budget) are averaged over processes.
         """
         sequences = len(packed_batch.seq_lens)
         padded_width = pad_length_to_multiple(packed_batch.width, self._padded_pad_to_multiple_of)
-        counts = torch.tensor(
-            [packed_batch.seq_lens.sum().item(), sequences * padded_width, packed_batch.row_length, sequences // 2],
-            dtype=torch.float64,
-            device=self.accelerator.device,
+        shared_pairs = (
+            0 if packed_batch.shared_prefix_lens is None else int((packed_batch.shared_prefix_lens > 0).sum())
         )
-        real_tokens, padded_tokens, row_length, pairs = self.accelerator.gather(counts).view(-1, 4).T.tolist()
+        counts = [
+            packed_batch.seq_lens.sum().item(),
+            sequences * padded_width,
+            packed_batch.row_length,
+            sequences // 2,
+            packed_batch.real_row_tokens,
+            shared_pairs,
+        ]
+        counts = torch.tensor(counts, dtype=torch.float64, device=self.accelerator.device)
+        gathered = self.accelerator.gather(counts).view(-1, len(counts))
         if packed_batch.sequence_parallel is not None:  # every rank of a group holds the same row: count it once
-            ranks = packed_batch.sequence_parallel.size
-            real_tokens, padded_tokens, row_length = real_tokens[::ranks], padded_tokens[::ranks], row_length[::ranks]
+            gathered = gathered[:: packed_batch.sequence_parallel.size]
+        real_tokens, padded_tokens, row_length, pairs, row_tokens, shared_pairs = gathered.sum(0).tolist()
+        processes = len(gathered)
         metrics = self._metrics["train" if self.model.training else "eval"]
-        metrics["padfree/real_tokens"].append(sum(real_tokens))
-        metrics["padfree/padded_tokens"].append(sum(padded_tokens))
-        metrics["padfree/padding_removed"].append(1.0 - sum(real_tokens) / sum(padded_tokens))
-        metrics["padfree/row_length"].append(sum(row_length) / len(row_length))
+        metrics["padfree/real_tokens"].append(real_tokens)
+        metrics["padfree/padded_tokens"].append(padded_tokens)
+        metrics["padfree/padding_removed"].append(1.0 - real_tokens / padded_tokens)
+        metrics["padfree/row_length"].append(row_length / processes)
+        if self.data_collator.prefix_sharing:
+            metrics["padfree/shared_tokens"].append(real_tokens - row_tokens)
+            metrics["padfree/shared_pairs"].append(shared_pairs / pairs)
         if self._token_budget is not None and self.model.training:
-            metrics["padfree/pairs_per_micro_batch"].append(sum(pairs) / len(pairs))
-            metrics["padfree/budget_fill"].append(sum(real_tokens) / len(real_tokens) / self._token_budget.budget)
+            metrics["padfree/pairs_per_micro_batch"].append(pairs / processes)
+            metrics["padfree/budget_fill"].append(row_tokens / processes / self._token_budget.budget)
 
     def _precompute_ref_logps(self, dataset, name, batch_size):
         # Called from TRL's __init__, before this class could enable packing

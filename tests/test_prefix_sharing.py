@@ -1,0 +1,427 @@
+"""Prefix sharing: the row layout against hand-computed tensors, the two-call attention against dense masked
+attention, packed forwards on every verified model type, and the trainer against padded TRL and against padding-free
+training without sharing (loss, gradients, metrics).
+
+The hand-computed row (two pairs; the second prompt has 2 tokens, so its prefix is one token):
+
+    input_ids     | 1 2 | 3 4 5 | 3 6 | 7 | 8 9 | 8 10 11 | 0 0 0 |
+    position_ids  | 0 1 | 2 3 4 | 2 3 | 0 | 1 2 | 1  2  3 | 0 1 2 |
+                   prefix chosen  rej.  prefix ch.  rejected  padding
+"""
+
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig
+from trainer_utils import LOSS_ATOL, assert_same_step, first_batch, make_trainer, one_step, train_losses
+
+from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig
+from trl_padfree.attention import padfree_varlen_attention, per_segment_attention, shared_prefix_expected
+from trl_padfree.collator import concatenated_inputs
+from trl_padfree.forward import PackedBatch, run_packed
+from trl_padfree.models import VERIFIED_MODEL_TYPES, resolve_attn_implementation
+from trl_padfree.packing import cu_seq_lens_from_lengths, ranges_index
+from trl_padfree.prefix_sharing import (
+    SharedPrefixAttention,
+    pair_row_tokens,
+    prompt_tokens_kept,
+    shared_prefix_length,
+)
+from trl_padfree.tiny import make_model
+
+HAND_EXAMPLES = [
+    {"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6]},
+    {"prompt_ids": [7, 8], "chosen_ids": [9], "rejected_ids": [10, 11]},
+]
+
+
+def random_examples(shapes, seed=0, vocab_size=60):
+    rng = random.Random(seed)
+
+    def tokens(count):
+        return [rng.randrange(4, vocab_size) for _ in range(count)]
+
+    return [{"prompt_ids": tokens(p), "chosen_ids": tokens(c), "rejected_ids": tokens(r)} for p, c, r in shapes]
+
+
+# Awkward on purpose: one-token prompt (not shareable) and completions, a long prompt, rows longer than the sliding
+# window (6) of the mistral and gemma3_text configs
+EXAMPLES = random_examples([(7, 3, 1), (2, 1, 9), (12, 11, 2), (1, 4, 4), (9, 1, 1)])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The layout
+
+
+def test_collator_lays_out_each_pair_once_with_positions_continuing_from_the_prompt():
+    batch = concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True, pad_to_multiple_of=8)
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 3, 6, 7, 8, 9, 8, 10, 11, 0, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 1, 2, 3, 0, 1, 2]]
+    assert batch["completion_mask"].tolist() == [[0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0]]
+    assert batch["seq_lens"].tolist() == [5, 3, 4, 4]  # the sequences of the unshared layout
+    assert batch["cu_seq_lens_q"].tolist() == [0, 5, 7, 10, 13, 16]
+    assert batch["max_length_q"] == 5
+    assert batch["seq_starts"].tolist() == [0, 7, 5, 10]
+    assert batch["shared_prefix_starts"].tolist() == [0, 0, 0, 7]
+    assert batch["shared_prefix_lens"].tolist() == [0, 0, 2, 1]
+
+
+def test_padded_views_read_the_same_sequences_as_the_unshared_layout():
+    for options in (dict(), dict(max_length=9), dict(max_length=9, truncation_mode="keep_end")):
+        unshared = PackedBatch.from_collated(concatenated_inputs(EXAMPLES, **options))
+        shared = PackedBatch.from_collated(concatenated_inputs(EXAMPLES, prefix_sharing=True, **options))
+        assert shared.row_length < unshared.row_length
+        for name in ("input_ids", "completion_mask", "attention_mask"):
+            assert torch.equal(shared.padded_inputs(0)[name], unshared.padded_inputs(0)[name]), (options, name)
+        # Every next-token cell that scores a completion token reads a position whose next row token is that token
+        labels = shared.labels()[0]
+        next_tokens = torch.cat([labels[1:], labels.new_tensor([-100])])
+        scored = shared.padded_shifted(next_tokens.unsqueeze(0), fill_value=-100)
+        expected = unshared.padded(unshared.labels(), fill_value=-100)[:, 1:]
+        assert torch.equal(scored, expected), options
+
+
+def test_pairs_that_cannot_share_keep_their_unshared_segments():
+    # keep_end cuts 3 prompt tokens from the chosen sequence and none from the rejected one: prompts differ
+    examples = [{"prompt_ids": [1, 2, 3, 4, 5], "chosen_ids": [6, 7, 8, 9, 10], "rejected_ids": [11]}]
+    batch = concatenated_inputs(examples, max_length=7, truncation_mode="keep_end", prefix_sharing=True)
+    assert batch["input_ids"].tolist() == [[4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 11]]
+    assert batch["shared_prefix_lens"].tolist() == [0, 0]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]]
+    # A one-token prompt, and a prompt under the minimum
+    assert concatenated_inputs([HAND_EXAMPLES[0]], prefix_sharing=True)["shared_prefix_lens"].tolist() == [0, 2]
+    short = concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True, prefix_sharing_min_prompt_tokens=3)
+    assert short["shared_prefix_lens"].tolist() == [0, 0, 2, 0]
+
+
+def test_shared_prefix_length_rules():
+    assert shared_prefix_length(5, 5, 2) == 4
+    assert shared_prefix_length(5, 4, 2) == 0  # truncated differently
+    assert shared_prefix_length(1, 1, 2) == 0  # nothing before the last prompt token
+    assert shared_prefix_length(5, 5, 6) == 0
+    assert prompt_tokens_kept(10, 5, None, "keep_start") == 10
+    assert prompt_tokens_kept(10, 5, 8, "keep_start") == 8
+    assert prompt_tokens_kept(10, 5, 12, "keep_end") == 7
+    assert prompt_tokens_kept(10, 5, 4, "keep_end") == 0
+
+
+@pytest.mark.parametrize("truncation_mode", ["keep_start", "keep_end"])
+def test_pair_row_tokens_count_the_collators_row(truncation_mode):
+    rng = random.Random(3)
+    shapes = [(rng.randint(0, 30), rng.randint(1, 30), rng.randint(1, 30)) for _ in range(200)]
+    for max_length in (None, 8, 25):
+        for shape in shapes:
+            if max_length is not None and shape[0] >= max_length and truncation_mode == "keep_start":
+                continue  # TRL drops pairs whose prompt fills max_length
+            batch = concatenated_inputs(
+                random_examples([shape]), max_length=max_length, truncation_mode=truncation_mode, prefix_sharing=True
+            )
+            expected = batch["input_ids"].shape[1]
+            assert pair_row_tokens(*shape, max_length, truncation_mode) == expected, (shape, max_length)
+
+
+def test_ranges_index():
+    assert ranges_index(torch.tensor([4, 0]), torch.tensor([2, 3])).tolist() == [4, 5, 0, 1, 2]
+    assert ranges_index(torch.tensor([4, 9, 7]), torch.tensor([2, 0, 1])).tolist() == [4, 5, 7]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The attention
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
+
+
+def dense_attention(query, key, value, allowed):
+    """Reference: attention over the whole row with an explicit `(T, T)` mask of which keys each query sees."""
+    key, value = (tensor.repeat_interleave(HEADS // KV_HEADS, dim=1) for tensor in (key, value))
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed).transpose(1, 2)
+
+
+def layout_mask(batch, sliding_window=None):
+    """Which row positions each position attends to in the shared layout: built token by token from the sequences."""
+    packed = PackedBatch.from_collated(batch)
+    length = packed.row_length
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    positions = batch["position_ids"][0]
+    for index, valid in zip(packed.token_index, packed.token_valid, strict=True):
+        row_positions = index[valid]
+        for q in row_positions:
+            for k in row_positions:
+                distance = positions[q] - positions[k]
+                if 0 <= distance and (sliding_window is None or distance < sliding_window):
+                    allowed[q, k] = True
+    start = packed.real_row_tokens  # the padding segment attends causally among itself
+    padding = torch.ones(length - start, length - start, dtype=torch.bool).tril()
+    allowed[start:, start:] = padding if sliding_window is None else padding.triu(1 - sliding_window)
+    return allowed
+
+
+@pytest.mark.parametrize("sliding_window", [None, 3])
+def test_shared_attention_equals_dense_attention_with_the_layout_mask(sliding_window):
+    batch = concatenated_inputs(EXAMPLES, prefix_sharing=True, pad_to_multiple_of=8)
+    packed = PackedBatch.from_collated(batch)
+    generator = torch.Generator().manual_seed(0)
+    length = packed.row_length
+    query = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    key = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    value = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    output, _ = padfree_varlen_attention(
+        torch.nn.Module(),
+        query,
+        key,
+        value,
+        None,
+        sliding_window=sliding_window,
+        cu_seq_lens_q=packed.cu_seq_lens,
+        max_length_q=packed.max_length,
+        shared_prefix=packed.shared_prefix,
+    )
+    expected = dense_attention(query, key, value, layout_mask(batch, sliding_window))
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    grads = torch.autograd.grad(output.square().sum(), (query, key, value))
+    expected_grads = torch.autograd.grad(expected.square().sum(), (query, key, value))
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=0)
+
+
+def test_per_segment_attention_aligns_causal_to_the_bottom_right_like_flash_attention():
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(1, HEADS, 3, HEAD_DIM, generator=generator)
+    key, value = (torch.randn(1, KV_HEADS, 5, HEAD_DIM, generator=generator) for _ in range(2))
+    output = per_segment_attention(
+        query, key, value, torch.tensor([0, 3]), torch.tensor([0, 5]), None, sliding_window=None, dropout=0.0
+    )
+    allowed = torch.tensor([[k <= q + 2 for k in range(5)] for q in range(3)])
+    torch.testing.assert_close(output, dense_attention(query, key, value, allowed), atol=1e-6, rtol=0)
+
+
+def test_shared_prefix_attention_indices():
+    shared = SharedPrefixAttention.from_branches(
+        branch_starts=torch.tensor([5, 10]),
+        branch_lens=torch.tensor([2, 3]),
+        prefix_starts=torch.tensor([0, 7]),
+        prefix_lens=torch.tensor([2, 1]),
+    )
+    assert shared.query_index.tolist() == [5, 6, 10, 11, 12]
+    assert shared.key_index.tolist() == [0, 1, 5, 6, 7, 10, 11, 12]
+    assert shared.cu_seq_lens_q.tolist() == [0, 2, 5] and shared.cu_seq_lens_k.tolist() == [0, 4, 8]
+    assert (shared.max_length_q, shared.max_length_k) == (3, 4)
+
+
+def test_attention_without_the_layout_during_a_shared_forward_is_an_error():
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True))
+    query = key = value = torch.zeros(1, HEADS, packed.row_length, HEAD_DIM)
+    with shared_prefix_expected(packed.shared_prefix), pytest.raises(ValueError, match="did not receive"):
+        padfree_varlen_attention(torch.nn.Module(), query, key, value, None, cu_seq_lens_q=packed.cu_seq_lens)
+
+
+def test_shared_row_on_another_attention_is_an_error():
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True))
+    model = make_model("llama", attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="needs the `padfree_varlen` attention"):
+        run_packed(model.forward, packed, {}, model)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Packed forwards on every verified model type
+
+# Max abs difference of log-probs, shared vs unshared packed forward, fp32, 2 CPU cores: at most 9.5e-7
+FORWARD_ATOL = 4e-6
+
+
+@torch.no_grad()
+def sequence_log_probs(model, batch):
+    packed = PackedBatch.from_collated(batch)
+    logits = model(**packed.model_kwargs()).logits.float().log_softmax(-1)
+    return packed.padded(logits)[packed.token_valid]
+
+
+@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+def test_shared_forward_equals_unshared_forward(model_type):
+    model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION).eval()
+    unshared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, pad_to_multiple_of=8))
+    shared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, prefix_sharing=True, pad_to_multiple_of=8))
+    assert (shared - unshared).abs().max().item() <= FORWARD_ATOL
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The trainer, against padded TRL and padding-free without sharing
+
+LOSS_TYPES = [
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "nca_pair",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+
+
+def assert_sharing_equivalent(**options):
+    padded = one_step(make_trainer(False, **options))
+    unshared = one_step(make_trainer(True, **options))
+    trainer = make_trainer(True, prefix_sharing=True, **options)
+    shared = one_step(trainer)
+    assert_same_step(padded, shared)
+    trl_metrics = {key: value for key, value in unshared.metrics.items() if not key.startswith("padfree/")}
+    assert_same_step(dataclasses.replace(unshared, metrics=trl_metrics), shared)
+    return trainer, shared
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_loss_type_matches(loss_type):
+    _, shared = assert_sharing_equivalent(loss_type=[loss_type])
+    assert shared.metrics["padfree/shared_pairs"] == 1.0 and shared.metrics["padfree/shared_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(loss_type=["exo_pair"], label_smoothing=1e-3),
+        dict(loss_type=["robust"], label_smoothing=0.1),
+        dict(loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.5]),  # RPO
+        dict(f_divergence_type="js_divergence", loss_type=["hinge"]),
+        dict(f_divergence_type="alpha_divergence", f_alpha_divergence_coef=0.5),
+        dict(ld_alpha=0.5),
+        dict(use_weighting=True),
+        dict(gradient_checkpointing=True),
+        dict(batch_size=1),
+        dict(max_length=20),
+        dict(pad_to_multiple_of=64),
+        dict(prefix_sharing_min_prompt_tokens=8),
+    ],
+    ids=lambda options: "-".join(f"{key}={value}" for key, value in options.items()),
+)
+def test_options_match(options):
+    assert_sharing_equivalent(**options)
+
+
+@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+def test_model_types_match(model_type):
+    assert_sharing_equivalent(model_type=model_type)
+
+
+def test_keep_end_truncation_mixes_shared_and_unshared_pairs():
+    _, shared = assert_sharing_equivalent(max_length=30, truncation_mode="keep_end")
+    assert 0 < shared.metrics["padfree/shared_pairs"] < 1
+
+
+def test_first_loss_is_ln2_when_policy_equals_reference():
+    assert one_step(make_trainer(True, prefix_sharing=True, ref_seed=0)).loss == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_shared_row_holds_each_prompt_once():
+    trainer = make_trainer(True, prefix_sharing=True)
+    batch = first_batch(trainer)
+    pairs = [trainer.train_dataset[index] for index in range(8)]
+    prompts = sum(len(pair["prompt_ids"]) for pair in pairs)
+    completions = sum(len(pair["chosen_ids"]) + len(pair["rejected_ids"]) for pair in pairs)
+    shared_pairs = sum(len(pair["prompt_ids"]) >= 2 for pair in pairs)
+    assert batch["input_ids"].shape[1] == prompts + completions + shared_pairs  # + the repeated last prompt token
+    metrics = one_step(trainer).metrics
+    assert metrics["padfree/shared_tokens"] == batch["seq_lens"].sum().item() - batch["input_ids"].shape[1]
+    assert metrics["padfree/shared_pairs"] == shared_pairs / 8
+    assert metrics["padfree/real_tokens"] == batch["seq_lens"].sum().item()
+
+
+def test_precomputed_reference_log_probs_match():
+    padded = make_trainer(False, precompute_ref_log_probs=True)
+    shared = make_trainer(True, prefix_sharing=True, precompute_ref_log_probs=True)
+    for column in ("ref_chosen_logps", "ref_rejected_logps"):
+        torch.testing.assert_close(
+            torch.tensor(shared.train_dataset[column]),
+            torch.tensor(padded.train_dataset[column]),
+            atol=LOSS_ATOL,
+            rtol=0,
+        )
+    assert_same_step(one_step(padded), one_step(shared))
+
+
+def test_lora_with_adapter_disabled_reference_matches():
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    padded = one_step(make_trainer(False, peft_config=LoraConfig(**lora)))
+    shared = one_step(make_trainer(True, prefix_sharing=True, peft_config=LoraConfig(**lora)))
+    assert_same_step(padded, shared)
+
+
+def test_training_losses_match_over_steps_with_accumulation():
+    options = dict(
+        num_pairs=16,
+        batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=4,
+        learning_rate=0.5,
+        optim="sgd",
+        logging_steps=1,
+    )
+    padded = train_losses(make_trainer(False, **options))
+    shared = train_losses(make_trainer(True, prefix_sharing=True, **options))
+    assert len(shared) == 4 and shared == pytest.approx(padded, abs=1e-4)
+
+
+def test_token_budget_counts_shared_rows():
+    trainer = make_trainer(True, prefix_sharing=True, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
+    unshared = make_trainer(True, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
+    assert sum(trainer._token_budget.lengths) < sum(unshared._token_budget.lengths)
+    for micro_batch in trainer._token_budget:
+        batch = trainer.data_collator([trainer.train_dataset[index] for index in micro_batch])
+        assert batch["input_ids"].shape[1] == sum(trainer._token_budget.lengths[index] for index in micro_batch)
+        assert batch["input_ids"].shape[1] <= 160
+    trainer.train()
+    assert all(0 < entry["padfree/budget_fill"] <= 1 for entry in trainer.state.log_history if "loss" in entry)
+
+
+def test_evaluation_matches_padded():
+    padded, shared = make_trainer(False), make_trainer(True, prefix_sharing=True)
+    padded_metrics, shared_metrics = padded.evaluate(), shared.evaluate()
+    for key, value in padded_metrics.items():
+        if key.startswith("eval_") and "runtime" not in key and "per_second" not in key:
+            assert shared_metrics[key] == pytest.approx(value, rel=1e-5, abs=5e-5), key
+    assert 0 < shared_metrics["eval_padfree/shared_pairs"] <= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_prefix_sharing_needs_padding_free():
+    with pytest.raises(ValueError, match="needs padding_free=True"):
+        DPOConfig(output_dir="/tmp/trl-padfree-tests", prefix_sharing=True, padding_free=False, report_to=[])
+    with pytest.raises(ValueError, match="at least 2"):
+        DPOConfig(output_dir="/tmp/trl-padfree-tests", padding_free=True, prefix_sharing_min_prompt_tokens=1)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager", "flash_attention_2"])
+def test_prefix_sharing_refuses_attentions_that_cannot_read_the_layout(attn_implementation):
+    with pytest.raises(ValueError, match="prefix_sharing=True needs the `padfree_varlen` attention"):
+        resolve_attn_implementation(attn_implementation, "sdpa", prefix_sharing=True)
+    with pytest.raises(ValueError, match="prefix_sharing=True needs the `padfree_varlen` attention"):
+        make_trainer(True, prefix_sharing=True, packed_attn_implementation="sdpa")
+    # `auto` picks ours even for a model that runs flash attention
+    assert resolve_attn_implementation("auto", "flash_attention_2", prefix_sharing=True) == ATTN_IMPLEMENTATION
+
+
+def test_sequence_parallel_shared_row_is_an_error():
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True))
+    packed.sequence_parallel = object()
+    model = make_model("llama", attn_implementation=ATTN_IMPLEMENTATION)
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        run_packed(model.forward, packed, {}, model)
+
+
+def test_cu_seq_lens_of_the_hand_row():
+    # The segments of the first call: [prefix + chosen branch] and [rejected branch] per pair, then the padding
+    assert concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True)["cu_seq_lens_q"].tolist() == (
+        cu_seq_lens_from_lengths([5, 2, 3, 3]).tolist()
+    )
