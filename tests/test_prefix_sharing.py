@@ -10,6 +10,7 @@ The hand-computed row (two pairs; the second prompt has 2 tokens, so its prefix 
 """
 
 import dataclasses
+import logging
 import math
 import random
 
@@ -33,6 +34,8 @@ from trl_padfree.prefix_sharing import (
 )
 from trl_padfree.tiny import make_model
 
+# Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
+SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
 HAND_EXAMPLES = [
     {"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6]},
     {"prompt_ids": [7, 8], "chosen_ids": [9], "rejected_ids": [10, 11]},
@@ -58,7 +61,7 @@ EXAMPLES = random_examples([(7, 3, 1), (2, 1, 9), (12, 11, 2), (1, 4, 4), (9, 1,
 
 
 def test_collator_lays_out_each_pair_once_with_positions_continuing_from_the_prompt():
-    batch = concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True, pad_to_multiple_of=8)
+    batch = concatenated_inputs(HAND_EXAMPLES, **SHARE, pad_to_multiple_of=8)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 3, 6, 7, 8, 9, 8, 10, 11, 0, 0, 0]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 1, 2, 3, 0, 1, 2]]
     assert batch["completion_mask"].tolist() == [[0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0]]
@@ -73,7 +76,7 @@ def test_collator_lays_out_each_pair_once_with_positions_continuing_from_the_pro
 def test_padded_views_read_the_same_sequences_as_the_unshared_layout():
     for options in (dict(), dict(max_length=9), dict(max_length=9, truncation_mode="keep_end")):
         unshared = PackedBatch.from_collated(concatenated_inputs(EXAMPLES, **options))
-        shared = PackedBatch.from_collated(concatenated_inputs(EXAMPLES, prefix_sharing=True, **options))
+        shared = PackedBatch.from_collated(concatenated_inputs(EXAMPLES, **SHARE, **options))
         assert shared.row_length < unshared.row_length
         for name in ("input_ids", "completion_mask", "attention_mask"):
             assert torch.equal(shared.padded_inputs(0)[name], unshared.padded_inputs(0)[name]), (options, name)
@@ -88,14 +91,26 @@ def test_padded_views_read_the_same_sequences_as_the_unshared_layout():
 def test_pairs_that_cannot_share_keep_their_unshared_segments():
     # keep_end cuts 3 prompt tokens from the chosen sequence and none from the rejected one: prompts differ
     examples = [{"prompt_ids": [1, 2, 3, 4, 5], "chosen_ids": [6, 7, 8, 9, 10], "rejected_ids": [11]}]
-    batch = concatenated_inputs(examples, max_length=7, truncation_mode="keep_end", prefix_sharing=True)
+    batch = concatenated_inputs(examples, max_length=7, truncation_mode="keep_end", **SHARE)
     assert batch["input_ids"].tolist() == [[4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 11]]
     assert batch["shared_prefix_lens"].tolist() == [0, 0]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]]
     # A one-token prompt, and a prompt under the minimum
-    assert concatenated_inputs([HAND_EXAMPLES[0]], prefix_sharing=True)["shared_prefix_lens"].tolist() == [0, 2]
+    assert concatenated_inputs([HAND_EXAMPLES[0]], **SHARE)["shared_prefix_lens"].tolist() == [0, 2]
     short = concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True, prefix_sharing_min_prompt_tokens=3)
     assert short["shared_prefix_lens"].tolist() == [0, 0, 2, 0]
+
+
+def test_short_prompts_fall_back_to_the_unshared_layout_by_default(caplog):
+    assert concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True)["shared_prefix_lens"].tolist() == [0, 0, 0, 0]
+    with caplog.at_level(logging.INFO, logger="trl_padfree.trainer"):
+        trainer = make_trainer(True, prefix_sharing=True)
+    pairs = [trainer.train_dataset[index] for index in range(len(trainer.train_dataset))]
+    shared = sum(len(pair["prompt_ids"]) >= 8 for pair in pairs)
+    assert 0 < shared < len(pairs)
+    assert f"Prefix sharing: {shared} of {len(pairs)} training pairs share their prompt" in caplog.text
+    metrics = one_step(trainer).metrics
+    assert metrics["padfree/shared_pairs"] == sum(len(pair["prompt_ids"]) >= 8 for pair in pairs[:8]) / 8
 
 
 def test_shared_prefix_length_rules():
@@ -117,11 +132,16 @@ def test_pair_row_tokens_count_the_collators_row(truncation_mode):
         for shape in shapes:
             if max_length is not None and shape[0] >= max_length and truncation_mode == "keep_start":
                 continue  # TRL drops pairs whose prompt fills max_length
-            batch = concatenated_inputs(
-                random_examples([shape]), max_length=max_length, truncation_mode=truncation_mode, prefix_sharing=True
-            )
-            expected = batch["input_ids"].shape[1]
-            assert pair_row_tokens(*shape, max_length, truncation_mode) == expected, (shape, max_length)
+            for minimum in (2, 8):
+                batch = concatenated_inputs(
+                    random_examples([shape]),
+                    max_length=max_length,
+                    truncation_mode=truncation_mode,
+                    prefix_sharing=True,
+                    prefix_sharing_min_prompt_tokens=minimum,
+                )
+                expected = batch["input_ids"].shape[1]
+                assert pair_row_tokens(*shape, max_length, truncation_mode, minimum) == expected, (shape, max_length)
 
 
 def test_ranges_index():
@@ -162,7 +182,7 @@ def layout_mask(batch, sliding_window=None):
 
 @pytest.mark.parametrize("sliding_window", [None, 3])
 def test_shared_attention_equals_dense_attention_with_the_layout_mask(sliding_window):
-    batch = concatenated_inputs(EXAMPLES, prefix_sharing=True, pad_to_multiple_of=8)
+    batch = concatenated_inputs(EXAMPLES, **SHARE, pad_to_multiple_of=8)
     packed = PackedBatch.from_collated(batch)
     generator = torch.Generator().manual_seed(0)
     length = packed.row_length
@@ -205,22 +225,24 @@ def test_shared_prefix_attention_indices():
         branch_lens=torch.tensor([2, 3]),
         prefix_starts=torch.tensor([0, 7]),
         prefix_lens=torch.tensor([2, 1]),
+        cu_seq_lens=torch.tensor([0, 5, 7, 10, 13], dtype=torch.int32),
     )
     assert shared.query_index.tolist() == [5, 6, 10, 11, 12]
     assert shared.key_index.tolist() == [0, 1, 5, 6, 7, 10, 11, 12]
     assert shared.cu_seq_lens_q.tolist() == [0, 2, 5] and shared.cu_seq_lens_k.tolist() == [0, 4, 8]
     assert (shared.max_length_q, shared.max_length_k) == (3, 4)
+    assert shared.branch_segments == {1, 3}
 
 
 def test_attention_without_the_layout_during_a_shared_forward_is_an_error():
-    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True))
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
     query = key = value = torch.zeros(1, HEADS, packed.row_length, HEAD_DIM)
     with shared_prefix_expected(packed.shared_prefix), pytest.raises(ValueError, match="did not receive"):
         padfree_varlen_attention(torch.nn.Module(), query, key, value, None, cu_seq_lens_q=packed.cu_seq_lens)
 
 
 def test_shared_row_on_another_attention_is_an_error():
-    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True))
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
     model = make_model("llama", attn_implementation="sdpa")
     with pytest.raises(ValueError, match="needs the `padfree_varlen` attention"):
         run_packed(model.forward, packed, {}, model)
@@ -244,7 +266,7 @@ def sequence_log_probs(model, batch):
 def test_shared_forward_equals_unshared_forward(model_type):
     model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION).eval()
     unshared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, pad_to_multiple_of=8))
-    shared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, prefix_sharing=True, pad_to_multiple_of=8))
+    shared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, **SHARE, pad_to_multiple_of=8))
     assert (shared - unshared).abs().max().item() <= FORWARD_ATOL
 
 
@@ -271,7 +293,7 @@ LOSS_TYPES = [
 def assert_sharing_equivalent(**options):
     padded = one_step(make_trainer(False, **options))
     unshared = one_step(make_trainer(True, **options))
-    trainer = make_trainer(True, prefix_sharing=True, **options)
+    trainer = make_trainer(True, **{**SHARE, **options})
     shared = one_step(trainer)
     assert_same_step(padded, shared)
     trl_metrics = {key: value for key, value in unshared.metrics.items() if not key.startswith("padfree/")}
@@ -318,11 +340,11 @@ def test_keep_end_truncation_mixes_shared_and_unshared_pairs():
 
 
 def test_first_loss_is_ln2_when_policy_equals_reference():
-    assert one_step(make_trainer(True, prefix_sharing=True, ref_seed=0)).loss == pytest.approx(math.log(2), abs=1e-6)
+    assert one_step(make_trainer(True, **SHARE, ref_seed=0)).loss == pytest.approx(math.log(2), abs=1e-6)
 
 
 def test_shared_row_holds_each_prompt_once():
-    trainer = make_trainer(True, prefix_sharing=True)
+    trainer = make_trainer(True, **SHARE)
     batch = first_batch(trainer)
     pairs = [trainer.train_dataset[index] for index in range(8)]
     prompts = sum(len(pair["prompt_ids"]) for pair in pairs)
@@ -337,7 +359,7 @@ def test_shared_row_holds_each_prompt_once():
 
 def test_precomputed_reference_log_probs_match():
     padded = make_trainer(False, precompute_ref_log_probs=True)
-    shared = make_trainer(True, prefix_sharing=True, precompute_ref_log_probs=True)
+    shared = make_trainer(True, **SHARE, precompute_ref_log_probs=True)
     for column in ("ref_chosen_logps", "ref_rejected_logps"):
         torch.testing.assert_close(
             torch.tensor(shared.train_dataset[column]),
@@ -351,7 +373,7 @@ def test_precomputed_reference_log_probs_match():
 def test_lora_with_adapter_disabled_reference_matches():
     lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     padded = one_step(make_trainer(False, peft_config=LoraConfig(**lora)))
-    shared = one_step(make_trainer(True, prefix_sharing=True, peft_config=LoraConfig(**lora)))
+    shared = one_step(make_trainer(True, **SHARE, peft_config=LoraConfig(**lora)))
     assert_same_step(padded, shared)
 
 
@@ -366,12 +388,12 @@ def test_training_losses_match_over_steps_with_accumulation():
         logging_steps=1,
     )
     padded = train_losses(make_trainer(False, **options))
-    shared = train_losses(make_trainer(True, prefix_sharing=True, **options))
+    shared = train_losses(make_trainer(True, **SHARE, **options))
     assert len(shared) == 4 and shared == pytest.approx(padded, abs=1e-4)
 
 
 def test_token_budget_counts_shared_rows():
-    trainer = make_trainer(True, prefix_sharing=True, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
+    trainer = make_trainer(True, **SHARE, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
     unshared = make_trainer(True, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
     assert sum(trainer._token_budget.lengths) < sum(unshared._token_budget.lengths)
     for micro_batch in trainer._token_budget:
@@ -383,7 +405,7 @@ def test_token_budget_counts_shared_rows():
 
 
 def test_evaluation_matches_padded():
-    padded, shared = make_trainer(False), make_trainer(True, prefix_sharing=True)
+    padded, shared = make_trainer(False), make_trainer(True, **SHARE)
     padded_metrics, shared_metrics = padded.evaluate(), shared.evaluate()
     for key, value in padded_metrics.items():
         if key.startswith("eval_") and "runtime" not in key and "per_second" not in key:
@@ -413,7 +435,7 @@ def test_prefix_sharing_refuses_attentions_that_cannot_read_the_layout(attn_impl
 
 
 def test_sequence_parallel_shared_row_is_an_error():
-    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True))
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
     packed.sequence_parallel = object()
     model = make_model("llama", attn_implementation=ATTN_IMPLEMENTATION)
     with pytest.raises(ValueError, match="sequence parallelism"):
@@ -422,6 +444,6 @@ def test_sequence_parallel_shared_row_is_an_error():
 
 def test_cu_seq_lens_of_the_hand_row():
     # The segments of the first call: [prefix + chosen branch] and [rejected branch] per pair, then the padding
-    assert concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True)["cu_seq_lens_q"].tolist() == (
+    assert concatenated_inputs(HAND_EXAMPLES, **SHARE)["cu_seq_lens_q"].tolist() == (
         cu_seq_lens_from_lengths([5, 2, 3, 3]).tolist()
     )

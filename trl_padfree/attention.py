@@ -48,19 +48,25 @@ def per_segment_attention(
     scaling: float | None,
     sliding_window: int | None,
     dropout: float,
+    skip_segments: frozenset[int] = frozenset(),
 ) -> torch.Tensor:
     """Exact causal attention per segment, one `scaled_dot_product_attention` each. Inputs `(1, heads, T, dim)`;
     returns `(1, T_q, heads, dim)`.
 
     Same semantics as flash attention's varlen kernel: segment i has queries `cu_seq_lens_q[i]:cu_seq_lens_q[i + 1]`
     and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal aligned to the bottom-right corner when it has more keys.
+    Segments in `skip_segments` are not computed (zeros): their outputs are about to be replaced.
     """
     outputs = []
     bounds_q, bounds_k = cu_seq_lens_q.tolist(), cu_seq_lens_k.tolist()
     enable_gqa = query.shape[1] != key.shape[1]
-    for start_q, end_q, start_k, end_k in zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True):
+    segments = zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True)
+    for segment, (start_q, end_q, start_k, end_k) in enumerate(segments):
         queries, keys = end_q - start_q, end_k - start_k
         if queries == 0:
+            continue
+        if segment in skip_segments:
+            outputs.append(query.new_zeros(1, query.shape[1], queries, value.shape[-1]))
             continue
         mask, is_causal = None, True
         if keys != queries or (sliding_window is not None and keys > sliding_window):
@@ -113,8 +119,10 @@ def torch_varlen_attention(
 
 
 def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options):
-    """The CUDA kernel in fp16/bf16 without dropout, else the per-segment reference with the same semantics."""
+    """The CUDA kernel in fp16/bf16 without dropout, else the per-segment reference with the same semantics (which
+    skips `skip_segments`; one kernel call computes them at little extra cost)."""
     dropout = options.pop("dropout")
+    skip_segments = options.pop("skip_segments", frozenset())
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
         if max_length_q is None:
             max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
@@ -122,7 +130,9 @@ def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length
         return torch_varlen_attention(
             query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options
         )
-    return per_segment_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, dropout=dropout, **options)
+    return per_segment_attention(
+        query, key, value, cu_seq_lens_q, cu_seq_lens_k, dropout=dropout, skip_segments=skip_segments, **options
+    )
 
 
 # Set while a prefix-sharing row runs forward, so an attention call that did not receive its layout fails loudly
@@ -204,7 +214,10 @@ def padfree_varlen_attention(
         raise ValueError(f"`{ATTN_IMPLEMENTATION}` attention only supports causal (decoder) self-attention.")
 
     options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout)
-    output = varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, **options)
+    replaced = shared_prefix.branch_segments if shared_prefix is not None else frozenset()
+    output = varlen_attention(
+        query, key, value, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, skip_segments=replaced, **options
+    )
     if shared_prefix is not None:
         # The first call let each rejected branch attend to itself only: replace those rows
         branches = shared_prefix_attention(query, key, value, shared_prefix, **options)

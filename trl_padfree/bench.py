@@ -37,6 +37,8 @@ from .trainer import DPOTrainer
 
 DISTRIBUTIONS = ("ultrafeedback", "capybara", "shipped")
 CPU_BACKENDS = ("padfree_varlen", "sdpa")
+# Padding-free with prefix sharing (on padfree_varlen, the attention it needs), timed next to the other modes
+PREFIX_SHARING = "padfree_varlen+prefix_sharing"
 GPU_BACKENDS = ("padfree_varlen", "flash_attention_2", "sdpa")
 # Shapes of public models, built with random weights from the config alone (no download)
 MODEL_SHAPES = {
@@ -95,6 +97,11 @@ class BenchRow:
     real_tokens: int  # counted by the padding-free collator
     padded_mode_real_tokens: int  # counted from the padded batches' attention masks
     padded_tokens: int
+    # Tokens the mode's packed rows hold: `real_tokens`, less the prompts prefix sharing computes once
+    row_tokens: int
+    # Prefix-sharing rows only: against padding-free without sharing (padfree_varlen) on the same batches
+    speedup_over_unshared: float | None = None
+    ideal_speedup_over_unshared: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -166,11 +173,14 @@ def make_bench_model(name: str, attn_implementation: str, dtype: torch.dtype, se
     raise ValueError(f"Unknown bench model {name!r}; choose from {sorted(DEMO_MODEL_SIZES) + sorted(MODEL_SHAPES)}.")
 
 
-def make_bench_trainer(model_name: str, backend: str | None, device: torch.device, dtype: torch.dtype) -> DPOTrainer:
+def make_bench_trainer(
+    model_name: str, backend: str | None, device: torch.device, dtype: torch.dtype, prefix_sharing: bool = False
+) -> DPOTrainer:
     """A padded (`backend=None`) or padding-free trainer whose models sit on `device`."""
     config = DPOConfig(
         output_dir="/tmp/trl-padfree-bench",
         padding_free=backend is not None,
+        prefix_sharing=prefix_sharing,
         packed_attn_implementation=backend or "auto",
         bf16=False,  # the models are built in `dtype`, no autocast
         use_cpu=device.type == "cpu",
@@ -253,39 +263,48 @@ def bench_distribution(
             if peak is not None:
                 peaks[mode] = max(peaks[mode] or 0.0, peak)
 
-    padded_collator, packed_collator = trainers[None].data_collator, trainers[modes[1]].data_collator
+    padded_collator = trainers[None].data_collator
     padded_mode_real = sum(int(padded_collator(batch)["attention_mask"].sum()) for batch in measured)
-    packed = [packed_collator(batch) for batch in measured]
+    packed = [trainers[modes[1]].data_collator(batch) for batch in measured]
     real_tokens = sum(int(batch["seq_lens"].sum()) for batch in packed)
     padded_tokens = sum(len(batch["seq_lens"]) * int(batch["seq_lens"].max()) for batch in packed)
-    ideal = padded_tokens / real_tokens
     padded_step = seconds[None] / len(measured)
     rows = []
-    for backend in modes[1:]:
-        padfree_step = seconds[backend] / len(measured)
+    for mode in modes[1:]:
+        row_tokens = sum(_row_tokens(trainers[mode].data_collator(batch)) for batch in measured)
+        padfree_step = seconds[mode] / len(measured)
         speedup = padded_step / padfree_step
-        rows.append(
-            BenchRow(
-                distribution=distribution,
-                backend=backend,
-                device=_device_name(device),
-                padded_step_s=padded_step,
-                padfree_step_s=padfree_step,
-                speedup=speedup,
-                ideal_speedup=ideal,
-                padded_peak_mem_mb=peaks[None],
-                padfree_peak_mem_mb=peaks[backend],
-                real_tokens_per_s=real_tokens / seconds[backend],
-                fraction_of_ideal=speedup / ideal,
-                model=options.model,
-                pairs_per_batch=options.pairs_per_batch,
-                batches=len(measured),
-                real_tokens=real_tokens,
-                padded_mode_real_tokens=padded_mode_real,
-                padded_tokens=padded_tokens,
-            )
+        ideal = padded_tokens / row_tokens
+        row = BenchRow(
+            distribution=distribution,
+            backend=mode,
+            device=_device_name(device),
+            padded_step_s=padded_step,
+            padfree_step_s=padfree_step,
+            speedup=speedup,
+            ideal_speedup=ideal,
+            padded_peak_mem_mb=peaks[None],
+            padfree_peak_mem_mb=peaks[mode],
+            real_tokens_per_s=real_tokens / seconds[mode],
+            fraction_of_ideal=speedup / ideal,
+            model=options.model,
+            pairs_per_batch=options.pairs_per_batch,
+            batches=len(measured),
+            real_tokens=real_tokens,
+            padded_mode_real_tokens=padded_mode_real,
+            padded_tokens=padded_tokens,
+            row_tokens=row_tokens,
         )
+        if mode == PREFIX_SHARING and "padfree_varlen" in seconds:
+            row.speedup_over_unshared = seconds["padfree_varlen"] / seconds[mode]
+            row.ideal_speedup_over_unshared = real_tokens / row_tokens
+        rows.append(row)
     return rows
+
+
+def _row_tokens(batch: dict) -> int:
+    # Every pair lays out two segments, shared or not: the row's real tokens end where the last one does
+    return int(batch["cu_seq_lens_q"][len(batch["seq_lens"])])
 
 
 def available_backends(device: torch.device, requested: list[str] | None) -> list[str]:
@@ -304,6 +323,8 @@ def run_bench(options: argparse.Namespace) -> list[BenchRow]:
     trainers: dict[str | None, DPOTrainer] = {None: make_bench_trainer(options.model, None, device, dtype)}
     for backend in backends:
         trainers[backend] = make_bench_trainer(options.model, backend, device, dtype)
+    if "padfree_varlen" in backends and options.prefix_sharing:
+        trainers[PREFIX_SHARING] = make_bench_trainer(options.model, "padfree_varlen", device, dtype, True)
     rows = []
     for distribution in options.distributions:
         rows += bench_distribution(distribution, trainers, options, device)
@@ -321,8 +342,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    header = "| distribution | backend | padded s/step | padding-free s/step | speedup | ideal | of ideal | peak MB padded | peak MB padding-free | real tokens/s |"
-    lines = [header, "|" + "---|" * 10]
+    header = "| distribution | backend | padded s/step | padding-free s/step | speedup | ideal | of ideal | peak MB padded | peak MB padding-free | real tokens/s | sharing vs unshared (ideal) |"
+    lines = [header, "|" + "---|" * 11]
     for row in rows:
         memory = [
             f"{value:,.0f}" if value is not None else "n/a"
@@ -331,9 +352,15 @@ def format_table(rows: list[BenchRow]) -> str:
         lines.append(
             f"| {row.distribution} | {row.backend} | {row.padded_step_s:.3f} | {row.padfree_step_s:.3f} | "
             f"{row.speedup:.2f}x | {row.ideal_speedup:.2f}x | {row.fraction_of_ideal:.0%} | {memory[0]} | {memory[1]} | "
-            f"{row.real_tokens_per_s:,.0f} |"
+            f"{row.real_tokens_per_s:,.0f} | {_sharing_cell(row)} |"
         )
     return "\n".join(lines)
+
+
+def _sharing_cell(row: BenchRow) -> str:
+    if row.speedup_over_unshared is None:
+        return ""
+    return f"{row.speedup_over_unshared:.2f}x ({row.ideal_speedup_over_unshared:.2f}x)"
 
 
 def plot(rows: list[BenchRow], path: str) -> None:
@@ -386,6 +413,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs-per-batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=1024, help="per-sequence truncation, as TRL's max_length")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument(
+        "--no-prefix-sharing",
+        dest="prefix_sharing",
+        action="store_false",
+        help="skip the padfree_varlen+prefix_sharing rows (timed by default next to padfree_varlen)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--batching",

@@ -11,7 +11,7 @@ import torch
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from .packing import cu_seq_lens_from_lengths, pad_length_to_multiple, position_ids_from_lengths
-from .prefix_sharing import MIN_SHARED_PROMPT_TOKENS, shared_prefix_length
+from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
 
 REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -113,7 +113,7 @@ def concatenated_inputs(
     pad_to_multiple_of: int | None = None,
     return_attention_mask: bool = False,
     prefix_sharing: bool = False,
-    prefix_sharing_min_prompt_tokens: int = MIN_SHARED_PROMPT_TOKENS,
+    prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS,
 ) -> dict[str, Any]:
     """Pack the chosen and rejected sequences of a batch into one row, with no padding between them.
 
@@ -238,7 +238,7 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
     padding_free: bool = True
     return_attention_mask: bool = False
     prefix_sharing: bool = False
-    prefix_sharing_min_prompt_tokens: int = MIN_SHARED_PROMPT_TOKENS
+    prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS
 
     @classmethod
     def from_padded(cls, collator: DataCollatorForPreference, **overrides) -> PaddingFreePreferenceCollator:

@@ -44,10 +44,11 @@ class DPOConfig(trl.DPOConfig):
             `padfree_varlen` attention (`packed_attn_implementation="auto"` picks it); not with sequence parallelism
             or a Mixture-of-Experts auxiliary loss.
 
-        prefix_sharing_min_prompt_tokens (`int`, *optional*, defaults to `2`):
-            With `prefix_sharing`: pairs whose prompt is shorter are laid out unshared, where the saved tokens would
-            not pay for the extra attention call. Also unshared: pairs whose chosen and rejected sequences were
-            truncated into the prompt by different amounts (`truncation_mode="keep_end"`).
+        prefix_sharing_min_prompt_tokens (`int`, *optional*, defaults to `8`):
+            With `prefix_sharing`: pairs whose prompt is shorter are laid out unshared (the automatic fallback), where
+            the few saved tokens do not pay for the extra attention call; measured on CPU in docs/prefix-sharing.md.
+            At least 2. Also unshared: pairs whose chosen and rejected sequences were truncated into the prompt by
+            different amounts (`truncation_mode="keep_end"`). `padfree/shared_pairs` logs the fraction shared.
 
     > Parameters that control memory under DeepSpeed
 
@@ -93,7 +94,7 @@ class DPOConfig(trl.DPOConfig):
         },
     )
     prefix_sharing_min_prompt_tokens: int = field(
-        default=2,
+        default=8,
         metadata={"help": "With prefix_sharing: lay out pairs with shorter prompts unshared (at least 2)."},
     )
     ref_offload: bool = field(

@@ -63,6 +63,7 @@ class PackedBatch:
                 branch_lens=(self.seq_lens - self.shared_prefix_lens)[reads_prefix],
                 prefix_starts=self.shared_prefix_starts[reads_prefix],
                 prefix_lens=self.shared_prefix_lens[reads_prefix],
+                cu_seq_lens=self.cu_seq_lens,
             ).to(self.input_ids.device)
 
     @classmethod

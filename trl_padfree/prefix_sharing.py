@@ -26,6 +26,9 @@ from .packing import cu_seq_lens_from_lengths, ranges_index
 
 # The prefix holds the prompt but its last token, which both branches repeat: shorter prompts share nothing
 MIN_SHARED_PROMPT_TOKENS = 2
+# Shorter prompts are laid out unshared by default: on 2 CPU cores (small demo Llama, 100-300 token completions) a
+# shared pair was 0.95x as fast at 2 prompt tokens, 0.99x at 4, 1.01x at 8 and 1.16x at 64 (docs/prefix-sharing.md)
+DEFAULT_MIN_PROMPT_TOKENS = 8
 
 
 def prompt_tokens_kept(prompt: int, completion: int, max_length: int | None, truncation_mode: str) -> int:
@@ -56,7 +59,7 @@ def pair_row_tokens(
     rejected: int,
     max_length: int | None,
     truncation_mode: str = "keep_start",
-    min_prompt_tokens: int = MIN_SHARED_PROMPT_TOKENS,
+    min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS,
 ) -> int:
     """Tokens a pair adds to a prefix-sharing row: both truncated sequences, less the shared prefix."""
     chosen_sequence, rejected_sequence = prompt + chosen, prompt + rejected
@@ -85,6 +88,7 @@ class SharedPrefixAttention:
     cu_seq_lens_k: torch.Tensor  # (pairs + 1,) int32
     max_length_q: int
     max_length_k: int
+    branch_segments: frozenset[int]  # the row segments these branches are, whose first-call outputs are replaced
 
     @classmethod
     def from_branches(
@@ -93,8 +97,11 @@ class SharedPrefixAttention:
         branch_lens: torch.Tensor,
         prefix_starts: torch.Tensor,
         prefix_lens: torch.Tensor,
+        cu_seq_lens: torch.Tensor,
     ) -> SharedPrefixAttention:
-        """From the row ranges of each rejected branch and of the prefix it reads (one entry per shared pair)."""
+        """From the row ranges of each rejected branch and of the prefix it reads (one entry per shared pair), and
+        the row's segment boundaries."""
+        branch_segments = torch.searchsorted(cu_seq_lens.long(), branch_starts)
         key_starts = torch.stack([prefix_starts, branch_starts], dim=1).reshape(-1)
         key_lens = torch.stack([prefix_lens, branch_lens], dim=1).reshape(-1)
         return cls(
@@ -104,9 +111,32 @@ class SharedPrefixAttention:
             cu_seq_lens_k=cu_seq_lens_from_lengths((prefix_lens + branch_lens).tolist()),
             max_length_q=int(branch_lens.max()),
             max_length_k=int((prefix_lens + branch_lens).max()),
+            branch_segments=frozenset(branch_segments.tolist()),
         )
 
     def to(self, device: torch.device) -> SharedPrefixAttention:
         moved = {name: getattr(self, name).to(device) for name in ("query_index", "key_index")}
         moved |= {name: getattr(self, name).to(device) for name in ("cu_seq_lens_q", "cu_seq_lens_k")}
-        return SharedPrefixAttention(**moved, max_length_q=self.max_length_q, max_length_k=self.max_length_k)
+        return SharedPrefixAttention(
+            **moved,
+            max_length_q=self.max_length_q,
+            max_length_k=self.max_length_k,
+            branch_segments=self.branch_segments,
+        )
+
+
+def sharing_summary(
+    pairs: list[tuple[int, int, int]], max_length: int | None, truncation_mode: str, min_prompt_tokens: int
+) -> tuple[int, float]:
+    """How many of these `(prompt, chosen, rejected)` token counts share their prompt, and the fraction of row
+    tokens sharing saves."""
+    shared_pairs = unshared_tokens = shared_tokens = 0
+    for prompt, chosen, rejected in pairs:
+        shared = pair_row_tokens(prompt, chosen, rejected, max_length, truncation_mode, min_prompt_tokens)
+        unshared = sum(
+            min(prompt + completion, max_length or prompt + completion) for completion in (chosen, rejected)
+        )
+        shared_pairs += shared < unshared
+        unshared_tokens += unshared
+        shared_tokens += shared
+    return shared_pairs, 1.0 - shared_tokens / max(unshared_tokens, 1)

@@ -13,6 +13,7 @@ import trl
 from accelerate.utils import is_peft_model
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import seed_worker
+from transformers.utils import logging
 from trl.trainer.utils import get_config_model_id
 
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
@@ -20,6 +21,7 @@ from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .models import check_packable, resolve_attn_implementation
 from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
 from .packing import pad_length_to_multiple
+from .prefix_sharing import sharing_summary
 from .sequence_parallel import (
     SameBatchOnEveryRank,
     active_group,
@@ -28,6 +30,8 @@ from .sequence_parallel import (
     sequence_parallel_size,
 )
 from .token_budget import TokenBudgetBatchSampler, check_pairs_fit, pair_lengths, uneven_gathers
+
+logger = logging.get_logger(__name__)
 
 
 @contextlib.contextmanager
@@ -102,6 +106,7 @@ class DPOTrainer(trl.DPOTrainer):
             self._enable_padding_free()
         self._set_up_sequence_parallel()
         self._set_up_token_budget()
+        self._report_prefix_sharing()
         if ref_offload and args.precompute_ref_log_probs:
             # Every reference log-prob is in the datasets now: free the reference's CPU shards for training
             self.ref_model = None
@@ -270,6 +275,27 @@ class DPOTrainer(trl.DPOTrainer):
             num_processes=self.accelerator.num_processes,
             window=self.args.token_budget_window,
             pad_to_multiple_of=pad_to_multiple_of,
+        )
+
+    def _report_prefix_sharing(self) -> None:
+        """Say how much of the training set prefix sharing lays out shared (the rest falls back to unshared)."""
+        dataset = self.train_dataset
+        if not (self.padding_free and self.data_collator.prefix_sharing) or not hasattr(dataset, "column_names"):
+            return
+        if not {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(dataset.column_names):
+            return
+        lengths = [
+            (len(prompt), len(chosen), len(rejected))
+            for prompt, chosen, rejected in zip(
+                dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True
+            )
+        ]
+        minimum = self.data_collator.prefix_sharing_min_prompt_tokens
+        shared_pairs, saved = sharing_summary(lengths, self.args.max_length, self.args.truncation_mode, minimum)
+        logger.info(
+            f"Prefix sharing: {shared_pairs} of {len(lengths)} training pairs share their prompt, {saved:.1%} fewer "
+            f"row tokens; the other pairs (prompts under {minimum} tokens, or chosen and rejected truncated into the "
+            "prompt differently) are laid out unshared."
         )
 
     def get_train_dataloader(self) -> DataLoader:
