@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trl_padfree.bench import DISTRIBUTIONS, ROW_KEYS, make_batches
+from trl_padfree.bench import DISTRIBUTIONS, PREFIX_SHARING, ROW_KEYS, make_batches
 from trl_padfree.cli import main
 
 
@@ -43,13 +43,19 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
     assert [(row["distribution"], row["backend"]) for row in rows] == [
         (distribution, backend)
         for distribution in ("ultrafeedback", "shipped")
-        for backend in ("padfree_varlen", "sdpa")
+        for backend in ("padfree_varlen", "sdpa", PREFIX_SHARING)
     ]
     for row in rows:
         assert set(ROW_KEYS) <= row.keys()
         assert row["device"].startswith("cpu")
         assert row["real_tokens"] == row["padded_mode_real_tokens"] > 0  # both modes processed the same tokens
-        assert row["ideal_speedup"] == pytest.approx(row["padded_tokens"] / row["real_tokens"])
+        assert row["ideal_speedup"] == pytest.approx(row["padded_tokens"] / row["row_tokens"])
+        if row["backend"] == PREFIX_SHARING:
+            assert row["row_tokens"] < row["real_tokens"]
+            assert row["ideal_speedup_over_unshared"] == pytest.approx(row["real_tokens"] / row["row_tokens"])
+            assert row["speedup_over_unshared"] > 0
+        else:
+            assert row["row_tokens"] == row["real_tokens"] and row["speedup_over_unshared"] is None
         assert row["speedup"] == pytest.approx(row["padded_step_s"] / row["padfree_step_s"])
         assert row["padded_step_s"] > 0 and row["padfree_step_s"] > 0 and row["real_tokens_per_s"] > 0
         assert row["padded_peak_mem_mb"] > 0 and row["padfree_peak_mem_mb"] > 0

@@ -379,7 +379,7 @@ class DPOTrainer(trl.DPOTrainer):
         metrics["padfree/padded_tokens"].append(padded_tokens)
         metrics["padfree/padding_removed"].append(1.0 - real_tokens / padded_tokens)
         metrics["padfree/row_length"].append(row_length / processes)
-        if self.data_collator.prefix_sharing:
+        if packed_batch.shared_prefix_lens is not None:  # a prefix-sharing collator made the row
             metrics["padfree/shared_tokens"].append(real_tokens - row_tokens)
             metrics["padfree/shared_pairs"].append(shared_pairs / pairs)
         if self._token_budget is not None and self.model.training:
