@@ -41,6 +41,7 @@ RUNS = {
     "bf16_padded": "trl+bf16+checkpointing",
     "sync": "padding_free+ref_offload+sync",
     "sync_not_offloaded": "padding_free+sync",
+    "prefix_sharing": "padding_free+ref_offload+prefix_sharing",
 }
 
 
@@ -89,6 +90,13 @@ def test_ref_offload_with_precomputed_log_probs_releases_the_reference(zero3_run
     report = zero3_runs["precompute"]
     assert report["reference"]["kept"] is False
     assert_same_training(report, single_process_padded)
+
+
+def test_prefix_sharing_under_zero3_with_ref_offload_trains_the_same(zero3_runs, single_process_padded):
+    report = zero3_runs["prefix_sharing"]
+    assert report["reference"] == {"kept": True, "offloaded": True}
+    assert_same_training(report, single_process_padded)
+    assert all(metrics["padfree/shared_tokens"] > 0 for metrics in report["metrics"])
 
 
 def test_zero3_bf16_with_activation_checkpointing_matches_padded_zero3(zero3_runs):

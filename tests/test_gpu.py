@@ -106,3 +106,65 @@ def test_flash_attention_2_packed_equals_per_sequence_sdpa_in_bf16(model_type):
     reference = per_sequence_log_probs(reference_model.cuda().eval(), batch)
 
     assert max_error(packed, reference) <= BF16_ATOL
+
+
+# Prefix sharing on CUDA: both calls of the shared layout run PyTorch's varlen kernel, whose causal mask aligns to the
+# bottom-right corner when a rejected branch has more keys (its prefix) than queries. Not yet run on a GPU.
+
+
+@pytest.mark.parametrize("sliding_window", [None, 3], ids=["causal", "window-3"])
+def test_shared_prefix_kernel_calls_equal_dense_attention_with_the_layout_mask(sliding_window, varlen_kernel_calls):
+    from test_prefix_sharing import EXAMPLES as SHARING_EXAMPLES
+    from test_prefix_sharing import SHARE, dense_attention, layout_mask
+
+    from trl_padfree.forward import PackedBatch
+
+    batch = concatenated_inputs(SHARING_EXAMPLES, **SHARE, pad_to_multiple_of=8)
+    packed = PackedBatch.from_collated(batch)
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(1, NUM_HEADS, packed.row_length, HEAD_DIM)] + [(1, NUM_KV_HEADS, packed.row_length, HEAD_DIM)] * 2
+    query, key, value = (torch.randn(shape, generator=generator) for shape in shapes)
+    output, _ = attention.padfree_varlen_attention(
+        torch.nn.Module(),
+        *(tensor.cuda().bfloat16() for tensor in (query, key, value)),
+        None,
+        sliding_window=sliding_window,
+        cu_seq_lens_q=packed.cu_seq_lens.cuda(),
+        max_length_q=packed.max_length,
+        shared_prefix=packed.shared_prefix.to(torch.device("cuda")),
+    )
+    assert varlen_kernel_calls == [sliding_window] * 2  # the row's segments, then the rejected branches
+    expected = dense_attention(query, key, value, layout_mask(batch, sliding_window))
+    torch.testing.assert_close(output.float().cpu(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral"])
+def test_shared_prefix_forward_equals_per_sequence_sdpa_in_bf16(model_type, varlen_kernel_calls):
+    from test_prefix_sharing import EXAMPLES as SHARING_EXAMPLES
+    from test_prefix_sharing import SHARE
+
+    from trl_padfree.forward import PackedBatch
+
+    def log_probs(model, batch):
+        packed = PackedBatch.from_collated(batch)
+        with torch.no_grad():
+            logits = model(**packed.model_kwargs()).logits.float().log_softmax(-1)
+        return packed.padded(logits)[packed.token_valid]
+
+    def on_cuda(batch):
+        return {key: value.cuda() if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+
+    shared_model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.bfloat16).cuda().eval()
+    reference_model = make_model(model_type, attn_implementation="sdpa", dtype=torch.bfloat16).cuda().eval()
+    shared = log_probs(shared_model, on_cuda(concatenated_inputs(SHARING_EXAMPLES, **SHARE)))
+    reference = torch.cat(
+        [
+            reference_model(input_ids=torch.tensor([example["prompt_ids"] + example[completion]]).cuda())
+            .logits.float()
+            .log_softmax(-1)[0]
+            for completion in ("chosen_ids", "rejected_ids")
+            for example in SHARING_EXAMPLES
+        ]
+    )
+    assert len(varlen_kernel_calls) == 2 * NUM_LAYERS
+    assert max_error(shared, reference) <= BF16_ATOL

@@ -48,6 +48,7 @@ RUN_OPTIONS = (
     "sp",
     "lora",
     "eval",
+    "prefix_sharing",
 )
 
 
@@ -99,6 +100,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra["max_tokens_per_batch"] = options.max_tokens_per_batch
     if options.save_grads:
         extra["max_grad_norm"] = 0.0
+    if "prefix_sharing" in flags:
+        extra["prefix_sharing"] = True
     if "sync" in flags:
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     args = config_class(
