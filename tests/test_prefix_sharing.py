@@ -18,9 +18,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
-from trainer_utils import LOSS_ATOL, assert_same_step, first_batch, make_trainer, one_step, train_losses
+from trainer_utils import (
+    LOSS_ATOL,
+    assert_same_step,
+    first_batch,
+    make_trainer,
+    one_step,
+    train_losses,
+    with_checkpointing,
+)
 
-from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig
+from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, attention
 from trl_padfree.attention import padfree_varlen_attention, per_segment_attention, shared_prefix_expected
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.forward import PackedBatch, run_packed
@@ -317,7 +325,6 @@ def test_every_loss_type_matches(loss_type):
         dict(f_divergence_type="alpha_divergence", f_alpha_divergence_coef=0.5),
         dict(ld_alpha=0.5),
         dict(use_weighting=True),
-        dict(gradient_checkpointing=True),
         dict(batch_size=1),
         dict(max_length=20),
         dict(pad_to_multiple_of=64),
@@ -337,6 +344,22 @@ def test_model_types_match(model_type):
 def test_keep_end_truncation_mixes_shared_and_unshared_pairs():
     _, shared = assert_sharing_equivalent(max_length=30, truncation_mode="keep_end")
     assert 0 < shared.metrics["padfree/shared_pairs"] < 1
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_gradient_checkpointing_recomputes_with_the_layout(use_reentrant, monkeypatch):
+    # The layout reaches the attention as a keyword argument, so the backward's recomputation sees it too
+    branch_calls = []
+    second_call = attention.shared_prefix_attention
+    monkeypatch.setattr(
+        attention,
+        "shared_prefix_attention",
+        lambda *args, **kwargs: branch_calls.append(1) or second_call(*args, **kwargs),
+    )
+    padded = one_step(with_checkpointing(make_trainer(False), use_reentrant))
+    shared = one_step(with_checkpointing(make_trainer(True, **SHARE), use_reentrant))
+    assert_same_step(padded, shared)
+    assert len(branch_calls) == 3 * 2  # reference, policy and its recomputation, in each of 2 layers
 
 
 def test_first_loss_is_ln2_when_policy_equals_reference():
@@ -411,6 +434,14 @@ def test_evaluation_matches_padded():
         if key.startswith("eval_") and "runtime" not in key and "per_second" not in key:
             assert shared_metrics[key] == pytest.approx(value, rel=1e-5, abs=5e-5), key
     assert 0 < shared_metrics["eval_padfree/shared_pairs"] <= 1
+    # Logits of every real token, read from the shared prefix or the branch, as TRL's padded prediction step has them
+    batch = first_batch(shared)
+    _, logits, labels = shared.prediction_step(shared.model, batch, prediction_loss_only=False)
+    _, padded_logits, padded_labels = padded.prediction_step(padded.model, first_batch(padded), False)
+    width = int(batch["seq_lens"].max())
+    real = padded_labels[:, :width] != shared._tokenizer.pad_token_id
+    assert torch.equal(labels[real], padded_labels[:, :width][real])
+    torch.testing.assert_close(logits[real], padded_logits[:, :width][real], atol=1e-4, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

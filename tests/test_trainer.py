@@ -7,7 +7,15 @@ import pytest
 import torch
 import trl
 from peft import LoraConfig
-from trainer_utils import LOSS_ATOL, assert_same_step, first_batch, make_trainer, one_step, train_losses
+from trainer_utils import (
+    LOSS_ATOL,
+    assert_same_step,
+    first_batch,
+    make_trainer,
+    one_step,
+    train_losses,
+    with_checkpointing,
+)
 
 from trl_padfree import ATTN_IMPLEMENTATION, PaddingFreePreferenceCollator
 
@@ -108,8 +116,11 @@ def test_lora_with_adapter_disabled_reference_matches_padded():
     assert all("lora" in name for name in packed.grads)
 
 
-def test_gradient_checkpointing_matches_padded():
-    assert_equivalent(gradient_checkpointing=True)
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_gradient_checkpointing_matches_padded(use_reentrant):
+    padded = one_step(with_checkpointing(make_trainer(False), use_reentrant))
+    packed = one_step(with_checkpointing(make_trainer(True), use_reentrant))
+    assert_same_step(padded, packed)
 
 
 def test_training_losses_match_over_steps_with_accumulation():

@@ -65,6 +65,13 @@ def make_trainer(
     )
 
 
+def with_checkpointing(trainer, use_reentrant: bool = False):
+    """Turn on gradient checkpointing as `train()` would (`one_step` does not call `train()`, which enables it)."""
+    trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    assert trainer.model.is_gradient_checkpointing
+    return trainer
+
+
 @dataclass
 class StepResult:
     loss: float

@@ -3,7 +3,9 @@
 A step is what `Trainer.training_step` does: the reference forward, the policy forward and backward, through the real
 `DPOTrainer` of each mode (padded TRL, and padding-free with each attention backend). Every batch is run by every mode
 before the next batch, in alternating order, so machine drift hits all modes alike. The yardstick is the ideal
-speedup, padded tokens / real tokens: what removing padding gives if a step's cost is linear in tokens.
+speedup, padded tokens / real tokens: what removing padding gives if a step's cost is linear in tokens. With
+`padfree_varlen`, a `padfree_varlen+prefix_sharing` mode (each prompt computed once) is timed too, and its rows also
+report the speedup over `padfree_varlen` on the same batches.
 
 Length distributions (token counts; content is random token ids, which does not change the cost):
 - `ultrafeedback`: single-turn chat, short prompts; `capybara`: multi-turn, long prompts. Lognormal models fitted to

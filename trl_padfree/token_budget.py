@@ -73,7 +73,8 @@ def check_pairs_fit(lengths: Sequence[int], budget: int, pad_to_multiple_of: int
         index = max(too_long, key=lambda i: lengths[i])
         raise ValueError(
             f"{len(too_long)} pair(s) of the training set do not fit max_tokens_per_batch={budget} (the longest, pair "
-            f"{index}, has {lengths[index]} tokens: prompt + chosen and prompt + rejected, cut to max_length="
+            f"{index}, has {lengths[index]} tokens in the packed row: prompt + chosen and prompt + rejected, cut to "
+            f"max_length="
             f"{max_length}). Raise max_tokens_per_batch, or set max_length to at most {capacity // 2} so that TRL "
             "truncates every sequence to fit."
         )
