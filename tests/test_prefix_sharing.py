@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig
 from trainer_utils import (
-    LOSS_ATOL,
+    LOSS_TYPES,
+    SGD_STEPS_WITH_ACCUMULATION,
+    assert_precomputed_reference_matches_padded,
     assert_same_step,
     first_batch,
     make_trainer,
@@ -281,22 +283,6 @@ def test_shared_forward_equals_unshared_forward(model_type):
 # ---------------------------------------------------------------------------------------------------------------------
 # The trainer, against padded TRL and padding-free without sharing
 
-LOSS_TYPES = [
-    "sigmoid",
-    "hinge",
-    "ipo",
-    "nca_pair",
-    "bco_pair",
-    "sppo_hard",
-    "aot",
-    "aot_unpaired",
-    "apo_zero",
-    "apo_down",
-    "discopop",
-    "sft",
-    "sigmoid_norm",
-]
-
 
 def assert_sharing_equivalent(**options):
     padded = one_step(make_trainer(False, **options))
@@ -381,16 +367,7 @@ def test_shared_row_holds_each_prompt_once():
 
 
 def test_precomputed_reference_log_probs_match():
-    padded = make_trainer(False, precompute_ref_log_probs=True)
-    shared = make_trainer(True, **SHARE, precompute_ref_log_probs=True)
-    for column in ("ref_chosen_logps", "ref_rejected_logps"):
-        torch.testing.assert_close(
-            torch.tensor(shared.train_dataset[column]),
-            torch.tensor(padded.train_dataset[column]),
-            atol=LOSS_ATOL,
-            rtol=0,
-        )
-    assert_same_step(one_step(padded), one_step(shared))
+    assert_precomputed_reference_matches_padded(**SHARE)
 
 
 def test_lora_with_adapter_disabled_reference_matches():
@@ -401,17 +378,8 @@ def test_lora_with_adapter_disabled_reference_matches():
 
 
 def test_training_losses_match_over_steps_with_accumulation():
-    options = dict(
-        num_pairs=16,
-        batch_size=4,
-        gradient_accumulation_steps=2,
-        max_steps=4,
-        learning_rate=0.5,
-        optim="sgd",
-        logging_steps=1,
-    )
-    padded = train_losses(make_trainer(False, **options))
-    shared = train_losses(make_trainer(True, **SHARE, **options))
+    padded = train_losses(make_trainer(False, **SGD_STEPS_WITH_ACCUMULATION))
+    shared = train_losses(make_trainer(True, **SHARE, **SGD_STEPS_WITH_ACCUMULATION))
     assert len(shared) == 4 and shared == pytest.approx(padded, abs=1e-4)
 
 
@@ -453,6 +421,10 @@ def test_prefix_sharing_needs_padding_free():
         DPOConfig(output_dir="/tmp/trl-padfree-tests", prefix_sharing=True, padding_free=False, report_to=[])
     with pytest.raises(ValueError, match="at least 2"):
         DPOConfig(output_dir="/tmp/trl-padfree-tests", padding_free=True, prefix_sharing_min_prompt_tokens=1)
+    with pytest.raises(ValueError, match="does not work with sequence parallelism yet"):
+        DPOConfig(
+            output_dir="/tmp/trl-padfree-tests", padding_free=True, prefix_sharing=True, sequence_parallel_size=2
+        )
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager", "flash_attention_2"])

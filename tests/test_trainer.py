@@ -9,6 +9,9 @@ import trl
 from peft import LoraConfig
 from trainer_utils import (
     LOSS_ATOL,
+    LOSS_TYPES,
+    SGD_STEPS_WITH_ACCUMULATION,
+    assert_precomputed_reference_matches_padded,
     assert_same_step,
     first_batch,
     make_trainer,
@@ -18,22 +21,6 @@ from trainer_utils import (
 )
 
 from trl_padfree import ATTN_IMPLEMENTATION, PaddingFreePreferenceCollator
-
-LOSS_TYPES = [
-    "sigmoid",
-    "hinge",
-    "ipo",
-    "nca_pair",
-    "bco_pair",
-    "sppo_hard",
-    "aot",
-    "aot_unpaired",
-    "apo_zero",
-    "apo_down",
-    "discopop",
-    "sft",
-    "sigmoid_norm",
-]
 
 
 def assert_equivalent(**options):
@@ -96,16 +83,7 @@ def test_awkward_batches_match_padded():
 
 
 def test_precomputed_reference_log_probs_match_padded():
-    padded = make_trainer(False, precompute_ref_log_probs=True)
-    packed = make_trainer(True, precompute_ref_log_probs=True)
-    for column in ("ref_chosen_logps", "ref_rejected_logps"):
-        torch.testing.assert_close(
-            torch.tensor(packed.train_dataset[column]),
-            torch.tensor(padded.train_dataset[column]),
-            atol=LOSS_ATOL,
-            rtol=0,
-        )
-    assert_same_step(one_step(padded), one_step(packed))
+    assert_precomputed_reference_matches_padded()
 
 
 def test_lora_with_adapter_disabled_reference_matches_padded():
@@ -124,18 +102,8 @@ def test_gradient_checkpointing_matches_padded(use_reentrant):
 
 
 def test_training_losses_match_over_steps_with_accumulation():
-    # SGD: Adam's first update divides by |g|, turning rounding noise on near-zero gradients into full-size steps
-    options = dict(
-        num_pairs=16,
-        batch_size=4,
-        gradient_accumulation_steps=2,
-        max_steps=4,
-        learning_rate=0.5,
-        optim="sgd",
-        logging_steps=1,
-    )
-    padded = train_losses(make_trainer(False, **options))
-    packed = train_losses(make_trainer(True, **options))
+    padded = train_losses(make_trainer(False, **SGD_STEPS_WITH_ACCUMULATION))
+    packed = train_losses(make_trainer(True, **SGD_STEPS_WITH_ACCUMULATION))
     assert len(packed) == 4
     assert packed == pytest.approx(padded, abs=1e-4)
     assert padded[-1] < padded[0] - 0.05  # it learns, so later steps compare trained models

@@ -17,6 +17,35 @@ GRAD_ATOL = 3e-6  # times max(1, largest padded gradient)
 METRIC_RTOL, METRIC_ATOL = 5e-7, 1e-6
 
 
+# Every loss type of TRL 1.16's DPOTrainer
+LOSS_TYPES = [
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "nca_pair",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+# A few optimizer steps that learn visibly. SGD: Adam's first update divides by |g|, turning rounding noise on
+# near-zero gradients into full-size steps
+SGD_STEPS_WITH_ACCUMULATION = dict(
+    num_pairs=16,
+    batch_size=4,
+    gradient_accumulation_steps=2,
+    max_steps=4,
+    learning_rate=0.5,
+    optim="sgd",
+    logging_steps=1,
+)
+
+
 def make_trainer(
     padding_free: bool,
     model_type: str = "llama",
@@ -117,3 +146,17 @@ def assert_same_step(padded: StepResult, packed: StepResult) -> None:
 def train_losses(trainer) -> list[float]:
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def assert_precomputed_reference_matches_padded(**packed_options) -> None:
+    """Reference log-probs precomputed by the packed trainer equal the padded ones, and so does the first step."""
+    padded = make_trainer(False, precompute_ref_log_probs=True)
+    packed = make_trainer(True, precompute_ref_log_probs=True, **packed_options)
+    for column in ("ref_chosen_logps", "ref_rejected_logps"):
+        torch.testing.assert_close(
+            torch.tensor(packed.train_dataset[column]),
+            torch.tensor(padded.train_dataset[column]),
+            atol=LOSS_ATOL,
+            rtol=0,
+        )
+    assert_same_step(one_step(padded), one_step(packed))
