@@ -52,6 +52,19 @@ def test_demo_trains_both_modes_to_equal_losses(tmp_path, capsys):
     assert "padding removed" in printed and "speedup" in printed
 
 
+def test_demo_with_prefix_sharing_trains_to_padded_losses(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    args = ["demo", "--size", "tiny", "--steps", "2", "--batch-size", "4", "--prefix-sharing"]
+    assert main([*args, "--report", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["prefix_sharing"] and 0 < report["shared_tokens"] < report["real_tokens"]
+    assert report["max_loss_diff"] < 1e-5
+    assert report["ideal_speedup"] == pytest.approx(
+        report["padded_tokens"] / (report["real_tokens"] - report["shared_tokens"])
+    )
+    assert "prompt tokens shared" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [

@@ -50,20 +50,26 @@ class DemoReport:
     padded_final_loss: float
     padfree_final_loss: float
     max_loss_diff: float
+    prefix_sharing: bool = False
+    shared_tokens: int = 0  # prompt tokens computed once instead of twice (prefix sharing)
 
     def format(self) -> str:
+        padfree = self.packed_attn_implementation + (", prefix sharing" if self.prefix_sharing else "")
+        ideal = "padded / row tokens" if self.prefix_sharing else "padded / real tokens"
         rows = [
             ("model", f"{self.model}, {self.steps} steps of {self.pairs_per_step} pairs"),
             ("real tokens", f"{self.real_tokens:,}"),
             ("padded tokens (TRL)", f"{self.padded_tokens:,}"),
             ("padding removed", f"{self.padding_removed:.1%}"),
             ("tokens/s padded", f"{self.padded_tokens_per_s:,.0f}"),
-            (f"tokens/s padding-free ({self.packed_attn_implementation})", f"{self.padfree_tokens_per_s:,.0f}"),
-            ("speedup", f"{self.speedup:.2f}x (ideal {self.ideal_speedup:.2f}x = padded / real tokens)"),
+            (f"tokens/s padding-free ({padfree})", f"{self.padfree_tokens_per_s:,.0f}"),
+            ("speedup", f"{self.speedup:.2f}x (ideal {self.ideal_speedup:.2f}x = {ideal})"),
             ("final loss padded", f"{self.padded_final_loss:.6f}"),
             ("final loss padding-free", f"{self.padfree_final_loss:.6f}"),
             ("largest loss difference", f"{self.max_loss_diff:.1e} over all steps"),
         ]
+        if self.prefix_sharing:
+            rows.insert(4, ("prompt tokens shared", f"{self.shared_tokens:,}"))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
@@ -105,6 +111,7 @@ def _train(padding_free: bool, options: argparse.Namespace, output_dir: str) -> 
         output_dir=output_dir,
         padding_free=padding_free,
         packed_attn_implementation=options.attn_implementation,
+        prefix_sharing=padding_free and options.prefix_sharing,
         per_device_train_batch_size=options.batch_size,
         max_steps=options.steps,
         max_length=options.max_length,
@@ -159,21 +166,26 @@ def run_demo(options: argparse.Namespace) -> DemoReport:
     padded_speed = timed_real_tokens / sum(padded.step_seconds[timed])
     padfree_speed = timed_real_tokens / sum(padfree.step_seconds[timed])
     real_tokens, padded_tokens = int(sum(real_per_step)), int(sum(padded_per_step))
+    shared_tokens = int(sum(entry.get("padfree/shared_tokens", 0) for entry in padfree_steps))
     return DemoReport(
         model=f"{options.size}-{options.model_type}",
         steps=options.steps,
         pairs_per_step=options.batch_size,
-        packed_attn_implementation=resolve_attn_implementation(options.attn_implementation, "sdpa"),
+        packed_attn_implementation=resolve_attn_implementation(
+            options.attn_implementation, "sdpa", options.prefix_sharing
+        ),
         real_tokens=real_tokens,
         padded_tokens=padded_tokens,
         padding_removed=1 - real_tokens / padded_tokens,
         padded_tokens_per_s=padded_speed,
         padfree_tokens_per_s=padfree_speed,
         speedup=padfree_speed / padded_speed,
-        ideal_speedup=padded_tokens / real_tokens,
+        ideal_speedup=padded_tokens / (real_tokens - shared_tokens),
         padded_final_loss=padded.losses[-1],
         padfree_final_loss=padfree.losses[-1],
         max_loss_diff=max(abs(a - b) for a, b in zip(padded.losses, padfree.losses, strict=True)),
+        prefix_sharing=options.prefix_sharing,
+        shared_tokens=shared_tokens,
     )
 
 
@@ -187,6 +199,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PACKED_ATTN_CHOICES,
         default="auto",
         help="attention of the padding-free run (the padded run uses sdpa); auto = padfree_varlen here",
+    )
+    parser.add_argument(
+        "--prefix-sharing", action="store_true", help="the padding-free run computes each prompt once (prefix_sharing)"
     )
     parser.add_argument("--max-length", type=_positive_int, default=1024, help="TRL's max_length (truncation)")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
