@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
+from test_models import make_tiny_starcoder2
 from trainer_utils import (
     LOSS_TYPES,
     SGD_STEPS_WITH_ACCUMULATION,
@@ -30,11 +31,11 @@ from trainer_utils import (
     with_checkpointing,
 )
 
-from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, attention
+from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, DPOTrainer, PaddingFreePreferenceCollator, attention
 from trl_padfree.attention import padfree_varlen_attention, per_segment_attention, shared_prefix_expected
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.forward import PackedBatch, run_packed
-from trl_padfree.models import VERIFIED_MODEL_TYPES, resolve_attn_implementation
+from trl_padfree.models import VERIFIED_MODEL_TYPES, check_packable, resolve_attn_implementation, shared_forward_error
 from trl_padfree.packing import cu_seq_lens_from_lengths, ranges_index
 from trl_padfree.prefix_sharing import (
     SharedPrefixAttention,
@@ -42,7 +43,7 @@ from trl_padfree.prefix_sharing import (
     prompt_tokens_kept,
     shared_prefix_length,
 )
-from trl_padfree.tiny import make_model
+from trl_padfree.tiny import make_model, make_preference_dataset, make_tokenizer
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
 SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
@@ -247,7 +248,7 @@ def test_shared_prefix_attention_indices():
 def test_attention_without_the_layout_during_a_shared_forward_is_an_error():
     packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
     query = key = value = torch.zeros(1, HEADS, packed.row_length, HEAD_DIM)
-    with shared_prefix_expected(packed.shared_prefix), pytest.raises(ValueError, match="did not receive"):
+    with pytest.raises(ValueError, match="did not receive"), shared_prefix_expected(packed.shared_prefix):
         padfree_varlen_attention(torch.nn.Module(), query, key, value, None, cu_seq_lens_q=packed.cu_seq_lens)
 
 
@@ -450,3 +451,68 @@ def test_cu_seq_lens_of_the_hand_row():
     assert concatenated_inputs(HAND_EXAMPLES, **SHARE)["cu_seq_lens_q"].tolist() == (
         cu_seq_lens_from_lengths([5, 2, 3, 3]).tolist()
     )
+
+
+MIXTRAL = dict(num_local_experts=2, num_experts_per_tok=1, router_aux_loss_coef=0.02, hidden_size=32)
+MIXTRAL |= dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("from_collator", [False, True], ids=["config", "collator"])
+def test_moe_auxiliary_loss_is_refused(from_collator):
+    # Sharing asked for by the config, or by a collator passed in with the config's prefix_sharing left off
+    options = dict(model_type="mixtral", model_overrides=MIXTRAL)
+    if from_collator:
+        options["data_collator"] = PaddingFreePreferenceCollator(pad_token_id=0, prefix_sharing=True)
+    else:
+        options["prefix_sharing"] = True
+    with pytest.raises(ValueError, match="Mixture-of-Experts auxiliary loss would count each prompt"):
+        make_trainer(True, **options)
+
+
+def test_a_collator_that_shares_is_honoured_like_the_config():
+    collator = PaddingFreePreferenceCollator(pad_token_id=0, prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
+    with pytest.raises(ValueError, match="prefix_sharing=True needs the `padfree_varlen` attention"):
+        make_trainer(True, data_collator=collator, packed_attn_implementation="sdpa")
+    trainer = make_trainer(True, data_collator=collator)
+    assert one_step(trainer).metrics["padfree/shared_pairs"] > 0
+
+
+def test_unverified_model_types_are_self_checked_on_a_shared_row(monkeypatch):
+    model = make_tiny_starcoder2(ATTN_IMPLEMENTATION)
+    assert shared_forward_error(model) <= FORWARD_ATOL  # measured 4.8e-7
+    check_packable(model, prefix_sharing=True)
+    monkeypatch.setattr("trl_padfree.models.shared_forward_error", lambda model: 0.5)
+    check_packable(model)  # without sharing, the shared check does not run
+    with pytest.raises(ValueError, match="'starcoder2' cannot share prefixes"):
+        check_packable(model, prefix_sharing=True)
+
+
+def test_a_forward_in_which_no_attention_read_the_layout_is_an_error():
+    class NoAttention(torch.nn.Module):  # stands in for layers that mix tokens outside the attention interface
+        config = type("Config", (), {"_attn_implementation": ATTN_IMPLEMENTATION})()
+
+        def forward(self, input_ids, **kwargs):
+            return {"logits": torch.zeros(*input_ids.shape, 4)}
+
+    packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
+    model = NoAttention()
+    with pytest.raises(ValueError, match="No attention layer of this model read the prefix-sharing layout"):
+        run_packed(model.forward, packed, {}, model)
+
+
+def test_streaming_training_set_shares_without_reading_it_up_front(caplog, tmp_path):
+    args = DPOConfig(
+        output_dir=str(tmp_path), padding_free=True, **SHARE, max_steps=1, per_device_train_batch_size=4, use_cpu=True
+    )
+    args.report_to, args.bf16 = [], False
+    with caplog.at_level(logging.INFO, logger="trl_padfree"):
+        trainer = DPOTrainer(
+            model=make_model("llama", attn_implementation="sdpa"),
+            ref_model=make_model("llama", attn_implementation="sdpa", seed=1),
+            args=args,
+            train_dataset=make_preference_dataset(8).to_iterable_dataset(),
+            processing_class=make_tokenizer(),
+        )
+    assert "Prefix sharing:" not in caplog.text  # nothing to count without consuming the stream
+    trainer.train()
+    assert trainer.state.log_history[0]["padfree/shared_pairs"] > 0

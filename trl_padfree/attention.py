@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +59,8 @@ def per_segment_attention(
     Segments in `skip_segments` are not computed (zeros): their outputs are about to be replaced.
     """
     outputs = []
-    bounds_q, bounds_k = cu_seq_lens_q.tolist(), cu_seq_lens_k.tolist()
+    bounds_q = cu_seq_lens_q.tolist()
+    bounds_k = bounds_q if cu_seq_lens_k is cu_seq_lens_q else cu_seq_lens_k.tolist()  # one host sync for both
     enable_gqa = query.shape[1] != key.shape[1]
     segments = zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True)
     for segment, (start_q, end_q, start_k, end_k) in enumerate(segments):
@@ -135,19 +137,38 @@ def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length
     )
 
 
+@dataclass
+class SharedForward:
+    """A prefix-sharing forward in progress: its layout, and how many attention calls read it."""
+
+    shared_prefix: SharedPrefixAttention
+    attention_calls: int = 0
+
+
 # Set while a prefix-sharing row runs forward, so an attention call that did not receive its layout fails loudly
-_EXPECTED_SHARED_PREFIX: contextvars.ContextVar[SharedPrefixAttention | None] = contextvars.ContextVar(
-    "trl_padfree_shared_prefix", default=None
+_SHARED_FORWARD: contextvars.ContextVar[SharedForward | None] = contextvars.ContextVar(
+    "trl_padfree_shared_forward", default=None
 )
 
 
 @contextlib.contextmanager
 def shared_prefix_expected(shared_prefix: SharedPrefixAttention | None):
-    token = _EXPECTED_SHARED_PREFIX.set(shared_prefix)
+    """Around a forward on a prefix-sharing row: attention calls without the layout raise, and so does a forward in
+    which no attention call read it (a model whose layers mix tokens without the attention interface)."""
+    if shared_prefix is None:
+        yield
+        return
+    forward = SharedForward(shared_prefix)
+    token = _SHARED_FORWARD.set(forward)
     try:
         yield
     finally:
-        _EXPECTED_SHARED_PREFIX.reset(token)
+        _SHARED_FORWARD.reset(token)
+    if forward.attention_calls == 0:
+        raise ValueError(
+            "No attention layer of this model read the prefix-sharing layout, so rejected tokens did not see their "
+            f"prompt. The model does not run its attention through `{ATTN_IMPLEMENTATION}`; set prefix_sharing=False."
+        )
 
 
 def shared_prefix_attention(query, key, value, shared_prefix: SharedPrefixAttention, **options) -> torch.Tensor:
@@ -218,11 +239,14 @@ def padfree_varlen_attention(
     output = varlen_attention(
         query, key, value, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, skip_segments=replaced, **options
     )
+    shared_forward = _SHARED_FORWARD.get()
     if shared_prefix is not None:
         # The first call let each rejected branch attend to itself only: replace those rows
         branches = shared_prefix_attention(query, key, value, shared_prefix, **options)
         output = output.index_copy(1, shared_prefix.query_index, branches)
-    elif _EXPECTED_SHARED_PREFIX.get() is not None:
+        if shared_forward is not None:
+            shared_forward.attention_calls += 1
+    elif shared_forward is not None:
         raise ValueError(
             "This model's attention layers did not receive the prefix-sharing layout (`shared_prefix`), so rejected "
             "tokens would not see their prompt. Its model type does not pass keyword arguments down to attention; "

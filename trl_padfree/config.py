@@ -139,7 +139,7 @@ class DPOConfig(trl.DPOConfig):
         if self.prefix_sharing and self.sequence_parallel_size > 1:
             raise ValueError(
                 "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
-                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sp_size=1."
+                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
             )
         if self.sequence_parallel_size > 1 and self.parallelism_config is None:
             from accelerate.parallelism_config import ParallelismConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import ATTN_IMPLEMENTATION
+from .attention import ATTN_IMPLEMENTATION, shared_prefix_expected
 from .packing import cu_seq_lens_from_lengths, position_ids_from_lengths
 
 # Packed forward equal to per-sequence forwards on every backend below: tests/test_models.py checks each pair
@@ -90,11 +90,48 @@ def packed_forward_error(model: torch.nn.Module, lengths: tuple[int, ...] = (7, 
     return (packed - separate).abs().max().item()
 
 
-def check_packable(model: torch.nn.Module) -> None:
+@torch.no_grad()
+def shared_forward_error(model: torch.nn.Module, shapes=((6, 3, 4), (3, 5, 2))) -> float:
+    """Max abs difference of log-probs between one prefix-sharing forward and per-sequence forwards of random pairs
+    `(prompt, chosen, rejected)` token counts."""
+    from .collator import concatenated_inputs
+    from .forward import PackedBatch
+
+    vocab_size = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+
+    def tokens(count: int) -> list[int]:
+        return torch.randint(vocab_size, (count,), generator=generator).tolist()
+
+    pairs = [{"prompt_ids": tokens(p), "chosen_ids": tokens(c), "rejected_ids": tokens(r)} for p, c, r in shapes]
+    device = next(model.parameters()).device
+    batch = concatenated_inputs(pairs, prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
+    batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+    packed = PackedBatch.from_collated(batch)
+    sequences = [pair["prompt_ids"] + pair[key] for key in ("chosen_ids", "rejected_ids") for pair in pairs]
+    was_training = model.training
+    model.eval()
+    try:
+        with shared_prefix_expected(packed.shared_prefix):
+            logits = model(**packed.model_kwargs()).logits.float().log_softmax(-1)
+        shared = packed.padded(logits)[packed.token_valid]
+        separate = torch.cat(
+            [
+                model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits.float().log_softmax(-1)[0]
+                for ids in sequences
+            ]
+        )
+    finally:
+        model.train(was_training)
+    return (shared - separate).abs().max().item()
+
+
+def check_packable(model: torch.nn.Module, prefix_sharing: bool = False) -> None:
     """Refuse a model whose packed forward would differ from its per-sequence forward.
 
     Verified model types pass; known-broken ones raise; any other model is checked once on three random sequences and
     refused unless the packed forward matches (it cannot be checked while ZeRO-3 holds the parameters partitioned).
+    With `prefix_sharing`, it is checked on a prefix-sharing row of two random pairs as well.
     """
     model_type = model.config.get_text_config().model_type
     attn_implementation = model.config._attn_implementation
@@ -126,3 +163,11 @@ def check_packable(model: torch.nn.Module) -> None:
             f"forward differs from per-sequence forwards by {error:.3g} (tolerance {SELF_CHECK_TOLERANCE:g}), so "
             "packed sequences would see each other. Train it with padding_free=False."
         )
+    if prefix_sharing:
+        error = shared_forward_error(model)
+        if not error <= SELF_CHECK_TOLERANCE:
+            raise ValueError(
+                f"Model type {model_type!r} cannot share prefixes: its prefix-sharing forward differs from "
+                f"per-sequence forwards by {error:.3g} (tolerance {SELF_CHECK_TOLERANCE:g}), e.g. because some layers "
+                "mix tokens outside the attention interface. Set prefix_sharing=False."
+            )

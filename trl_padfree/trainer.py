@@ -6,14 +6,15 @@ import contextlib
 import functools
 import gc
 import inspect
+import logging
 import math
 
+import datasets
 import torch
 import trl
 from accelerate.utils import is_peft_model
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import seed_worker
-from transformers.utils import logging
 from trl.trainer.utils import get_config_model_id
 
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
@@ -31,7 +32,7 @@ from .sequence_parallel import (
 )
 from .token_budget import TokenBudgetBatchSampler, check_pairs_fit, pair_lengths, uneven_gathers
 
-logger = logging.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -154,16 +155,18 @@ class DPOTrainer(trl.DPOTrainer):
                 "padding_free=True with a Mixture-of-Experts auxiliary loss and `pad_to_multiple_of` would count the "
                 "row padding in the load-balancing loss. Unset `pad_to_multiple_of`."
             )
-        prefix_sharing = bool(getattr(self.args, "prefix_sharing", False))
-        if prefix_sharing:
-            if self.aux_loss_enabled:
-                raise ValueError(
-                    "prefix_sharing=True with a Mixture-of-Experts auxiliary loss would count each prompt's router "
-                    "outputs once instead of twice in the load-balancing loss. Set router_aux_loss_coef=0 (or "
-                    "output_router_logits=False), or prefix_sharing=False."
-                )
+        # Set in the config, or on a collator passed in: either way every check below must see it
+        configured = bool(getattr(self.args, "prefix_sharing", False))
+        if configured:
             self.data_collator.prefix_sharing = True
             self.data_collator.prefix_sharing_min_prompt_tokens = self.args.prefix_sharing_min_prompt_tokens
+        prefix_sharing = self.data_collator.prefix_sharing
+        if prefix_sharing and self.aux_loss_enabled:
+            raise ValueError(
+                "prefix_sharing=True with a Mixture-of-Experts auxiliary loss would count each prompt's router "
+                "outputs once instead of twice in the load-balancing loss. Set router_aux_loss_coef=0, or "
+                "prefix_sharing=False."
+            )
 
         policy = self.accelerator.unwrap_model(self.model)
         if is_peft_model(policy):
@@ -185,7 +188,7 @@ class DPOTrainer(trl.DPOTrainer):
             )
             if attn_implementation != model.config._attn_implementation:
                 model.set_attn_implementation(attn_implementation)
-            check_packable(model)
+            check_packable(model, prefix_sharing)
             add_packed_forward(model)
         self.padding_free = True
         self._padding_free_ready = True
@@ -211,7 +214,7 @@ class DPOTrainer(trl.DPOTrainer):
         if self.data_collator.prefix_sharing:
             raise ValueError(
                 "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
-                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sp_size=1."
+                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
             )
         if not self.args.disable_dropout:
             raise ValueError(
@@ -280,9 +283,11 @@ class DPOTrainer(trl.DPOTrainer):
     def _report_prefix_sharing(self) -> None:
         """Say how much of the training set prefix sharing lays out shared (the rest falls back to unshared)."""
         dataset = self.train_dataset
-        if not (self.padding_free and self.data_collator.prefix_sharing) or not hasattr(dataset, "column_names"):
+        if not (self.padding_free and self.data_collator.prefix_sharing) or not logger.isEnabledFor(logging.INFO):
             return
-        if not {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(dataset.column_names):
+        # A streaming dataset has no columns to read without consuming it
+        columns = getattr(dataset, "column_names", None) if isinstance(dataset, datasets.Dataset) else None
+        if not columns or not {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(columns):
             return
         lengths = [
             (len(prompt), len(chosen), len(rejected))
