@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 
-from . import bench, demo, plan
+from . import bench, coverage, demo, plan
 
 # What a user can fix from the message alone (a bad option or config key, a missing file or model); anything else is
 # a bug and keeps its traceback
@@ -72,6 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
             description="Estimate per-GPU and per-node CPU memory of a DPO run from the model's config alone: policy "
             "states (DeepSpeed's estimators), the reference model, an activation estimate; say whether it fits and "
             "the cheapest change that makes it fit. See docs/memory-planning.md.",
+        )
+    )
+    coverage.add_arguments(
+        commands.add_parser(
+            "models",
+            help="which architectures pack exactly, per attention backend (checked on tiny twins, no download)",
+            description="Check every decoder-only causal-LM type of the installed transformers, or one model's "
+            "config.json with --check, on tiny float64 twins: packed forward and backward against each sequence "
+            "alone. See docs/models-and-backends.md.",
         )
     )
     return parser

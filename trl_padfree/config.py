@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import trl
 
+from .checks import check_prefix_sharing_without_sequence_parallel
+
 
 @dataclass
 class DPOConfig(trl.DPOConfig):
@@ -136,11 +138,7 @@ class DPOConfig(trl.DPOConfig):
                     f"parallelism_config_sp_size={launched_size}. Set one of them."
                 )
             self.sequence_parallel_size = launched_size
-        if self.prefix_sharing and self.sequence_parallel_size > 1:
-            raise ValueError(
-                "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
-                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
-            )
+        check_prefix_sharing_without_sequence_parallel(self.prefix_sharing, self.sequence_parallel_size)
         if self.sequence_parallel_size > 1 and self.parallelism_config is None:
             from accelerate.parallelism_config import ParallelismConfig
             from accelerate.utils import DeepSpeedSequenceParallelConfig

@@ -18,10 +18,10 @@ import datasets
 from tqdm.auto import tqdm
 from transformers import ProgressCallback, TrainerCallback
 
+from .checks import resolve_attn_implementation
 from .config import DPOConfig
 from .data import load_demo_dataset, load_demo_tokenizer
-from .models import VERIFIED_MODEL_TYPES, resolve_attn_implementation
-from .tiny import DEMO_MODEL_SIZES, make_demo_model
+from .tiny import DEMO_MODEL_SIZES, TINY_CONFIGS, make_demo_model
 from .trainer import DPOTrainer
 
 PACKED_ATTN_CHOICES = ("auto", "padfree_varlen", "sdpa", "eager")
@@ -191,7 +191,7 @@ def run_demo(options: argparse.Namespace) -> DemoReport:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=sorted(DEMO_MODEL_SIZES), default="small", help="demo model size")
-    parser.add_argument("--model-type", choices=VERIFIED_MODEL_TYPES, default="llama", help="architecture")
+    parser.add_argument("--model-type", choices=sorted(TINY_CONFIGS), default="llama", help="architecture")
     parser.add_argument("--steps", type=_positive_int, default=20, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=_positive_int, default=8, help="preference pairs per step")
     parser.add_argument(

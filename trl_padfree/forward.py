@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .attention import ATTN_IMPLEMENTATION, shared_prefix_expected
+from .checks import check_prefix_sharing_without_sequence_parallel
 from .packing import padded_view_index, to_padded_view
 from .prefix_sharing import SharedPrefixAttention
 
@@ -191,8 +192,7 @@ def _check_shares_prefixes(module: torch.nn.Module | None, group) -> None:
             f"their prompt; this model runs {attn_implementation!r}. Set `packed_attn_implementation='auto'` (or "
             f"'{ATTN_IMPLEMENTATION}'), or prefix_sharing=False."
         )
-    if group is not None:
-        raise ValueError("Prefix sharing does not work with sequence parallelism yet. Set prefix_sharing=False.")
+    check_prefix_sharing_without_sequence_parallel(True, 1 if group is None else group.size)
 
 
 @contextlib.contextmanager

@@ -17,9 +17,17 @@ from torch.utils.data import DataLoader
 from transformers.trainer_utils import seed_worker
 from trl.trainer.utils import get_config_model_id
 
+from .checks import (
+    check_moe_aux_loss_without_row_padding,
+    check_not_prompt_learning,
+    check_packable,
+    check_prefix_sharing_without_moe_aux_loss,
+    check_prefix_sharing_without_sequence_parallel,
+    resolve_attn_implementation,
+)
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
-from .models import check_packable, resolve_attn_implementation
+from .fused_lm_head import fused_lm_head_lookups
 from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
 from .packing import pad_length_to_multiple
 from .prefix_sharing import sharing_summary
@@ -102,6 +110,7 @@ class DPOTrainer(trl.DPOTrainer):
                 scopes.enter_context(_padding_free_hidden_from_trl(args))
             if ref_offload:
                 scopes.enter_context(reference_prepared_by_own_config(args))
+            scopes.enter_context(fused_lm_head_lookups(self))
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
         if self._padding_free_requested:
             self._enable_padding_free()
@@ -150,32 +159,18 @@ class DPOTrainer(trl.DPOTrainer):
             raise ValueError("padding_free=True is not supported for vision datasets. Set padding_free=False.")
         if not isinstance(self.data_collator, PaddingFreePreferenceCollator):
             self.data_collator = PaddingFreePreferenceCollator.from_padded(self.data_collator)
-        if self.aux_loss_enabled and self.data_collator.pad_to_multiple_of:
-            raise ValueError(
-                "padding_free=True with a Mixture-of-Experts auxiliary loss and `pad_to_multiple_of` would count the "
-                "row padding in the load-balancing loss. Unset `pad_to_multiple_of`."
-            )
+        check_moe_aux_loss_without_row_padding(self.aux_loss_enabled, self.data_collator.pad_to_multiple_of)
         # Set in the config, or on a collator passed in: either way every check below must see it
         configured = bool(getattr(self.args, "prefix_sharing", False))
         if configured:
             self.data_collator.prefix_sharing = True
             self.data_collator.prefix_sharing_min_prompt_tokens = self.args.prefix_sharing_min_prompt_tokens
         prefix_sharing = self.data_collator.prefix_sharing
-        if prefix_sharing and self.aux_loss_enabled:
-            raise ValueError(
-                "prefix_sharing=True with a Mixture-of-Experts auxiliary loss would count each prompt's router "
-                "outputs once instead of twice in the load-balancing loss. Set router_aux_loss_coef=0, or "
-                "prefix_sharing=False."
-            )
+        check_prefix_sharing_without_moe_aux_loss(prefix_sharing, self.aux_loss_enabled)
 
         policy = self.accelerator.unwrap_model(self.model)
         if is_peft_model(policy):
-            if policy.peft_config[policy.active_adapter].is_prompt_learning:
-                raise ValueError(
-                    "padding_free=True does not support prompt-learning PEFT methods (prompt/prefix/p-tuning): their "
-                    "virtual tokens would be prepended once to the packed row instead of to every sequence. Use LoRA, "
-                    "or padding_free=False."
-                )
+            check_not_prompt_learning(policy.peft_config[policy.active_adapter])
             policy = policy.get_base_model()
         models = [policy]
         if self.ref_model is not None:
@@ -211,11 +206,7 @@ class DPOTrainer(trl.DPOTrainer):
                 f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "
                 "group, with per-sequence positions that TRL's padded batches do not carry. Set padding_free=True."
             )
-        if self.data_collator.prefix_sharing:
-            raise ValueError(
-                "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
-                "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
-            )
+        check_prefix_sharing_without_sequence_parallel(self.data_collator.prefix_sharing, sp_size)
         if not self.args.disable_dropout:
             raise ValueError(
                 "Sequence parallelism runs the reference model in training mode (DeepSpeed switches Ulysses off in "

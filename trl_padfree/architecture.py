@@ -1,0 +1,413 @@
+"""Does an architecture pack exactly? Decided on a tiny float32 twin of the model, not on its weights.
+
+Whether packed sequences stay apart depends on the model's code (how it reads positions, builds masks, mixes tokens)
+and on the attention backend, never on the values of its weights. So the check builds a *twin*: the same model class
+and attention backend, the same layer pattern (`layer_types`, dense/MoE mix, sliding, chunked and full layers), every
+width shrunk, windows and chunks shrunk below the check's sequence lengths, in float64, with zero-initialised tensors
+given small random values so that a leak cannot hide behind them. On the twin it compares
+
+    packed:     one forward (and backward) of the row  | s1 | s2 | s3 | s4 |  with the packing keyword arguments
+    reference:  each sequence alone, `eager` attention, plain `input_ids`, no packing keyword arguments
+
+log-probs and parameter gradients. The verdict is cached per architecture signature (class, backend, twin config), so
+the real model's dtype and ZeRO-3 partitioning do not matter, and a trainer pays for the check once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .attention import shared_prefix_expected
+from .packing import cu_seq_lens_from_lengths, position_ids_from_lengths
+
+# The check's row: a one-token sequence, and sequences longer than the shrunk windows (3) and chunks (4)
+CHECK_LENGTHS = (9, 1, 13, 5)
+# (prompt, chosen, rejected) token counts of the prefix-sharing check
+CHECK_PAIRS = ((6, 3, 4), (3, 5, 2))
+TWIN_SLIDING_WINDOW = 3
+TWIN_CHUNK_SIZE = 4
+TWIN_VOCAB_SIZE = 64
+# Float64 puts rounding far below any leak (float32 noise on a deep twin reached 3e-5); MoE experts then run
+# transformers' eager expert loop, the same per-token math as its grouped-GEMM kernels, which take no float64
+TWIN_DTYPE = torch.float64
+
+# Largest max-abs difference the check accepts: of log-probs, and of gradients relative to the largest gradient.
+# Measured on twins in float32: at most ~1e-6 for both; a leak costs 1e-3 (ALiBi) to 1, far above these.
+LOG_PROB_TOLERANCE = 1e-4
+GRADIENT_TOLERANCE = 1e-4
+
+# Config fields shrunk on the twin, by name as transformers' configs spell them. Layer counts and per-layer lists
+# are kept, so the twin has the real model's layer pattern.
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+_KV_HEADS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "n_kv_heads")
+_SHRUNK = {
+    # widths
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "intermediate_size_mlp": 64,
+    "ffn_hidden_size": 64,
+    "n_inner": 64,
+    "ffn_dim": 64,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    # multi-head latent attention (DeepSeek-V2/V3 and kin)
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 4,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,
+    # the check's sequences must cross windows and chunks
+    "sliding_window": TWIN_SLIDING_WINDOW,
+    "attention_chunk_size": TWIN_CHUNK_SIZE,
+    "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer inputs
+}
+# Weights drawn this wide keep activations of a 32-wide twin near unit scale through tens of layers; at the usual 0.02
+# they vanish, and the backward through a norm of near-zero activations overflows (a Gemma 4 twin's did)
+TWIN_INITIALIZER_RANGE = 0.02
+_AT_MOST = {  # expert counts: a few experts keep routing real without the size
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "moe_num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_topk": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+}
+_ZEROED = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
+# Derived on the real config from fields shrunk above: recomputed by the config class from the shrunk values
+_DERIVED = ("qk_head_dim",)
+
+
+class TwinError(ValueError):
+    """The tiny twin of a model could not be built or run."""
+
+
+def _shrink(values: dict) -> dict:
+    shrunk = dict(values)
+    heads = next((shrunk[name] for name in _HEADS if isinstance(shrunk.get(name), int)), None)
+    for name in _HEADS:
+        if isinstance(shrunk.get(name), int):
+            shrunk[name] = 4
+    for name in _KV_HEADS:
+        kv_heads = shrunk.get(name)
+        if isinstance(kv_heads, int) and heads:
+            # Keep the kind of attention: multi-query, grouped-query or multi-head
+            shrunk[name] = 1 if kv_heads == 1 else (2 if kv_heads < heads else 4)
+    head_dim = shrunk["head_dim"] if isinstance(shrunk.get("head_dim"), int) else None
+    for name in _HIDDEN:
+        if isinstance(shrunk.get(name), int):
+            shrunk[name] = 32 if head_dim is None else 4 * _SHRUNK["head_dim"]
+    for name, size in _SHRUNK.items():
+        if isinstance(shrunk.get(name), int) and not isinstance(shrunk.get(name), bool):
+            shrunk[name] = size
+    for name, most in _AT_MOST.items():
+        if isinstance(shrunk.get(name), int) and not isinstance(shrunk.get(name), bool):
+            shrunk[name] = min(shrunk[name], most)
+    for name in shrunk:
+        if name.endswith("vocab_size") or name.startswith("vocab_size"):  # vocab_size, vocab_size_per_layer_input...
+            if isinstance(shrunk[name], int):
+                shrunk[name] = TWIN_VOCAB_SIZE
+    if isinstance(shrunk.get("qk_rope_head_dim"), int):
+        shrunk["head_dim"] = shrunk["qk_rope_head_dim"]  # multi-head latent attention rotates only this part
+    if isinstance(shrunk.get("initializer_range"), float):
+        shrunk["initializer_range"] = TWIN_INITIALIZER_RANGE
+    for name in _ZEROED:
+        if isinstance(shrunk.get(name), float):
+            shrunk[name] = 0.0
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if shrunk.get(name) is not None:
+            shrunk[name] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}[name]
+    for name in _DERIVED:
+        shrunk.pop(name, None)
+    return shrunk
+
+
+def twin_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the twin: every width shrunk, layer pattern kept, windows and chunks shorter than the check's
+    sequences, no dropout, float32. Sub-configs (a multimodal model's text and vision parts) are shrunk alike."""
+    values = config.to_dict()
+    for key, value in values.items():
+        if isinstance(value, dict) and "model_type" in value:  # a sub-config
+            values[key] = _shrink(value)
+    values = _shrink(values)
+    values.pop("dtype", None)
+    values.pop("_name_or_path", None)
+    twin = type(config).from_dict(values)
+    twin._attn_implementation = config._attn_implementation
+    return twin
+
+
+def architecture_signature(model_class: type, config: PretrainedConfig, attn_implementation: str) -> str:
+    """What the verdict depends on: the class, the attention backend and the twin's config."""
+    values = twin_config(config).to_dict()
+    for key in ("transformers_version", "architectures", "dtype", "_name_or_path", "_attn_implementation_autoset"):
+        values.pop(key, None)
+    return json.dumps([f"{model_class.__module__}.{model_class.__qualname__}", attn_implementation, values], sort_keys=True, default=str)
+
+
+@contextlib.contextmanager
+def _private_rng(seed: int = 0):
+    # The twin's initialisation and random tokens must leave the training run's RNG streams untouched
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+# A twin is a few hundred thousand parameters; one far larger means a width field escaped the shrinking
+MAX_TWIN_PARAMETERS = 20_000_000
+
+
+def _check_twin_size(model_class: type, config: PretrainedConfig) -> None:
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in model_class(config).parameters())
+    if parameters > MAX_TWIN_PARAMETERS:
+        raise TwinError(
+            f"the twin would have {parameters:,} parameters (at most {MAX_TWIN_PARAMETERS:,}): some width of this "
+            "config is not shrunk by trl_padfree.architecture"
+        )
+
+
+def build_twin(model_class: type, config: PretrainedConfig, attn_implementation: str) -> PreTrainedModel:
+    """A tiny float64 instance of `model_class` on the CPU, outside any ZeRO-3 context (see module docstring)."""
+    try:
+        tiny = twin_config(config)
+        tiny._attn_implementation = "eager"
+        if hasattr(tiny, "_experts_implementation"):
+            tiny._experts_implementation = "eager"
+        with _private_rng():
+            _check_twin_size(model_class, tiny)
+            # The class's own constructor, not `from_config`: that one would partition the twin under ZeRO-3
+            default_dtype = torch.get_default_dtype()
+            torch.set_default_dtype(TWIN_DTYPE)
+            try:
+                twin = model_class(tiny)
+            finally:
+                torch.set_default_dtype(default_dtype)
+            twin = twin.to(TWIN_DTYPE).eval()
+            for parameter in twin.parameters():
+                if not parameter.detach().any():  # a zero tensor hides a leak: a gate at 0 passes nothing on
+                    parameter.data.normal_(0.0, TWIN_INITIALIZER_RANGE)
+        twin.set_attn_implementation(attn_implementation)
+    except Exception as error:  # any failure here is the twin's, reported with what failed
+        raise TwinError(f"{type(error).__name__}: {error}") from error
+    return twin
+
+
+@dataclass(frozen=True)
+class PackingErrors:
+    """Packed vs each sequence alone on the twin: max abs log-prob difference, max abs gradient difference over the
+    largest gradient, and how many calls the requested attention function received."""
+
+    log_probs: float
+    gradients: float
+    attention_calls: int | None  # None: the backend is the model's own eager code, which cannot be counted
+
+    @property
+    def exact(self) -> bool:
+        return self.log_probs <= LOG_PROB_TOLERANCE and self.gradients <= GRADIENT_TOLERANCE
+
+
+@contextlib.contextmanager
+def _counting_attention_calls(attn_implementation: str):
+    """Count the calls of a registered attention function (to see that the model really runs it)."""
+    calls = [0]
+    if attn_implementation not in ALL_ATTENTION_FUNCTIONS:
+        yield None
+        return
+    function = ALL_ATTENTION_FUNCTIONS[attn_implementation]
+
+    @functools.wraps(function)
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return function(*args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS[attn_implementation] = counted
+    try:
+        yield calls
+    finally:
+        ALL_ATTENTION_FUNCTIONS[attn_implementation] = function
+
+
+def _loss_and_log_probs(logits: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # A fixed random weighting of every log-prob: its gradient reaches every parameter the log-probs depend on
+    log_probs = logits.double().log_softmax(-1)
+    return (log_probs * weights).sum(), log_probs.detach()
+
+
+def _gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def _relative_gradient_error(packed: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """Max abs difference over the largest reference gradient. Entries that are not finite in the reference (a deep
+    twin's gradients can overflow through a norm of near-zero activations, as a Gemma 4 twin's did) must be so in
+    the packed gradients too, and are left out of the difference."""
+    finite = [r.isfinite() for r in reference]
+    if any(not torch.equal(f, p.isfinite()) for f, p in zip(finite, packed, strict=True)):
+        return float("inf")
+    scale = max((float(r[f].abs().max()) for r, f in zip(reference, finite, strict=True) if f.any()), default=0.0)
+    error = max(
+        (float((p[f] - r[f]).abs().max()) for p, r, f in zip(packed, reference, finite, strict=True) if f.any()),
+        default=0.0,
+    )
+    return error / (scale or 1.0)
+
+
+def packing_errors(twin: PreTrainedModel, attn_implementation: str, lengths=CHECK_LENGTHS) -> PackingErrors:
+    """Compare the twin's packed forward and backward on `attn_implementation` with each sequence run alone on eager."""
+    vocab_size = twin.config.get_text_config().vocab_size
+    with _private_rng(1):
+        input_ids = torch.randint(vocab_size, (1, sum(lengths)))
+        weights = torch.randn(1, sum(lengths), twin.get_output_embeddings().weight.shape[0], dtype=TWIN_DTYPE)
+    sequences, sequence_weights = input_ids.split(lengths, dim=1), weights.split(lengths, dim=1)
+
+    twin.set_attn_implementation("eager")
+    twin.zero_grad(set_to_none=True)
+    reference = []
+    for ids, weight in zip(sequences, sequence_weights, strict=True):
+        loss, log_probs = _loss_and_log_probs(twin(input_ids=ids, use_cache=False).logits, weight)
+        loss.backward()
+        reference.append(log_probs)
+    reference_log_probs, reference_gradients = torch.cat(reference, dim=1), _gradients(twin)
+
+    twin.set_attn_implementation(attn_implementation)
+    twin.zero_grad(set_to_none=True)
+    cu_seq_lens = cu_seq_lens_from_lengths(lengths)
+    packed_kwargs = {
+        "input_ids": input_ids,
+        "position_ids": position_ids_from_lengths(lengths),
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max(lengths),
+        "max_length_k": max(lengths),
+        "use_cache": False,
+    }
+    with _counting_attention_calls(attn_implementation) as calls:
+        loss, packed_log_probs = _loss_and_log_probs(twin(**packed_kwargs).logits, weights)
+    loss.backward()
+    packed_gradients = _gradients(twin)
+    twin.zero_grad(set_to_none=True)
+
+    return PackingErrors(
+        log_probs=float((packed_log_probs - reference_log_probs).abs().max()),
+        gradients=_relative_gradient_error(packed_gradients, reference_gradients),
+        attention_calls=None if calls is None else calls[0],
+    )
+
+
+def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, shapes=CHECK_PAIRS) -> float:
+    """Max abs log-prob difference between one prefix-sharing forward of random pairs `(prompt, chosen, rejected)` on
+    `attn_implementation` and each sequence alone on eager."""
+    from .collator import concatenated_inputs
+    from .forward import PackedBatch
+
+    vocab_size = twin.config.get_text_config().vocab_size
+    with _private_rng(2):
+        pairs = [
+            {key: torch.randint(vocab_size, (count,)).tolist() for key, count in zip(("prompt_ids", "chosen_ids", "rejected_ids"), shape, strict=True)}
+            for shape in shapes
+        ]
+    batch = concatenated_inputs(pairs, prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
+    packed = PackedBatch.from_collated(batch)
+    with torch.no_grad():
+        twin.set_attn_implementation(attn_implementation)
+        with shared_prefix_expected(packed.shared_prefix):
+            logits = twin(**packed.model_kwargs()).logits.double().log_softmax(-1)
+        shared = packed.padded(logits)[packed.token_valid]
+        twin.set_attn_implementation("eager")
+        sequences = [pair["prompt_ids"] + pair[key] for key in ("chosen_ids", "rejected_ids") for pair in pairs]
+        separate = torch.cat(
+            [twin(input_ids=torch.tensor([ids]), use_cache=False).logits.float().log_softmax(-1)[0] for ids in sequences]
+        )
+        twin.set_attn_implementation(attn_implementation)
+    return float((shared - separate).abs().max())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether an architecture packs exactly on one attention backend, measured on its twin."""
+
+    model_type: str
+    model_class: str
+    attn_implementation: str
+    exact: bool
+    reason: str | None  # why not, when not exact (a leak with its size, or what failed)
+    errors: PackingErrors | None
+    shared_error: float | None  # prefix-sharing forward, when checked
+    seconds: float
+
+
+def _measure(model_class: type, config: PretrainedConfig, attn_implementation: str, prefix_sharing: bool) -> Verdict:
+    start = time.perf_counter()
+    model_type = config.model_type
+
+    def verdict(reason, errors=None, shared_error=None):
+        return Verdict(
+            model_type, model_class.__name__, attn_implementation, reason is None, reason, errors, shared_error,
+            time.perf_counter() - start,
+        )
+
+    try:
+        twin = build_twin(model_class, config, attn_implementation)
+    except TwinError as error:
+        return verdict(f"its tiny twin could not be built ({error})")
+    try:
+        errors = packing_errors(twin, attn_implementation)
+    except Exception as error:  # a backend that cannot run this model is a refusal, with what failed
+        return verdict(f"its packed forward failed on a tiny twin ({type(error).__name__}: {error})")
+    if errors.attention_calls == 0:
+        return verdict(
+            f"it does not run its attention through `{attn_implementation}` when asked to (it stays on its own "
+            "attention code), so the packing keyword arguments are ignored", errors,
+        )
+    if not errors.exact:
+        return verdict(
+            f"packed sequences see each other: on a tiny float64 twin the packed log-probs differ from each sequence "
+            f"alone by {errors.log_probs:.2g} and the gradients by {errors.gradients:.2g} of their largest "
+            f"(tolerance {LOG_PROB_TOLERANCE:g})", errors,
+        )
+    if not prefix_sharing:
+        return verdict(None, errors)
+    try:
+        shared_error = shared_packing_error(twin, attn_implementation)
+    except Exception as error:
+        return verdict(f"its prefix-sharing forward failed on a tiny twin ({type(error).__name__}: {error})", errors)
+    if not shared_error <= LOG_PROB_TOLERANCE:
+        return verdict(
+            f"its prefix-sharing forward differs from each sequence alone by {shared_error:.2g} on a tiny twin "
+            "(some layers mix tokens outside the attention)", errors, shared_error,
+        )
+    return verdict(None, errors, shared_error)
+
+
+_VERDICTS: dict[tuple[str, bool], Verdict] = {}
+
+
+def check_architecture(
+    model_class: type, config: PretrainedConfig, attn_implementation: str, prefix_sharing: bool = False
+) -> Verdict:
+    """The verdict for `model_class` built from `config` on `attn_implementation`, measured once per process per
+    architecture signature."""
+    try:
+        key = (architecture_signature(model_class, config, attn_implementation), prefix_sharing)
+    except Exception as error:
+        return Verdict(
+            config.model_type, model_class.__name__, attn_implementation, False,
+            f"its tiny twin could not be built ({type(error).__name__}: {error})", None, None, 0.0,
+        )
+    if key not in _VERDICTS:
+        _VERDICTS[key] = _measure(model_class, config, attn_implementation, prefix_sharing)
+    return _VERDICTS[key]

@@ -1,0 +1,131 @@
+"""Every refusal of padding-free training, in one place: what is refused, why, and what to do instead.
+
+Each rule is one function that raises `ValueError` with advice that works when followed; the trainer, the config and
+the forward call these where the information is first known. Whether a model's architecture packs is measured on a
+tiny twin of it (architecture.py); the rules below turn that measurement into a decision.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .architecture import Verdict, check_architecture
+from .attention import ATTN_IMPLEMENTATION
+
+# Backends that keep packed sequences apart when the architecture allows: ours, flash varlen (cu_seq_lens), and the
+# block-diagonal mask sdpa/eager build from position_ids when no attention mask is passed
+FLASH_VARLEN = ("flash_attention_2", "flash_attention_3")
+PACKING_AWARE_ATTENTION = (ATTN_IMPLEMENTATION, *FLASH_VARLEN, "sdpa", "eager")
+# The backends a twin can run on a CPU, in the order advice offers them
+CHECKED_ATTENTION = (ATTN_IMPLEMENTATION, "sdpa", "eager")
+
+
+def resolve_attn_implementation(requested: str, current: str | None, prefix_sharing: bool = False) -> str:
+    """`auto` keeps a flash varlen kernel the model already uses, else picks `padfree_varlen`; `keep` keeps `current`.
+
+    Prefix sharing needs `padfree_varlen`, the one attention that reads the shared layout: `auto` picks it always.
+    """
+    if requested == "auto":
+        return current if current in FLASH_VARLEN and not prefix_sharing else ATTN_IMPLEMENTATION
+    resolved = current if requested == "keep" else requested
+    if prefix_sharing and resolved != ATTN_IMPLEMENTATION:
+        raise ValueError(
+            f"prefix_sharing=True needs the `{ATTN_IMPLEMENTATION}` attention (PyTorch's varlen kernel on CUDA, exact "
+            f"per-segment attention on CPU), which lets rejected tokens attend to their prompt; {resolved!r} would "
+            f"treat each rejected branch as a sequence of its own. Set packed_attn_implementation='auto' (or "
+            f"'{ATTN_IMPLEMENTATION}'), or prefix_sharing=False."
+        )
+    return resolved
+
+
+def check_attn_implementation(attn_implementation: str | None) -> None:
+    if attn_implementation not in PACKING_AWARE_ATTENTION:
+        raise ValueError(
+            f"padding_free=True cannot run with attn_implementation={attn_implementation!r}: it is not known to keep "
+            f"packed sequences apart. Use one of {list(PACKING_AWARE_ATTENTION)} (set `packed_attn_implementation`), "
+            "or padding_free=False."
+        )
+
+
+def checked_backend(attn_implementation: str) -> str:
+    """The backend a twin runs for `attn_implementation`: flash kernels need a GPU and half precision, so their
+    architecture is checked on `padfree_varlen`, which reads the same `cu_seq_lens` with the same varlen semantics."""
+    return ATTN_IMPLEMENTATION if attn_implementation in FLASH_VARLEN else attn_implementation
+
+
+def architecture_verdict(
+    model: torch.nn.Module, attn_implementation: str | None = None, prefix_sharing: bool = False
+) -> Verdict:
+    """Whether `model`'s architecture packs exactly on `attn_implementation` (default: the model's own), measured on
+    its tiny twin and cached per architecture: the model's weights, dtype and partitioning play no part."""
+    attn_implementation = attn_implementation or model.config._attn_implementation
+    return check_architecture(type(model), model.config, checked_backend(attn_implementation), prefix_sharing)
+
+
+def check_packable(model: torch.nn.Module, prefix_sharing: bool = False) -> None:
+    """Refuse a model whose packed forward on its attention implementation would differ from its per-sequence
+    forward, as measured on a tiny twin of its architecture (architecture.py), with the backends that would work."""
+    attn_implementation = model.config._attn_implementation
+    check_attn_implementation(attn_implementation)
+    verdict = architecture_verdict(model, attn_implementation, prefix_sharing)
+    if verdict.exact:
+        return
+    raise ValueError(refusal_message(model, verdict, prefix_sharing))
+
+
+def refusal_message(model: torch.nn.Module, verdict: Verdict, prefix_sharing: bool) -> str:
+    what = "prefix_sharing=True" if verdict.errors is not None and verdict.errors.exact else "padding_free=True"
+    message = (
+        f"{what} cannot train {verdict.model_class} (model type {verdict.model_type!r}) with "
+        f"attn_implementation={model.config._attn_implementation!r}: {verdict.reason}."
+    )
+    if what == "prefix_sharing=True":
+        return f"{message} Set prefix_sharing=False (padding-free training without sharing packs it exactly)."
+    working = [
+        backend
+        for backend in CHECKED_ATTENTION
+        if backend != verdict.attn_implementation
+        and not (prefix_sharing and backend != ATTN_IMPLEMENTATION)
+        and architecture_verdict(model, backend, prefix_sharing).exact
+    ]
+    if working:
+        return (
+            f"{message} It packs exactly with packed_attn_implementation={working[0]!r} (checked the same way); set "
+            "that, or padding_free=False."
+        )
+    return f"{message} Train it with padding_free=False."
+
+
+def check_moe_aux_loss_without_row_padding(aux_loss_enabled: bool, pad_to_multiple_of: int | None) -> None:
+    # The load-balancing loss averages the router outputs of every token of the row: padding would count
+    if aux_loss_enabled and pad_to_multiple_of:
+        raise ValueError(
+            "padding_free=True with a Mixture-of-Experts auxiliary loss and `pad_to_multiple_of` would count the "
+            "row padding in the load-balancing loss. Unset `pad_to_multiple_of`."
+        )
+
+
+def check_prefix_sharing_without_moe_aux_loss(prefix_sharing: bool, aux_loss_enabled: bool) -> None:
+    if prefix_sharing and aux_loss_enabled:
+        raise ValueError(
+            "prefix_sharing=True with a Mixture-of-Experts auxiliary loss would count each prompt's router "
+            "outputs once instead of twice in the load-balancing loss. Set router_aux_loss_coef=0, or "
+            "prefix_sharing=False."
+        )
+
+
+def check_prefix_sharing_without_sequence_parallel(prefix_sharing: bool, sequence_parallel_size: int) -> None:
+    if prefix_sharing and sequence_parallel_size > 1:
+        raise ValueError(
+            "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
+            "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
+        )
+
+
+def check_not_prompt_learning(peft_config) -> None:
+    if peft_config.is_prompt_learning:
+        raise ValueError(
+            "padding_free=True does not support prompt-learning PEFT methods (prompt/prefix/p-tuning): their "
+            "virtual tokens would be prepended once to the packed row instead of to every sequence. Use LoRA, "
+            "or padding_free=False."
+        )
