@@ -1,5 +1,5 @@
-"""Packed forward equals per-sequence forwards on every verified model type and backend; the model checks; the
-`padfree_varlen` attention function itself.
+"""Packed forward equals per-sequence forwards on every verified model type and backend; the model checks; random
+inputs and a reference for the `padfree_varlen` attention tests (tests/test_attention.py).
 
 The packed row of every model test (pad_to_multiple_of=8), chosen sequences then rejected ones:
 
@@ -13,7 +13,7 @@ are one token long.
 import pytest
 import torch
 
-from trl_padfree.attention import ATTN_IMPLEMENTATION, padfree_varlen_attention
+from trl_padfree.attention import ATTN_IMPLEMENTATION
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.models import (
     BROKEN_MODEL_TYPES,
@@ -24,7 +24,7 @@ from trl_padfree.models import (
     packed_forward_error,
     resolve_attn_implementation,
 )
-from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths, segment_ids_from_lengths
+from trl_padfree.packing import segment_ids_from_lengths
 from trl_padfree.tiny import make_model
 
 BACKENDS = ("eager", "sdpa", ATTN_IMPLEMENTATION)
@@ -281,7 +281,7 @@ def test_resolve_attn_implementation(requested, current, expected):
     assert resolve_attn_implementation(requested, current) == expected
 
 
-# ---- attention.py: the padfree_varlen function itself ----
+# ---- attention.py: random inputs and a reference for the attention tests (tests/test_attention.py, test_gpu.py) ----
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 8
 ATTENTION_LENGTHS = [5, 1, 9]  # 15 tokens
@@ -308,89 +308,6 @@ def block_diagonal_attention(query, key, value, lengths, sliding_window=None):
         allowed &= key_positions > query_positions - sliding_window
     scores = (query @ key.transpose(-1, -2)) * HEAD_DIM**-0.5
     return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ value).transpose(1, 2)
-
-
-def call_padfree_varlen(query, key, value, attention_mask=None, **kwargs):
-    return padfree_varlen_attention(
-        torch.nn.Module(), query, key, value, attention_mask, scaling=HEAD_DIM**-0.5, **kwargs
-    )
-
-
-def with_cu_seq_lens(lengths):
-    cu_seq_lens = cu_seq_lens_from_lengths(lengths)
-    return {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths)}
-
-
-@pytest.mark.parametrize("sliding_window", [None, 3], ids=["causal", "window-3"])
-def test_padfree_varlen_equals_block_diagonal_attention(sliding_window):
-    query, key, value = random_qkv()
-
-    output, weights = call_padfree_varlen(
-        query, key, value, sliding_window=sliding_window, **with_cu_seq_lens(ATTENTION_LENGTHS)
-    )
-
-    assert weights is None
-    expected = block_diagonal_attention(query, key, value, ATTENTION_LENGTHS, sliding_window)
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("sliding_window", [None, 3], ids=["causal", "window-3"])
-def test_padfree_varlen_derives_boundaries_from_position_ids(sliding_window):
-    query, key, value = random_qkv()
-
-    from_cu_seq_lens, _ = call_padfree_varlen(
-        query, key, value, sliding_window=sliding_window, **with_cu_seq_lens(ATTENTION_LENGTHS)
-    )
-    from_positions, _ = call_padfree_varlen(
-        query, key, value, sliding_window=sliding_window, position_ids=position_ids_from_lengths(ATTENTION_LENGTHS)
-    )
-
-    assert torch.equal(from_positions, from_cu_seq_lens)
-
-
-def test_padfree_varlen_refuses_an_attention_mask():
-    query, key, value = random_qkv()
-    attention_mask = torch.ones(1, 1, query.shape[2], query.shape[2], dtype=torch.bool)
-
-    with pytest.raises(ValueError, match="takes no attention mask"):
-        call_padfree_varlen(query, key, value, attention_mask, **with_cu_seq_lens(ATTENTION_LENGTHS))
-
-
-@pytest.mark.parametrize(
-    "boundaries",
-    [
-        pytest.param(lambda: with_cu_seq_lens([5, 10, 5, 10]), id="cu-seq-lens"),
-        pytest.param(lambda: {"position_ids": position_ids_from_lengths([5, 10]).repeat(2, 1)}, id="position-ids"),
-    ],
-)
-def test_padfree_varlen_refuses_more_than_one_row(boundaries):
-    query, key, value = random_qkv(num_rows=2)
-
-    with pytest.raises(ValueError, match="one packed row"):
-        call_padfree_varlen(query, key, value, **boundaries())
-
-
-def test_padfree_varlen_refuses_a_call_without_boundaries():
-    query, key, value = random_qkv()
-
-    with pytest.raises(ValueError, match="needs `cu_seq_lens_q` or the `position_ids`"):
-        call_padfree_varlen(query, key, value)
-
-
-def test_padfree_varlen_refuses_softcapping():
-    query, key, value = random_qkv()
-
-    with pytest.raises(ValueError, match="softcapping"):
-        call_padfree_varlen(query, key, value, softcap=50.0, **with_cu_seq_lens(ATTENTION_LENGTHS))
-
-
-def test_padfree_varlen_refuses_non_causal_attention():
-    query, key, value = random_qkv()
-    encoder_attention = torch.nn.Module()
-    encoder_attention.is_causal = False
-
-    with pytest.raises(ValueError, match="only supports causal"):
-        padfree_varlen_attention(encoder_attention, query, key, value, None, **with_cu_seq_lens(ATTENTION_LENGTHS))
 
 
 # ---- attention.py: the padfree_varlen mask function, seen through a model ----

@@ -2,13 +2,28 @@
 
 Each sequence of a packed row attends only to itself, causally, read from `cu_seq_lens_q`:
 - CUDA, fp16/bf16: PyTorch's own varlen flash attention (`torch.nn.attention.varlen.varlen_attn`), so no
-  flash-attn package is needed.
-- Elsewhere (CPU, or fp32 on CUDA): one `scaled_dot_product_attention` per segment. Its cost grows with the sum of
-  the squared sequence lengths, not with the square of the row as the dense block-diagonal sdpa/eager mask does.
+  flash-attn package is needed. Its keyword arguments differ between torch releases: `varlen_kernel_plan` reads what
+  the installed one accepts. A layer the kernel cannot compute (logit softcapping, attention sinks, dropout, or a
+  sliding window or custom scale the installed torch cannot pass) runs the per-segment path instead, and says so once
+  in an INFO line on the `trl_padfree.attention` logger.
+- Elsewhere (CPU, or fp32 on CUDA): one `scaled_dot_product_attention` per segment, or the same softmax attention
+  written out (`explicit_attention`) for layers that softcap their logits or have attention sinks. Its cost grows with
+  the sum of the squared sequence lengths, not with the square of the row as the dense block-diagonal sdpa/eager mask
+  does.
 
 Both run with flash attention's varlen semantics (query and key segments, causal aligned to the bottom-right corner),
 so a prefix-sharing row (prefix_sharing.py) is two calls of the same kernel: the row's segments, then each rejected
 branch against its gathered prefix and branch keys, whose outputs replace the first call's for those tokens.
+
+Chunked attention layers (llama4's local layers) let a token see only the keys of its own chunk of
+`attention_chunk_size` tokens, counted from the start of its sequence: as transformers counts them for a sequence
+alone, or from the restarting `position_ids` of a packed row. Each chunk is then a segment of its own (chunk size 4):
+
+    offset in sequence | 0 1 2 3 4 | 0 | 0 1 2 3 4 5 6 7 8 |
+    cu_seq_lens        0           5   6                   15
+    chunked            0       4   5   6       10      14  15
+
+A prefix-sharing row is refused in such layers: a rejected branch's chunks start in its prompt, outside its segment.
 
 Its mask function builds no mask (segments come from `cu_seq_lens` or `position_ids`) and refuses a padding mask,
 which this attention could not honour: a padded batch must use `sdpa` or `eager`.
@@ -18,17 +33,32 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+import functools
+import inspect
+import logging
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from .packing import cu_seq_lens_from_position_ids
+from .packing import cu_seq_lens_from_position_ids, ranges_index
 from .prefix_sharing import SharedPrefixAttention
 
 ATTN_IMPLEMENTATION = "padfree_varlen"
+CHUNKED_LAYER_TYPE = "chunked_attention"  # transformers' layer type of llama4's local attention layers
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _log_path_once(message: str) -> None:
+    # Attention runs in every layer of every step: say which path runs once per process, not per call
+    logger.info(message)
 
 
 def _causal_mask(queries: int, keys: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -38,6 +68,109 @@ def _causal_mask(queries: int, keys: int, window: int | None, device: torch.devi
     key = torch.arange(keys, device=device).unsqueeze(0)
     mask = key <= query
     return mask if window is None else mask & (key > query - window)
+
+
+# ---- chunked attention layers ----
+
+
+def attention_chunk_size(module: torch.nn.Module) -> int | None:
+    """`attention_chunk_size` if `module` is a chunked attention layer, else None.
+
+    A layer is chunked when its config's `layer_types` says "chunked_attention" at its `layer_idx` (llama4, the one
+    transformers model with such layers), or, in a config without `layer_types`, when `attention_chunk_size` is set:
+    transformers then builds the chunked mask for every layer.
+    """
+    config = getattr(module, "config", None)
+    layer_types = getattr(config, "layer_types", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    if layer_types is None:
+        chunked = getattr(config, "attention_chunk_size", None) is not None
+    elif layer_idx is None:
+        if CHUNKED_LAYER_TYPE in layer_types:
+            raise ValueError(
+                f"`{ATTN_IMPLEMENTATION}` attention cannot tell whether this {type(module).__name__} is a chunked "
+                "attention layer: its config has chunked layers but the module has no `layer_idx`."
+            )
+        chunked = False
+    else:
+        chunked = layer_types[layer_idx] == CHUNKED_LAYER_TYPE
+    if not chunked:
+        return None
+    chunk_size = getattr(config, "attention_chunk_size", None)
+    if not chunk_size:
+        raise ValueError(
+            f"Layer {layer_idx} is a chunked attention layer, but its config sets no attention_chunk_size."
+        )
+    return int(chunk_size)
+
+
+def chunked_cu_seq_lens(cu_seq_lens: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Segment boundaries that also cut each segment every `chunk_size` tokens from its start, as int32.
+
+    >>> chunked_cu_seq_lens(torch.tensor([0, 5, 6, 15]), chunk_size=4).tolist()
+    [0, 4, 5, 6, 10, 14, 15]
+    """
+    boundaries = cu_seq_lens.cpu().long()  # on the host: one device sync, not one per op below
+    starts, ends = boundaries[:-1], boundaries[1:]
+    chunks = (ends - starts + chunk_size - 1) // chunk_size  # per segment, none if it is empty
+    chunk_in_segment = ranges_index(torch.zeros_like(chunks), chunks)  # 0, 1, ... for each segment's chunks
+    chunk_starts = torch.repeat_interleave(starts, chunks) + chunk_in_segment * chunk_size
+    return torch.cat([chunk_starts, ends[-1:]]).to(device=cu_seq_lens.device, dtype=torch.int32)
+
+
+# ---- the exact per-segment path ----
+
+
+def explicit_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax attention of one segment written out as transformers' eager attention computes it, for what sdpa cannot
+    do: logit softcapping (gemma2) and attention sinks (gpt_oss). Inputs `(1, heads, T, dim)` and a boolean `mask`
+    `(T_q, T_k)` of the keys each query sees; returns `(1, heads, T_q, dim)`. Differentiable in all tensors."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = (query @ key.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    # Softmax in at least fp32, as eager upcasts
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        weights = scores.softmax(-1)
+    else:
+        # One more logit per head that every query attends to; its share of the softmax is dropped, not renormalised
+        sink_logits = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.cat([scores, sink_logits], dim=-1).softmax(-1)[..., :-1]
+    weights = F.dropout(weights.to(value.dtype), p=dropout, training=dropout > 0)
+    return weights @ value
+
+
+def _segment_attention(query, key, value, scaling, sliding_window, dropout, softcap, sinks) -> torch.Tensor:
+    """Causal attention of one segment `(1, heads, T, dim)`, aligned to the bottom-right corner: sdpa, unless the
+    layer softcaps or has sinks."""
+    queries, keys = query.shape[2], key.shape[2]
+    if softcap is not None or sinks is not None:
+        mask = _causal_mask(queries, keys, sliding_window, query.device)
+        return explicit_attention(query, key, value, mask, scaling, dropout, softcap, sinks)
+    mask, is_causal = None, True
+    if keys != queries or (sliding_window is not None and keys > sliding_window):
+        mask, is_causal = _causal_mask(queries, keys, sliding_window, query.device), False
+    return F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        is_causal=is_causal,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
 
 
 def per_segment_attention(
@@ -50,9 +183,11 @@ def per_segment_attention(
     sliding_window: int | None,
     dropout: float,
     skip_segments: frozenset[int] = frozenset(),
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact causal attention per segment, one `scaled_dot_product_attention` each. Inputs `(1, heads, T, dim)`;
-    returns `(1, T_q, heads, dim)`.
+    """Exact causal attention per segment, one `scaled_dot_product_attention` each (or `explicit_attention` with
+    `softcap` or `sinks`). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`.
 
     Same semantics as flash attention's varlen kernel: segment i has queries `cu_seq_lens_q[i]:cu_seq_lens_q[i + 1]`
     and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal aligned to the bottom-right corner when it has more keys.
@@ -61,31 +196,110 @@ def per_segment_attention(
     outputs = []
     bounds_q = cu_seq_lens_q.tolist()
     bounds_k = bounds_q if cu_seq_lens_k is cu_seq_lens_q else cu_seq_lens_k.tolist()  # one host sync for both
-    enable_gqa = query.shape[1] != key.shape[1]
     segments = zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True)
     for segment, (start_q, end_q, start_k, end_k) in enumerate(segments):
-        queries, keys = end_q - start_q, end_k - start_k
-        if queries == 0:
+        if end_q == start_q:
             continue
         if segment in skip_segments:
-            outputs.append(query.new_zeros(1, query.shape[1], queries, value.shape[-1]))
+            outputs.append(query.new_zeros(1, query.shape[1], end_q - start_q, value.shape[-1]))
             continue
-        mask, is_causal = None, True
-        if keys != queries or (sliding_window is not None and keys > sliding_window):
-            mask, is_causal = _causal_mask(queries, keys, sliding_window, query.device), False
         outputs.append(
-            F.scaled_dot_product_attention(
+            _segment_attention(
                 query[:, :, start_q:end_q],
                 key[:, :, start_k:end_k],
                 value[:, :, start_k:end_k],
-                attn_mask=mask,
-                dropout_p=dropout,
-                is_causal=is_causal,
-                scale=scaling,
-                enable_gqa=enable_gqa,
+                scaling,
+                sliding_window,
+                dropout,
+                softcap,
+                sinks,
             )
         )
     return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+# ---- the CUDA kernel ----
+
+
+@dataclass(frozen=True)
+class VarlenKernelPlan:
+    """How to call `varlen_attn` for a layer, or why it cannot (`fallback`: the layer runs per segment instead)."""
+
+    options: dict[str, Any] = field(default_factory=dict)  # keyword arguments after `max_k`
+    expand_heads: bool = False  # repeat key/value heads to the query heads: this kernel has no `enable_gqa`
+    fallback: str | None = None
+
+
+def varlen_kernel_plan(
+    parameters: Collection[str],
+    *,
+    dtype: torch.dtype,
+    grouped: bool,
+    head_dim: int,
+    scaling: float | None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: bool = False,
+    dropout: float = 0.0,
+) -> VarlenKernelPlan:
+    """The call of a `varlen_attn` that takes the keyword `parameters` for a layer with these needs.
+
+    By name, as torch releases differ: 2.10 takes `is_causal` only; 2.11 `scale` and `window_size`; 2.12 adds
+    `enable_gqa`. Without `enable_gqa`, grouped key/value heads are expanded; without `scale`, only the default
+    `1/sqrt(head_dim)` runs; without `window_size`, no sliding window.
+    """
+
+    def fall_back(reason: str) -> VarlenKernelPlan:
+        return VarlenKernelPlan(fallback=reason)
+
+    if dtype not in (torch.float16, torch.bfloat16):
+        return fall_back(f"{dtype} inputs (the kernel takes fp16/bf16)")
+    if softcap is not None:
+        return fall_back("attention logit softcapping")
+    if sinks:
+        return fall_back("attention sinks")
+    if dropout > 0:
+        return fall_back("attention dropout")
+    options = {}
+    if "window_size" in parameters:
+        # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window.
+        # Both align to the bottom-right corner when a segment has more keys than queries.
+        options["window_size"] = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
+    elif sliding_window is not None:
+        return fall_back("a sliding window (this torch's varlen_attn takes no `window_size`)")
+    elif "is_causal" in parameters:
+        options["is_causal"] = True
+    else:
+        return fall_back("causal masking (this torch's varlen_attn takes neither `window_size` nor `is_causal`)")
+    if "scale" in parameters:
+        if scaling is not None:
+            options["scale"] = scaling
+    elif scaling is not None and not math.isclose(scaling, head_dim**-0.5):
+        return fall_back(f"attention scale {scaling:g} (this torch's varlen_attn takes no `scale`)")
+    if grouped and "enable_gqa" in parameters:
+        options["enable_gqa"] = True
+    return VarlenKernelPlan(options, expand_heads=grouped and "enable_gqa" not in parameters)
+
+
+@functools.cache
+def _varlen_kernel_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _kernel_plan(query, key, scaling, sliding_window, dropout, softcap=None, sinks=None) -> VarlenKernelPlan:
+    return varlen_kernel_plan(
+        _varlen_kernel_parameters(),
+        dtype=query.dtype,
+        grouped=query.shape[1] != key.shape[1],
+        head_dim=query.shape[-1],
+        scaling=scaling,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        sinks=sinks is not None,
+        dropout=dropout,
+    )
 
 
 def torch_varlen_attention(
@@ -99,12 +313,16 @@ def torch_varlen_attention(
     scaling: float | None,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """PyTorch's varlen flash attention (CUDA). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`."""
+    """PyTorch's varlen flash attention (CUDA), called as the installed torch accepts. Inputs `(1, heads, T, dim)`;
+    returns `(1, T_q, heads, dim)`."""
     from torch.nn.attention.varlen import varlen_attn
 
-    # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window.
-    # Both align to the bottom-right corner when a segment has more keys than queries.
-    window = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
+    plan = _kernel_plan(query, key, scaling, sliding_window, dropout=0.0)
+    if plan.fallback is not None:
+        raise ValueError(f"torch's varlen_attn cannot compute this attention: {plan.fallback}.")
+    if plan.expand_heads:
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     output = varlen_attn(
         query[0].transpose(0, 1),
         key[0].transpose(0, 1),
@@ -113,27 +331,42 @@ def torch_varlen_attention(
         cu_seq_lens_k.to(device=query.device, dtype=torch.int32),
         max_length_q,
         max_length_k,
-        scale=scaling,
-        window_size=window,
-        enable_gqa=query.shape[1] != key.shape[1],
+        **plan.options,
     )
     return output.unsqueeze(0)
 
 
 def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options):
-    """The CUDA kernel in fp16/bf16 without dropout, else the per-segment reference with the same semantics (which
-    skips `skip_segments`; one kernel call computes them at little extra cost)."""
-    dropout = options.pop("dropout")
+    """The CUDA kernel where it can compute this layer's attention, else the per-segment reference with the same
+    semantics (which skips `skip_segments`; one kernel call computes them at little extra cost).
+
+    `options`: `scaling`, `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `skip_segments`.
+    """
     skip_segments = options.pop("skip_segments", frozenset())
-    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
-        if max_length_q is None:
-            max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
-            max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())
-        return torch_varlen_attention(
-            query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options
+    if query.is_cuda:
+        plan = _kernel_plan(query, key, **options)
+        if plan.fallback is None:
+            _log_path_once(f"`{ATTN_IMPLEMENTATION}` attention runs torch's varlen flash attention kernel (CUDA).")
+            if max_length_q is None:
+                max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
+                max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())
+            return torch_varlen_attention(
+                query,
+                key,
+                value,
+                cu_seq_lens_q,
+                cu_seq_lens_k,
+                max_length_q,
+                max_length_k,
+                scaling=options["scaling"],
+                sliding_window=options["sliding_window"],
+            )
+        _log_path_once(
+            f"`{ATTN_IMPLEMENTATION}` attention runs exact per-segment attention on CUDA, not torch's varlen kernel, "
+            f"for layers with {plan.fallback}."
         )
     return per_segment_attention(
-        query, key, value, cu_seq_lens_q, cu_seq_lens_k, dropout=dropout, skip_segments=skip_segments, **options
+        query, key, value, cu_seq_lens_q, cu_seq_lens_k, skip_segments=skip_segments, **options
     )
 
 
@@ -199,6 +432,7 @@ def padfree_varlen_attention(
     scaling: float | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,  # attention sinks, one logit per query head (gpt_oss)
     cu_seq_lens_q: torch.Tensor | None = None,
     cu_seq_lens_k: torch.Tensor | None = None,  # self-attention: the same boundaries as the queries
     max_length_q: int | None = None,
@@ -226,15 +460,25 @@ def padfree_varlen_attention(
             f"`{ATTN_IMPLEMENTATION}` attention expects one packed row of self-attention (no cache); got "
             f"{query.shape[0]} rows, {query.shape[2]} queries and {key.shape[2]} keys."
         )
-    if softcap is not None or kwargs.get("s_aux") is not None:
+    if s_aux is not None and s_aux.numel() != query.shape[1]:
         raise ValueError(
-            f"`{ATTN_IMPLEMENTATION}` attention does not support attention logit softcapping or attention sinks. Use "
-            "`packed_attn_implementation='eager'` for this model."
+            f"`{ATTN_IMPLEMENTATION}` attention needs one attention sink per query head: got {s_aux.numel()} sinks "
+            f"for {query.shape[1]} heads."
         )
     if not getattr(module, "is_causal", True):
         raise ValueError(f"`{ATTN_IMPLEMENTATION}` attention only supports causal (decoder) self-attention.")
+    chunk_size = attention_chunk_size(module)
+    if chunk_size is not None:
+        if shared_prefix is not None:
+            # A rejected branch's chunks are counted from the start of its prompt, which its row segment does not hold
+            raise ValueError(
+                "prefix sharing with chunked attention layers is not supported; set prefix_sharing=False."
+            )
+        cu_seq_lens_q = chunked_cu_seq_lens(cu_seq_lens_q, chunk_size)
+        # Still the longest segment: a segment longer than a chunk leaves a whole chunk
+        max_length_q = None if max_length_q is None else min(max_length_q, chunk_size)
 
-    options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout)
+    options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout, softcap=softcap, sinks=s_aux)
     replaced = shared_prefix.branch_segments if shared_prefix is not None else frozenset()
     output = varlen_attention(
         query, key, value, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, skip_segments=replaced, **options
