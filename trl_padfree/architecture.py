@@ -72,8 +72,7 @@ _SHRUNK = {
     "attention_chunk_size": TWIN_CHUNK_SIZE,
     "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer inputs
 }
-# Weights drawn this wide keep activations of a 32-wide twin near unit scale through tens of layers; at the usual 0.02
-# they vanish, and the backward through a norm of near-zero activations overflows (a Gemma 4 twin's did)
+# The usual initialisation scale, set on every twin whatever the real config says, so every check measures alike
 TWIN_INITIALIZER_RANGE = 0.02
 _AT_MOST = {  # expert counts: a few experts keep routing real without the size
     "num_experts": 4,
@@ -372,6 +371,11 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
         return verdict(
             f"it does not run its attention through `{attn_implementation}` when asked to (it stays on its own "
             "attention code), so the packing keyword arguments are ignored", errors,
+        )
+    if errors.gradients == float("inf"):
+        return verdict(
+            "its packed backward gives non-finite gradients where each sequence alone does not (or the reverse), on "
+            "a tiny twin", errors,
         )
     if not errors.exact:
         return verdict(
