@@ -1,4 +1,4 @@
-"""Packed forward equals per-sequence forwards on every verified model type and backend; the model checks; random
+"""Packed forward equals per-sequence forwards on every tiny model type and backend; the attention checks; random
 inputs and a reference for the `padfree_varlen` attention tests (tests/test_attention.py).
 
 The packed row of every model test (pad_to_multiple_of=8), chosen sequences then rejected ones:
@@ -14,18 +14,17 @@ import pytest
 import torch
 
 from trl_padfree.attention import ATTN_IMPLEMENTATION
-from trl_padfree.collator import concatenated_inputs
-from trl_padfree.models import (
-    BROKEN_MODEL_TYPES,
+from trl_padfree.checks import (
     PACKING_AWARE_ATTENTION,
-    VERIFIED_MODEL_TYPES,
     check_attn_implementation,
     check_packable,
-    packed_forward_error,
     resolve_attn_implementation,
 )
+from trl_padfree.collator import concatenated_inputs
 from trl_padfree.packing import segment_ids_from_lengths
-from trl_padfree.tiny import make_model
+from trl_padfree.tiny import TINY_CONFIGS, make_model
+
+TINY_MODEL_TYPES = tuple(TINY_CONFIGS)
 
 BACKENDS = ("eager", "sdpa", ATTN_IMPLEMENTATION)
 
@@ -81,7 +80,7 @@ def max_error(actual, expected):
 
 
 @pytest.mark.parametrize("attn_implementation", BACKENDS)
-@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_packed_forward_equals_per_sequence_forward(model_type, attn_implementation, packed_batch):
     model = make_model(model_type, attn_implementation=attn_implementation).eval()
     # Eager per-sequence forwards are the reference: a backend that dropped the sliding window in both its packed and
@@ -107,7 +106,7 @@ def test_packed_forward_equals_per_sequence_forward_in_bf16(model_type, packed_b
     assert max_error(packed, reference) <= ATOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_a_leak_across_sequences_exceeds_the_tolerance_tenfold(model_type, packed_batch):
     # With an attention mask transformers reads the row as one sequence: each sequence sees the ones before it. The
     # tolerances above must sit far below what that costs, or the equality tests prove nothing
@@ -136,45 +135,7 @@ def test_the_sliding_window_is_in_effect(model_type, packed_batch):
     assert error > 1e-2
 
 
-# ---- models.py: which models may pack ----
-
-
-def make_tiny_opt(attn_implementation="sdpa"):
-    return make_model(
-        "opt",
-        attn_implementation=attn_implementation,
-        hidden_size=32,
-        ffn_dim=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        word_embed_proj_dim=32,
-    )
-
-
-def make_tiny_falcon_with_alibi():
-    return make_model(
-        "falcon", attn_implementation="eager", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True
-    )
-
-
-UNVERIFIED_PACKABLE_TYPE = "starcoder2"
-
-
-def make_tiny_starcoder2(attn_implementation):
-    return make_model(
-        UNVERIFIED_PACKABLE_TYPE,
-        attn_implementation=attn_implementation,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-
-
-def test_check_packable_refuses_a_known_broken_model_type():
-    with pytest.raises(ValueError, match="model type 'opt'.*padding_free=False"):
-        check_packable(make_tiny_opt())
+# ---- checks.py: which attention implementations may pack ----
 
 
 def test_check_packable_refuses_flex_attention():
@@ -194,73 +155,6 @@ def test_check_attn_implementation_accepts_the_packing_aware_ones(attn_implement
 def test_check_attn_implementation_refuses_the_others(attn_implementation):
     with pytest.raises(ValueError, match="not known to keep packed sequences apart"):
         check_attn_implementation(attn_implementation)
-
-
-def test_check_packable_trusts_verified_types_without_a_self_check(monkeypatch):
-    def fail(model):
-        raise AssertionError("a verified model type must not be self-checked")
-
-    monkeypatch.setattr("trl_padfree.models.packed_forward_error", fail)
-
-    check_packable(make_model("llama", attn_implementation=ATTN_IMPLEMENTATION))
-
-
-@pytest.mark.parametrize("attn_implementation", BACKENDS)
-def test_check_packable_self_checks_an_unverified_type(attn_implementation):
-    assert UNVERIFIED_PACKABLE_TYPE not in VERIFIED_MODEL_TYPES
-    assert UNVERIFIED_PACKABLE_TYPE not in BROKEN_MODEL_TYPES
-    model = make_tiny_starcoder2(attn_implementation)
-
-    check_packable(model)  # does not raise
-
-    # measured 4.8e-7 on every backend
-    assert packed_forward_error(model) <= ATOL[torch.float32]
-
-
-def test_check_packable_refuses_an_unverified_type_whose_packed_forward_leaks(monkeypatch):
-    # OPT, taken off the broken list, stands in for an unknown model that leaks: only the self-check can catch it
-    monkeypatch.delitem(BROKEN_MODEL_TYPES, "opt")
-
-    with pytest.raises(ValueError, match="'opt' with attn_implementation='sdpa' is not packable"):
-        check_packable(make_tiny_opt("sdpa"))
-
-
-def test_check_packable_refuses_unverified_half_precision_models(monkeypatch):
-    # bf16 rounding can hide a small leak (an ALiBi bloom leaks 5.1e-3), so such models are not self-checked
-    monkeypatch.delitem(BROKEN_MODEL_TYPES, "bloom")
-    model = make_model("bloom", attn_implementation="eager", dtype=torch.bfloat16, hidden_size=32, n_layer=2, n_head=4)
-
-    with pytest.raises(ValueError, match="too coarse for the packing self-check.*float32"):
-        check_packable(model)
-
-
-def test_check_packable_refuses_a_leaking_alibi_model_in_fp32(monkeypatch):
-    monkeypatch.delitem(BROKEN_MODEL_TYPES, "bloom")
-    model = make_model("bloom", attn_implementation="eager", hidden_size=32, n_layer=2, n_head=4)
-
-    with pytest.raises(ValueError, match="is not packable"):
-        check_packable(model)
-
-
-@pytest.mark.parametrize(
-    "make_leaky_model",
-    [
-        pytest.param(make_tiny_opt, id="opt-positions-from-mask"),  # measured 0.146
-        pytest.param(make_tiny_falcon_with_alibi, id="falcon-alibi"),  # measured 0.224
-    ],
-)
-def test_packed_forward_error_of_a_leaking_model_is_large(make_leaky_model):
-    assert packed_forward_error(make_leaky_model()) > 1e-2
-
-
-def test_packed_forward_error_leaves_training_mode_and_global_rng_alone():
-    model = make_model("llama", attn_implementation=ATTN_IMPLEMENTATION).train()
-    rng_state = torch.get_rng_state()
-
-    packed_forward_error(model)
-
-    assert model.training
-    assert torch.equal(torch.get_rng_state(), rng_state)
 
 
 @pytest.mark.parametrize(

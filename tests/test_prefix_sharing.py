@@ -18,7 +18,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
-from test_models import make_tiny_starcoder2
 from trainer_utils import (
     LOSS_TYPES,
     SGD_STEPS_WITH_ACCUMULATION,
@@ -31,11 +30,18 @@ from trainer_utils import (
     with_checkpointing,
 )
 
-from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, DPOTrainer, PaddingFreePreferenceCollator, attention
+from trl_padfree import (
+    ATTN_IMPLEMENTATION,
+    DPOConfig,
+    DPOTrainer,
+    PaddingFreePreferenceCollator,
+    architecture,
+    attention,
+)
 from trl_padfree.attention import padfree_varlen_attention, per_segment_attention, shared_prefix_expected
+from trl_padfree.checks import check_packable, resolve_attn_implementation
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.forward import PackedBatch, run_packed
-from trl_padfree.models import VERIFIED_MODEL_TYPES, check_packable, resolve_attn_implementation, shared_forward_error
 from trl_padfree.packing import cu_seq_lens_from_lengths, ranges_index
 from trl_padfree.prefix_sharing import (
     SharedPrefixAttention,
@@ -43,7 +49,7 @@ from trl_padfree.prefix_sharing import (
     prompt_tokens_kept,
     shared_prefix_length,
 )
-from trl_padfree.tiny import make_model, make_preference_dataset, make_tokenizer
+from trl_padfree.tiny import TINY_CONFIGS, make_model, make_preference_dataset, make_tokenizer
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
 SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
@@ -273,7 +279,7 @@ def sequence_log_probs(model, batch):
     return packed.padded(logits)[packed.token_valid]
 
 
-@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", tuple(TINY_CONFIGS))
 def test_shared_forward_equals_unshared_forward(model_type):
     model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION).eval()
     unshared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, pad_to_multiple_of=8))
@@ -323,7 +329,7 @@ def test_options_match(options):
     assert_sharing_equivalent(**options)
 
 
-@pytest.mark.parametrize("model_type", VERIFIED_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", tuple(TINY_CONFIGS))
 def test_model_types_match(model_type):
     assert_sharing_equivalent(model_type=model_type)
 
@@ -477,13 +483,14 @@ def test_a_collator_that_shares_is_honoured_like_the_config():
     assert one_step(trainer).metrics["padfree/shared_pairs"] > 0
 
 
-def test_unverified_model_types_are_self_checked_on_a_shared_row(monkeypatch):
-    model = make_tiny_starcoder2(ATTN_IMPLEMENTATION)
-    assert shared_forward_error(model) <= FORWARD_ATOL  # measured 4.8e-7
+def test_the_architecture_check_also_checks_a_shared_row(monkeypatch):
+    model = make_model("starcoder2", attn_implementation=ATTN_IMPLEMENTATION, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     check_packable(model, prefix_sharing=True)
-    monkeypatch.setattr("trl_padfree.models.shared_forward_error", lambda model: 0.5)
-    check_packable(model)  # without sharing, the shared check does not run
-    with pytest.raises(ValueError, match="'starcoder2' cannot share prefixes"):
+    monkeypatch.setattr(architecture, "_VERDICTS", {})
+    monkeypatch.setattr(architecture, "shared_packing_error", lambda twin, attn_implementation: 0.5)
+    check_packable(model)  # without sharing, the shared row is not checked
+    with pytest.raises(ValueError, match="prefix_sharing=True cannot train.*prefix-sharing forward differs"):
         check_packable(model, prefix_sharing=True)
 
 

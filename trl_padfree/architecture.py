@@ -71,6 +71,22 @@ _SHRUNK = {
     "sliding_window": TWIN_SLIDING_WINDOW,
     "attention_chunk_size": TWIN_CHUNK_SIZE,
     "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer inputs
+    "shared_intermediate_size": 32,
+    # state-space and linear-attention mixers of hybrid models: a 32-wide twin expands to 64 inner channels
+    "mamba_n_heads": 4,
+    "mamba_num_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_head_dim": 16,
+    "mamba_headdim": 16,
+    "mamba_d_ssm": 64,
+    "mamba_d_state": 8,
+    "ssm_state_size": 8,
+    "mamba_chunk_size": 8,  # scans run in chunks: the check's sequences cross them
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "block_size": 8,  # lightning attention blocks (MiniMax)
 }
 # The usual initialisation scale, set on every twin whatever the real config says, so every check measures alike
 TWIN_INITIALIZER_RANGE = 0.02

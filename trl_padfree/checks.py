@@ -129,3 +129,28 @@ def check_not_prompt_learning(peft_config) -> None:
             "virtual tokens would be prepended once to the packed row instead of to every sequence. Use LoRA, "
             "or padding_free=False."
         )
+
+
+def packed_row_limit(config) -> int | None:
+    """The longest packed row that stays exact for this architecture, or None when any length does.
+
+    Llama 4's NoPE layers scale queries by their index in the row ("attention temperature tuning"), not by their
+    position in their sequence: the scale is 1 for indices below `floor_scale - 1` (8191), so rows up to that length
+    equal each sequence alone. The architecture check's short sequences cannot see this.
+    """
+    text_config = config.get_text_config()
+    floor_scale = getattr(text_config, "floor_scale", None)
+    if getattr(text_config, "attn_temperature_tuning", False) and floor_scale:
+        return int(floor_scale) - 1
+    return None
+
+
+def check_packed_row_length(config, row_length: int) -> None:
+    limit = packed_row_limit(config)
+    if limit is not None and row_length > limit:
+        raise ValueError(
+            f"A packed row of {row_length} tokens is too long for {config.get_text_config().model_type!r}: its "
+            f"attention temperature tuning scales queries by their index in the row, which equals their position "
+            f"in their sequence only in rows of at most {limit} tokens. Lower per_device_train_batch_size, or set "
+            f"max_tokens_per_batch <= {limit}, or train with padding_free=False."
+        )

@@ -10,6 +10,7 @@ that model will pack: the same check the trainer runs at start-up.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import warnings
@@ -24,14 +25,28 @@ from .checks import CHECKED_ATTENTION
 
 # Not decoder-only causal LMs, though AutoModelForCausalLM maps them: encoders used as decoders, decoders of
 # encoder-decoder models (whose own generation needs the encoder)
-_NOT_DECODER_ONLY = set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES) | set(
-    modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+_NOT_DECODER_ONLY = (
+    set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    | set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    | set(modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
 )
 
 
+@functools.cache
 def decoder_model_types() -> list[str]:
     """Every model type `AutoModelForCausalLM` knows, less encoder and encoder-decoder families."""
-    return sorted(set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - _NOT_DECODER_ONLY)
+    return sorted(
+        model_type
+        for model_type in set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - _NOT_DECODER_ONLY
+        if not _is_encoder_decoder(model_type)
+    )
+
+
+def _is_encoder_decoder(model_type: str) -> bool:
+    try:
+        return bool(AutoConfig.for_model(model_type).is_encoder_decoder)
+    except Exception:  # a default config that cannot be built still gets its row, with the reason
+        return False
 
 
 def model_class_for(config: PretrainedConfig) -> tuple[type, PretrainedConfig]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .attention import ATTN_IMPLEMENTATION, shared_prefix_expected
-from .checks import check_prefix_sharing_without_sequence_parallel
+from .checks import check_packed_row_length, check_prefix_sharing_without_sequence_parallel
 from .packing import padded_view_index, to_padded_view
 from .prefix_sharing import SharedPrefixAttention
 
@@ -156,6 +156,8 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     # TRL built these for its padded layout; the packed row replaces them
     for key in ("input_ids", "attention_mask", "position_ids", "inputs_embeds"):
         kwargs.pop(key, None)
+    if module is not None and hasattr(module, "config"):
+        check_packed_row_length(module.config, packed_batch.row_length)
     group = packed_batch.sequence_parallel
     if packed_batch.shared_prefix is not None:
         _check_shares_prefixes(module, group)

@@ -1,0 +1,220 @@
+"""The architecture check (architecture.py, checks.py): decided on a tiny twin built from the config, so every dtype
+and partitioning passes alike; exact architectures pass, leaking ones are refused with advice that works; the
+`trl-padfree models` command (coverage.py).
+
+Measured on the twins (float64, 2 CPU cores): exact architectures differ from each sequence alone by at most 2e-6 in
+log-probs and 3e-5 of the largest gradient (Gemma 4, whose norms compute in float32); leaks measured 6e-4 (Falcon-H1's
+Mamba scan) to 1, so the tolerances (1e-4 both) sit between the two.
+"""
+
+import re
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from trl_padfree import architecture
+from trl_padfree.architecture import (
+    GRADIENT_TOLERANCE,
+    LOG_PROB_TOLERANCE,
+    build_twin,
+    check_architecture,
+    packing_errors,
+    twin_config,
+)
+from trl_padfree.attention import ATTN_IMPLEMENTATION
+from trl_padfree.checks import (
+    architecture_verdict,
+    check_packable,
+    check_packed_row_length,
+    packed_row_limit,
+)
+from trl_padfree.cli import main
+from trl_padfree.coverage import check_model_type, decoder_model_types, model_class_for
+
+# The families users train, every one exact on padfree_varlen (docs/models-and-backends.md has them all)
+POPULAR_TYPES = (
+    "llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma3_text", "gemma4_text", "phi3", "deepseek_v3",
+    "glm4_moe", "olmo3", "smollm3", "ministral3", "granite", "cohere2", "gpt_oss", "llama4_text", "gpt2", "gpt_neox",
+)  # fmt: skip
+
+
+def tiny_model(model_type: str, dtype=torch.float32, attn_implementation: str = ATTN_IMPLEMENTATION):
+    """A model of the twin's size, as a user would load it (its own weights, `dtype`)."""
+    model_class, config = model_class_for(AutoConfig.for_model(model_type))
+    config = twin_config(config)
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(0)
+    return model_class(config).to(dtype)
+
+
+@pytest.mark.parametrize("model_type", POPULAR_TYPES)
+def test_popular_architectures_pack_exactly_on_padfree_varlen(model_type):
+    row = check_model_type(model_type, (ATTN_IMPLEMENTATION,))
+
+    verdict = row.verdicts[ATTN_IMPLEMENTATION]
+    assert verdict.exact, verdict.reason
+    assert verdict.errors.log_probs <= LOG_PROB_TOLERANCE / 10
+    assert verdict.errors.gradients <= GRADIENT_TOLERANCE / 3
+    assert verdict.errors.attention_calls > 0  # the model really ran padfree_varlen
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "gemma4_text", "olmo3"])
+def test_bf16_models_are_accepted(model_type):
+    # Refused before this check existed: half-precision weights could not be self-checked
+    check_packable(tiny_model(model_type, torch.bfloat16))
+
+
+def test_the_real_weights_are_never_read():
+    # ZeRO-3 leaves empty placeholders where the weights were: the twin is built from the config alone
+    model = tiny_model("qwen3_moe")
+    for parameter in model.parameters():
+        parameter.data = torch.empty(0)
+
+    check_packable(model)
+
+
+def test_the_verdict_is_measured_once_per_architecture(monkeypatch):
+    model = tiny_model("qwen3")
+    check_packable(model)
+    builds = []
+    monkeypatch.setattr(architecture, "build_twin", lambda *args: builds.append(args))
+
+    check_packable(tiny_model("qwen3", torch.bfloat16))  # same architecture, other dtype and weights
+
+    assert builds == []
+
+
+def test_the_check_leaves_the_training_rng_alone(monkeypatch):
+    monkeypatch.setattr(architecture, "_VERDICTS", {})
+    model = tiny_model("llama")
+    state = torch.get_rng_state()
+
+    check_packable(model)
+
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(
+    "model_type, attn_implementation, reason",
+    [
+        pytest.param("opt", "sdpa", "packed sequences see each other", id="opt-mask-from-positions"),
+        pytest.param("bloom", ATTN_IMPLEMENTATION, "does not run its attention through", id="bloom-alibi"),
+        pytest.param("falcon_h1", ATTN_IMPLEMENTATION, "packed sequences see each other", id="falcon-h1-mamba"),
+    ],
+)
+def test_leaking_architectures_are_refused_with_the_reason(model_type, attn_implementation, reason):
+    model = tiny_model(model_type, attn_implementation=attn_implementation)
+
+    with pytest.raises(ValueError, match=reason) as refusal:
+        check_packable(model)
+
+    assert "padding_free=False" in str(refusal.value)
+
+
+def test_the_advice_in_a_refusal_works_when_followed():
+    # OPT packs on padfree_varlen (its positions come from position_ids) but not on sdpa (its mask ignores them)
+    model = tiny_model("opt", attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="packed_attn_implementation=") as refusal:
+        check_packable(model)
+    advised = re.search(r"packed_attn_implementation='([\w]+)'", str(refusal.value)).group(1)
+
+    model.set_attn_implementation(advised)
+    check_packable(model)  # does not raise
+
+
+def test_a_twin_that_cannot_be_built_is_refused_clearly(monkeypatch):
+    monkeypatch.setattr(architecture, "_VERDICTS", {})
+
+    def fail(*args):
+        raise architecture.TwinError("KeyError: 'full_attention'")
+
+    monkeypatch.setattr(architecture, "build_twin", fail)
+
+    with pytest.raises(ValueError, match=r"twin could not be built.*padding_free=False"):
+        check_packable(tiny_model("llama"))
+
+
+def test_the_reference_is_independent_of_padfree_varlen(monkeypatch):
+    # Comparing padfree_varlen with itself would pass a feature it ignores: with chunked attention switched off,
+    # Llama 4's chunked layers attend across chunk boundaries and the eager reference tells
+    twin = build_twin(*model_class_for(AutoConfig.for_model("llama4_text")), ATTN_IMPLEMENTATION)
+    assert packing_errors(twin, ATTN_IMPLEMENTATION).exact
+    monkeypatch.setattr("trl_padfree.attention.attention_chunk_size", lambda module: None)
+
+    errors = packing_errors(twin, ATTN_IMPLEMENTATION)
+
+    assert errors.log_probs > 100 * LOG_PROB_TOLERANCE
+
+
+def test_twins_keep_the_layer_pattern_and_cross_windows_and_chunks():
+    config = AutoConfig.for_model("llama4_text")
+    twin = twin_config(config)
+
+    assert twin.layer_types == config.layer_types
+    assert twin.num_hidden_layers == config.num_hidden_layers
+    assert twin.attention_chunk_size < max(architecture.CHECK_LENGTHS)
+    assert twin_config(AutoConfig.for_model("mistral")).sliding_window < max(architecture.CHECK_LENGTHS)
+    assert twin.hidden_size <= 32 and twin.num_local_experts <= 4
+
+
+def test_prefix_sharing_is_checked_on_the_twin_too():
+    model_class, config = model_class_for(AutoConfig.for_model("llama4_text"))
+
+    verdict = check_architecture(model_class, config, ATTN_IMPLEMENTATION, prefix_sharing=True)
+
+    assert not verdict.exact and "chunked attention" in verdict.reason
+    assert check_architecture(model_class, config, ATTN_IMPLEMENTATION).exact
+
+
+def test_flash_kernels_are_checked_through_padfree_varlen():
+    model = tiny_model("qwen3")
+    model.config._attn_implementation = "flash_attention_2"  # cannot run on a CPU: its architecture can be checked
+
+    assert architecture_verdict(model).attn_implementation == ATTN_IMPLEMENTATION
+
+
+def test_llama4_rows_longer_than_its_temperature_tuning_floor_are_refused():
+    config = AutoConfig.for_model("llama4_text")
+    limit = packed_row_limit(config)
+    assert limit == config.floor_scale - 1
+
+    check_packed_row_length(config, limit)  # does not raise
+    with pytest.raises(ValueError, match="max_tokens_per_batch"):
+        check_packed_row_length(config, limit + 1)
+    assert packed_row_limit(AutoConfig.for_model("llama")) is None
+
+
+def test_decoder_model_types_leave_out_encoders():
+    types = decoder_model_types()
+
+    assert {"llama", "gpt_oss", "qwen3_5", "mamba"} <= set(types)
+    assert not {"bert", "roberta", "bart", "whisper"} & set(types)
+
+
+def test_models_command_prints_a_row_per_type(capsys):
+    assert main(["models", "--types", "llama", "bloom", "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert re.search(r"llama\s+padfree_varlen=exact", output)
+    assert re.search(r"bloom\s+padfree_varlen=refused", output)
+    assert "2 model types" in output
+
+
+def test_models_check_reads_only_a_config(tmp_path, capsys):
+    AutoConfig.for_model("qwen3_moe").save_pretrained(tmp_path)  # a config.json, no weights
+
+    assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert "Qwen3MoeForCausalLM" in output and "packs exactly" in output
+    assert "padding_free=True trains it" in output
+
+
+@pytest.mark.slow
+def test_every_decoder_type_gets_a_verdict():
+    # The generated table of docs/models-and-backends.md: every type exact, or refused with a reason
+    for model_type in decoder_model_types():
+        row = check_model_type(model_type)
+        for verdict in row.verdicts.values():
+            assert verdict.exact or verdict.reason, model_type
