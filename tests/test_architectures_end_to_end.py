@@ -31,14 +31,15 @@ MODEL_TYPES = ("qwen3_moe", "gemma4_text", "gpt_oss", "llama4_text", "olmo3")
 AUX_LOSS_BY_DEFAULT = ("qwen3_moe", "gpt_oss", "llama4_text")
 
 # fp32, one step, packed vs padded, largest gradient difference over the largest gradient: 2.3e-7 to 4.5e-7, except
-# gemma4_text: 3.2e-6 (2.9e-6 absolute, largest gradient 0.91, the tied embedding). TRL's padded trainer on the same
-# gemma4_text model differs from itself by 1.4e-5 between its sdpa and eager attention: rounding, through six layers
-# with sqrt(hidden)-scaled embeddings and per-layer inputs. Losses: at most 1.2e-7; metrics within trainer_utils'.
+# gemma4_text: 3.2e-6 (2.9e-6 absolute, largest gradient 0.91, the tied embedding; 3.3e-6 with its MoE block). TRL's
+# padded trainer on the same gemma4_text model differs from itself by 1.4e-5 between its sdpa and eager attention:
+# rounding, through six layers with sqrt(hidden)-scaled embeddings and per-layer inputs. Losses: at most 1.2e-7;
+# metrics within trainer_utils' bounds.
 GRAD_ATOL_BY_MODEL = {"gemma4_text": 1e-5}
 
 
-def model_factory(model_type: str):
-    return functools.partial(make_tiny_model, model_type, len(make_tokenizer()))
+def model_factory(model_type: str, **overrides):
+    return functools.partial(make_tiny_model, model_type, len(make_tokenizer()), **overrides)
 
 
 # What each tiny model must keep of its architecture: attention kinds (layer_types), MLP classes per layer
@@ -65,10 +66,19 @@ def test_tiny_model_keeps_the_architecture(model_type):
     assert all(parameter.any() for parameter in model.parameters())  # gpt_oss's sinks and biases too
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_one_step_matches_padded(model_type):
-    padded_trainer = make_trainer(False, model_factory=model_factory(model_type))
-    packed_trainer = make_trainer(True, model_factory=model_factory(model_type))
+# Gemma 4's MoE variant (26B-A4B): a routed MoE block next to the dense MLP of every layer (its config declares no
+# router_aux_loss_coef, so TRL adds no aux loss)
+GEMMA4_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides",
+    [*((model_type, {}) for model_type in MODEL_TYPES), ("gemma4_text", GEMMA4_MOE)],
+    ids=[*MODEL_TYPES, "gemma4_text-moe"],
+)
+def test_one_step_matches_padded(model_type, overrides):
+    padded_trainer = make_trainer(False, model_factory=model_factory(model_type, **overrides))
+    packed_trainer = make_trainer(True, model_factory=model_factory(model_type, **overrides))
     assert packed_trainer.model.config._attn_implementation == ATTN_IMPLEMENTATION
     assert packed_trainer.aux_loss_enabled == (model_type in AUX_LOSS_BY_DEFAULT)
     padded, packed = one_step(padded_trainer), one_step(packed_trainer)
