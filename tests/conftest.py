@@ -13,3 +13,13 @@ def model_dir(tmp_path_factory):
     from distributed_runs import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+def pytest_collection_modifyitems(config, items):
+    # `slow` tests run only when asked for (`-m slow`, or any -m expression naming them), as pyproject's marker says
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip_slow = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip_slow)

@@ -23,6 +23,22 @@ def save_tiny_model(directory: Path) -> Path:
     return directory
 
 
+def save_tiny_models(directory: Path, model_types) -> Path:
+    """One folder per model type under `directory` (tests/tiny_architectures.py), for runs named `TYPE:<options>`."""
+    from tiny_architectures import save_tiny_architecture
+
+    for model_type in model_types:
+        save_tiny_architecture(directory / model_type, model_type)
+    return directory
+
+
+def checkout_environment(**extra: str) -> dict[str, str]:
+    """This process's environment for a subprocess that imports `trl_padfree` from this checkout (ROOT), whichever
+    copy of the package is installed, plus `extra`."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *([path] if path else [])]), **extra}
+
+
 def train_in_this_process(model_dir: Path, output: Path, *options: str) -> dict:
     sys.path.insert(0, str(TRAIN_SCRIPT.parent))
     try:
@@ -48,7 +64,7 @@ def launch(config: str, model_dir: Path, output: Path, *options: str, processes:
         "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
         str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output), *options,
     ]  # fmt: skip
-    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    environment = checkout_environment(DS_ACCELERATOR="cpu", TQDM_DISABLE="1", HF_HUB_OFFLINE="1")
     if config == "multi_gpu.yaml":
         # Not `accelerate launch --cpu`: it runs the script in one process, whatever --num_processes says
         environment["ACCELERATE_USE_CPU"] = "true"

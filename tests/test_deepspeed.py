@@ -4,7 +4,6 @@ process on the same global batches. The refusals and the reference's config are 
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 deepspeed = pytest.importorskip("deepspeed")
 
 from accelerate.utils import DeepSpeedPlugin  # noqa: E402
-from distributed_runs import free_port, launch, train_in_this_process  # noqa: E402
+from distributed_runs import checkout_environment, free_port, launch, train_in_this_process  # noqa: E402
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
 from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
@@ -192,13 +191,9 @@ def test_zero3_init_config_restores_the_trainers_config():
 def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajectory(tmp_path):
     """The user's command (recipes/dpo.py, zero3_ref_offload.yaml, --ref_offload true): train 3 steps saving at 2,
     then resume from step 2 in new processes; step 3 must be the same."""
-    environment = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "TQDM_DISABLE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRL_PADFREE_CACHE": str(tmp_path / "cache"),
-    }
+    environment = checkout_environment(
+        DS_ACCELERATOR="cpu", TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRL_PADFREE_CACHE=str(tmp_path / "cache")
+    )
 
     def train(output_dir: Path, *extra: str) -> dict:
         command = [

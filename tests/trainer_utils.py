@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.tiny import make_model, make_preference_dataset, make_tokenizer
@@ -59,9 +62,12 @@ def make_trainer(
     dtype: torch.dtype = torch.float32,
     model_overrides: dict | None = None,
     data_collator=None,
+    model_factory: Callable[..., PreTrainedModel] | None = None,
     **config_kwargs,
 ):
-    """A trainer on a tiny model; the reference has other weights (`ref_seed`) so the loss is not trivially ln 2."""
+    """A trainer on a tiny model; the reference has other weights (`ref_seed`) so the loss is not trivially ln 2.
+
+    `model_factory(seed)` builds the policy (seed 0) and the reference in place of `make_model(model_type, ...)`."""
     config_kwargs.setdefault("report_to", [])
     config_kwargs.setdefault("save_strategy", "no")
     config_kwargs.setdefault("bf16", False)  # TRL's default is bf16 autocast; these comparisons are fp32 unless asked
@@ -74,14 +80,15 @@ def make_trainer(
         seed=0,
         **config_kwargs,
     )
-    model_overrides = model_overrides or {}
-    model = make_model(model_type, attn_implementation=attn_implementation, seed=0, dtype=dtype, **model_overrides)
+    if model_factory is None:
+        model_factory = functools.partial(
+            make_model, model_type, attn_implementation=attn_implementation, dtype=dtype, **(model_overrides or {})
+        )
+    model = model_factory(seed=0)
     # TRL would reload the reference from the model's hub name; tiny models have none, so pass it (PEFT needs none)
     ref_model = None
     if peft_config is None:
-        ref_model = make_model(
-            model_type, attn_implementation=attn_implementation, seed=ref_seed, dtype=dtype, **model_overrides
-        )
+        ref_model = model_factory(seed=ref_seed)
     return trainer_class(
         model=model,
         ref_model=ref_model,
@@ -130,10 +137,11 @@ def one_step(trainer, num_examples: int | None = None) -> StepResult:
     return StepResult(loss.item(), grads, metrics)
 
 
-def assert_same_step(padded: StepResult, packed: StepResult) -> None:
+def assert_same_step(padded: StepResult, packed: StepResult, grad_atol: float = GRAD_ATOL) -> None:
+    """Same loss, gradients and TRL metrics; `grad_atol` times max(1, largest padded gradient) bounds the gradients."""
     assert abs(padded.loss - packed.loss) <= LOSS_ATOL + LOSS_RTOL * abs(padded.loss), (padded.loss, packed.loss)
     assert padded.grads.keys() == packed.grads.keys()
-    grad_atol = GRAD_ATOL * max(1.0, max(grad.abs().max().item() for grad in padded.grads.values()))
+    grad_atol = grad_atol * max(1.0, max(grad.abs().max().item() for grad in padded.grads.values()))
     for name, grad in padded.grads.items():
         torch.testing.assert_close(packed.grads[name], grad, atol=grad_atol, rtol=0, msg=f"gradient of {name}")
     trl_metrics = {key for key in packed.metrics if not key.startswith("padfree/")}  # ours come on top of TRL's

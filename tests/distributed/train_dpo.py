@@ -10,6 +10,9 @@ with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
 
 The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
 gives a process its slice of the same global batches the single process sees whole.
+
+`--model` is a saved model folder, or a folder of them: a run named `NAME:<options>` trains `<model>/NAME`, so one
+launch can train several architectures one after the other (the report keys are the run names as given).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import warnings
 from itertools import pairwise
 from pathlib import Path
@@ -26,6 +30,7 @@ import torch
 import trl
 from transformers import TrainerCallback
 
+import trl_padfree
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
 from trl_padfree.offload import reference_offloaded, zero3_init_config
@@ -38,6 +43,7 @@ warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v
 # A run is named by its options joined with "+", e.g. "padding_free+ref_offload"
 RUN_OPTIONS = (
     "trl",
+    "padded",
     "padding_free",
     "ref_offload",
     "explicit_ref",
@@ -49,7 +55,11 @@ RUN_OPTIONS = (
     "lora",
     "eval",
     "prefix_sharing",
+    "aux",
+    "bf16_weights",
 )
+# The 'aux' option's router_aux_loss_coef: large enough that the load-balancing term moves the loss visibly
+AUX_LOSS_COEF = 0.05
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,8 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--runs",
         default="padding_free",
         help=f"comma-separated runs, one after the other in the same processes; each joins options of {RUN_OPTIONS} "
-        "with '+' ('trl': TRL's own trainer, padded; 'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model "
-        "every step, half way; 'sp': sequence_parallel_size=2)",
+        "with '+', optionally after 'NAME:' to train the model <model>/NAME ('trl': TRL's own trainer, padded; "
+        "'padded': this package's trainer with padding_free=False, TRL's with its fused LM head's lookups fixed; "
+        "'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model every step, half way; 'sp': "
+        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'bf16_weights': load in bfloat16)",
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
@@ -77,8 +89,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def split_run(run: str) -> tuple[str | None, str]:
+    """`"qwen3_moe:padding_free+aux"` -> `("qwen3_moe", "padding_free+aux")`; no prefix: `(None, run)`."""
+    name, _, options = run.rpartition(":")
+    return name or None, options
+
+
+def model_path(run: str, options: argparse.Namespace) -> str:
+    name, _ = split_run(run)
+    return options.model if name is None else str(Path(options.model) / name)
+
+
 def run_options(run: str) -> set[str]:
-    options = set(run.split("+"))
+    options = set(split_run(run)[1].split("+"))
     if unknown := options - set(RUN_OPTIONS):
         raise ValueError(f"Unknown run options {sorted(unknown)} in {run!r}; choose from {RUN_OPTIONS}.")
     return options
@@ -104,6 +127,11 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra["prefix_sharing"] = True
     if "sync" in flags:
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
+    if "aux" in flags:
+        extra["router_aux_loss_coef"] = AUX_LOSS_COEF
+    if "bf16_weights" in flags:  # TRL loads a model named by path in float32 unless told
+        extra["model_init_kwargs"] = {"dtype": "bfloat16"}
+    model = model_path(run, options)
     args = config_class(
         output_dir=output_dir,
         padding_free="padding_free" in flags,
@@ -129,12 +157,12 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         from transformers import AutoModelForCausalLM
 
         with zero3_init_config(None):  # a plain model, as a user would load it
-            ref_model = AutoModelForCausalLM.from_pretrained(options.model, dtype=torch.float32)
+            ref_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     dataset = load_demo_dataset("train").select(range(options.num_pairs))
     if options.pairs:
         dataset = dataset.select([int(index) for index in options.pairs.split(",")])
     trainer = trainer_class(
-        model=options.model,
+        model=model,
         ref_model=ref_model,
         args=args,
         train_dataset=dataset,
@@ -196,6 +224,11 @@ def describe(trainer) -> dict:
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
     return {
+        "model_type": policy.config.model_type,
+        "attn_implementation": policy.config._attn_implementation,
+        "dtype": str(parameters[0].ds_tensor.dtype if hasattr(parameters[0], "ds_tensor") else parameters[0].dtype),
+        "aux_loss_enabled": trainer.aux_loss_enabled,
+        "trl_padfree": trl_padfree.__file__,  # the checkout whose package ran
         "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
         "metrics": [entry for entry in trainer.state.log_history if "loss" in entry],
         "world_size": trainer.accelerator.num_processes,
@@ -221,9 +254,11 @@ def main(argv=None) -> None:
     output = Path(options.output)
     reports = {}
     for run in options.runs.split(","):
+        start = time.perf_counter()
         trainer = build_trainer(run, options, str(output.parent / f"{output.stem}-{run}"))
         trainer.train()
         reports[run] = describe(trainer)
+        reports[run]["seconds"] = time.perf_counter() - start  # building the trainer and training, this process
         if "eval" in run_options(run):
             # pairs of the tokenized training set: none of them dropped for length
             reports[run]["eval"] = trainer.evaluate(trainer.train_dataset.select(range(8)))
