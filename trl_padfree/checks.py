@@ -154,3 +154,59 @@ def check_packed_row_length(config, row_length: int) -> None:
             f"in their sequence only in rows of at most {limit} tokens. Lower per_device_train_batch_size, or set "
             f"max_tokens_per_batch <= {limit}, or train with padding_free=False."
         )
+
+
+def check_packing_collator(data_collator) -> None:
+    from .collator import PaddingFreePreferenceCollator
+
+    if not (isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free):
+        raise ValueError(
+            f"padding_free=True needs packed batches, but the data collator is {type(data_collator).__name__}. "
+            "Pass `PaddingFreePreferenceCollator(...)` (padding_free=True), or no collator at all."
+        )
+
+
+def refuse_vision_datasets() -> None:
+    raise ValueError("padding_free=True is not supported for vision datasets. Set padding_free=False.")
+
+
+def check_sequence_parallel_setup(
+    sp_size: int, deepspeed: bool, padding_free: bool, disable_dropout: bool, aux_loss_enabled: bool
+) -> None:
+    """Sequence parallelism (DeepSpeed Ulysses over a packed row): what it needs from the run's settings."""
+    if not deepspeed:
+        raise ValueError(
+            f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses: launch with a DeepSpeed config, "
+            "e.g. `accelerate launch --config_file recipes/accelerate_configs/zero3.yaml ...`."
+        )
+    if not padding_free:
+        raise ValueError(
+            f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "
+            "group, with per-sequence positions that TRL's padded batches do not carry. Set padding_free=True."
+        )
+    if not disable_dropout:
+        raise ValueError(
+            "Sequence parallelism runs the reference model in training mode (DeepSpeed switches Ulysses off in "
+            "eval mode), so its dropout must be off: set disable_dropout=True."
+        )
+    if aux_loss_enabled:
+        raise ValueError(
+            "Sequence parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the "
+            "row alone. Set router_aux_loss_coef=0, or sp_size=1."
+        )
+
+
+def check_token_budget_setup(padding_free: bool, sp_size: int, train_dataset) -> None:
+    """Token-budget batching (`max_tokens_per_batch`): what it needs from the run's settings."""
+    if not padding_free:
+        raise ValueError(
+            "max_tokens_per_batch needs padding_free=True: a padded micro-batch costs pairs x longest sequence, "
+            "not its tokens. Set padding_free=True."
+        )
+    if sp_size > 1:
+        raise ValueError(
+            "max_tokens_per_batch does not work with sequence parallelism yet. Unset one of them; with sequence "
+            "parallelism, size rows with per_device_train_batch_size and max_length."
+        )
+    if isinstance(train_dataset, torch.utils.data.IterableDataset):
+        raise ValueError("max_tokens_per_batch needs a training dataset with a length, not an IterableDataset.")

@@ -21,8 +21,12 @@ from .checks import (
     check_moe_aux_loss_without_row_padding,
     check_not_prompt_learning,
     check_packable,
+    check_packing_collator,
     check_prefix_sharing_without_moe_aux_loss,
     check_prefix_sharing_without_sequence_parallel,
+    check_sequence_parallel_setup,
+    check_token_budget_setup,
+    refuse_vision_datasets,
     resolve_attn_implementation,
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
@@ -93,11 +97,7 @@ class DPOTrainer(trl.DPOTrainer):
         self._token_budget = None  # set up once TRL has tokenized the data (_set_up_token_budget)
         self._padding_free_ready = False
         if self._padding_free_requested and data_collator is not None:
-            if not (isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free):
-                raise ValueError(
-                    f"padding_free=True needs packed batches, but the data collator is {type(data_collator).__name__}. "
-                    "Pass `PaddingFreePreferenceCollator(...)` (padding_free=True), or no collator at all."
-                )
+            check_packing_collator(data_collator)
         ref_offload = bool(getattr(args, "ref_offload", False))
         if ref_offload:
             peft_config = _bound_argument("peft_config", model, ref_model, args, data_collator, *more_args, **kwargs)
@@ -156,7 +156,7 @@ class DPOTrainer(trl.DPOTrainer):
         if self._padding_free_ready:
             return
         if self._is_vision_dataset:
-            raise ValueError("padding_free=True is not supported for vision datasets. Set padding_free=False.")
+            refuse_vision_datasets()
         if not isinstance(self.data_collator, PaddingFreePreferenceCollator):
             self.data_collator = PaddingFreePreferenceCollator.from_padded(self.data_collator)
         check_moe_aux_loss_without_row_padding(self.aux_loss_enabled, self.data_collator.pad_to_multiple_of)
@@ -196,27 +196,10 @@ class DPOTrainer(trl.DPOTrainer):
         sp_size = sequence_parallel_size(self.accelerator)
         if sp_size == 1:
             return
-        if not self.is_deepspeed_enabled:
-            raise ValueError(
-                f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses: launch with a DeepSpeed config, "
-                "e.g. `accelerate launch --config_file recipes/accelerate_configs/zero3.yaml ...`."
-            )
-        if not self.padding_free:
-            raise ValueError(
-                f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "
-                "group, with per-sequence positions that TRL's padded batches do not carry. Set padding_free=True."
-            )
+        check_sequence_parallel_setup(
+            sp_size, self.is_deepspeed_enabled, self.padding_free, self.args.disable_dropout, self.aux_loss_enabled
+        )
         check_prefix_sharing_without_sequence_parallel(self.data_collator.prefix_sharing, sp_size)
-        if not self.args.disable_dropout:
-            raise ValueError(
-                "Sequence parallelism runs the reference model in training mode (DeepSpeed switches Ulysses off in "
-                "eval mode), so its dropout must be off: set disable_dropout=True."
-            )
-        if self.aux_loss_enabled:
-            raise ValueError(
-                "Sequence parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the "
-                "row alone. Set router_aux_loss_coef=0, or sp_size=1."
-            )
         check_no_sequence_parallel_groups_yet()
         policy = self.accelerator.unwrap_model(self.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
@@ -241,18 +224,7 @@ class DPOTrainer(trl.DPOTrainer):
         budget = getattr(self.args, "max_tokens_per_batch", None)
         if budget is None or self.train_dataset is None:
             return
-        if not self.padding_free:
-            raise ValueError(
-                "max_tokens_per_batch needs padding_free=True: a padded micro-batch costs pairs x longest sequence, "
-                "not its tokens. Set padding_free=True."
-            )
-        if sequence_parallel_size(self.accelerator) > 1:
-            raise ValueError(
-                "max_tokens_per_batch does not work with sequence parallelism yet. Unset one of them; with sequence "
-                "parallelism, size rows with per_device_train_batch_size and max_length."
-            )
-        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
-            raise ValueError("max_tokens_per_batch needs a training dataset with a length, not an IterableDataset.")
+        check_token_budget_setup(self.padding_free, sequence_parallel_size(self.accelerator), self.train_dataset)
         pad_to_multiple_of = self.data_collator.pad_to_multiple_of
         collator = self.data_collator
         lengths = pair_lengths(
