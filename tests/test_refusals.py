@@ -8,16 +8,23 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference
 from trl_padfree import PaddingFreePreferenceCollator
 from trl_padfree.forward import PACKED_BATCH_KWARG, PackedBatch
 
+BLOOM = dict(hidden_size=32, n_layer=2, n_head=4)
 OPT = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32)
 
 
-def test_known_broken_model_type_is_refused_at_init():
-    with pytest.raises(ValueError, match="model type 'opt'.*padding_free=False"):
-        make_trainer(True, model_type="opt", model_overrides=OPT)
+def test_a_leaking_architecture_is_refused_at_init():
+    # OPT's sdpa mask ignores the packed positions (it packs only on padfree_varlen, which the message names)
+    with pytest.raises(ValueError, match="model type 'opt'.*packed_attn_implementation='padfree_varlen'"):
+        make_trainer(True, model_type="opt", model_overrides=OPT, packed_attn_implementation="sdpa")
+
+
+def test_a_leaking_architecture_with_no_packing_backend_is_refused_at_init():
+    with pytest.raises(ValueError, match="model type 'bloom'.*Train it with padding_free=False"):
+        make_trainer(True, model_type="bloom", model_overrides=BLOOM, attn_implementation="eager")
 
 
 def test_refused_model_still_trains_padded():
-    assert make_trainer(False, model_type="opt", model_overrides=OPT).padding_free is False
+    assert make_trainer(False, model_type="bloom", model_overrides=BLOOM, attn_implementation="eager").padding_free is False
 
 
 def test_attention_that_leaks_is_refused():

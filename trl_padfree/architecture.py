@@ -72,6 +72,7 @@ _SHRUNK = {
     "sliding_window": TWIN_SLIDING_WINDOW,
     "attention_chunk_size": TWIN_CHUNK_SIZE,
     "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer inputs
+    "rotary_dim": 4,  # partial rotary (GPT-J, CodeGen): at most the twin's head_dim
     "shared_intermediate_size": 32,
     # state-space and linear-attention mixers of hybrid models: a 32-wide twin expands to 64 inner channels
     "mamba_n_heads": 4,
@@ -98,6 +99,7 @@ _AT_MOST = {  # expert counts: a few experts keep routing real without the size
     "moe_num_experts": 4,
     "num_experts_per_tok": 2,
     "moe_topk": 2,
+    "moe_k": 2,
     "n_shared_experts": 1,
     "n_group": 1,
     "topk_group": 1,
@@ -151,6 +153,14 @@ def _shrink(values: dict) -> dict:
     return shrunk
 
 
+def _shrink_override(override: dict, head_dim: int | None) -> dict:
+    # Per-layer overrides (Gemma 4's wider full-attention heads): shrunk, keeping their ratio to the base head_dim
+    shrunk = _shrink(override)
+    if isinstance(override.get("head_dim"), int) and isinstance(head_dim, int) and head_dim > 0:
+        shrunk["head_dim"] = max(1, override["head_dim"] // head_dim) * _SHRUNK["head_dim"]
+    return shrunk
+
+
 def twin_config(config: PretrainedConfig) -> PretrainedConfig:
     """The config of the twin: every width shrunk, layer pattern kept, windows and chunks shorter than the check's
     sequences, no dropout. Sub-configs (a multimodal model's text and vision parts) and per-layer overrides are shrunk
@@ -160,7 +170,7 @@ def twin_config(config: PretrainedConfig) -> PretrainedConfig:
         if isinstance(value, dict) and "model_type" in value:  # a sub-config
             values[key] = _shrink(value)
         elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            values[key] = {layer: _shrink(v) for layer, v in value.items()}  # per-layer overrides (Gemma 4)
+            values[key] = {layer: _shrink_override(v, values.get("head_dim")) for layer, v in value.items()}
     values = _shrink(values)
     values.pop("dtype", None)
     values.pop("_name_or_path", None)

@@ -114,8 +114,8 @@ def check_prefix_sharing_without_moe_aux_loss(prefix_sharing: bool, aux_loss_ena
         )
 
 
-def check_prefix_sharing_without_sequence_parallel(prefix_sharing: bool, sequence_parallel_size: int) -> None:
-    if prefix_sharing and sequence_parallel_size > 1:
+def check_prefix_sharing_without_sequence_parallel(prefix_sharing: bool, sequence_parallel: bool) -> None:
+    if prefix_sharing and sequence_parallel:
         raise ValueError(
             "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
             "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
@@ -138,7 +138,7 @@ def packed_row_limit(config) -> int | None:
     position in their sequence: the scale is 1 for indices below `floor_scale - 1` (8191), so rows up to that length
     equal each sequence alone. The architecture check's short sequences cannot see this.
     """
-    text_config = config.get_text_config()
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     floor_scale = getattr(text_config, "floor_scale", None)
     if getattr(text_config, "attn_temperature_tuning", False) and floor_scale:
         return int(floor_scale) - 1

@@ -138,7 +138,7 @@ class DPOConfig(trl.DPOConfig):
                     f"parallelism_config_sp_size={launched_size}. Set one of them."
                 )
             self.sequence_parallel_size = launched_size
-        check_prefix_sharing_without_sequence_parallel(self.prefix_sharing, self.sequence_parallel_size)
+        check_prefix_sharing_without_sequence_parallel(self.prefix_sharing, self.sequence_parallel_size > 1)
         if self.sequence_parallel_size > 1 and self.parallelism_config is None:
             from accelerate.parallelism_config import ParallelismConfig
             from accelerate.utils import DeepSpeedSequenceParallelConfig

@@ -16,6 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto import modeling_auto
@@ -78,6 +79,11 @@ class CoverageRow:
         return sum(verdict.seconds for verdict in self.verdicts.values())
 
 
+def _refused_row(model_type: str, model_class: str, reason: str, backends) -> CoverageRow:
+    verdicts = {backend: Verdict(model_type, model_class, backend, False, reason, None, None, 0.0) for backend in backends}
+    return CoverageRow(model_type, model_class, verdicts)
+
+
 def check_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow:
     """Verdicts for `model_type`'s default config on each backend."""
     try:
@@ -85,8 +91,16 @@ def check_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow
         model_class, config = model_class_for(config)
     except Exception as error:
         reason = f"its default config cannot be built ({type(error).__name__}: {' '.join(str(error).split())})"
-        failed = {backend: Verdict(model_type, "?", backend, False, reason, None, None, 0.0) for backend in backends}
-        return CoverageRow(model_type, "?", failed)
+        return _refused_row(model_type, "?", reason, backends)
+    try:
+        with torch.device("meta"):  # no memory: only whether the class accepts its own default config
+            model_class(config)
+    except Exception as error:
+        reason = (
+            f"its default config does not build a model ({type(error).__name__}: {' '.join(str(error).split())}); "
+            "check a real checkpoint's config with --check"
+        )
+        return _refused_row(model_type, model_class.__name__, reason, backends)
     verdicts = {backend: check_architecture(model_class, config, backend) for backend in backends}
     return CoverageRow(model_type, model_class.__name__, verdicts)
 

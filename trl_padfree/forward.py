@@ -194,7 +194,7 @@ def _check_shares_prefixes(module: torch.nn.Module | None, group) -> None:
             f"their prompt; this model runs {attn_implementation!r}. Set `packed_attn_implementation='auto'` (or "
             f"'{ATTN_IMPLEMENTATION}'), or prefix_sharing=False."
         )
-    check_prefix_sharing_without_sequence_parallel(True, 1 if group is None else group.size)
+    check_prefix_sharing_without_sequence_parallel(True, group is not None)
 
 
 @contextlib.contextmanager

@@ -199,7 +199,7 @@ class DPOTrainer(trl.DPOTrainer):
         check_sequence_parallel_setup(
             sp_size, self.is_deepspeed_enabled, self.padding_free, self.args.disable_dropout, self.aux_loss_enabled
         )
-        check_prefix_sharing_without_sequence_parallel(self.data_collator.prefix_sharing, sp_size)
+        check_prefix_sharing_without_sequence_parallel(self.data_collator.prefix_sharing, sp_size > 1)
         check_no_sequence_parallel_groups_yet()
         policy = self.accelerator.unwrap_model(self.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
