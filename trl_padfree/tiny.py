@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 WORDS = [f"w{index}" for index in range(90)]
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
-# One config per verified model type: small enough for a CPU forward in milliseconds, yet with GQA, rotary, sliding
+# One config per demo model type: small enough for a CPU forward in milliseconds, yet with GQA, rotary, sliding
 # windows and learned absolute positions where the architecture has them
 _DECODER = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
@@ -86,7 +86,7 @@ def make_preference_dataset(num_pairs: int = 16, seed: int = 0, max_words: int =
     return Dataset.from_list(rows)
 
 
-# Demo models: the verified architectures at a few sizes, over the shipped tokenizer's vocabulary. Recipes and the CLI
+# Demo models: these architectures at a few sizes, over the shipped tokenizer's vocabulary. Recipes and the CLI
 # name them `trl-padfree/<size>-<model_type>` (e.g. `trl-padfree/tiny-llama`); they are built and saved locally.
 DEMO_MODEL_PREFIX = "trl-padfree/"
 DEMO_MODEL_SIZES = {
