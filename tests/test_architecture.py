@@ -7,10 +7,12 @@ log-probs and 3e-5 of the largest gradient (Gemma 4, whose norms compute in floa
 Mamba scan) to 1, so the tolerances (1e-4 both) sit between the two.
 """
 
+import logging
 import re
 
 import pytest
 import torch
+from trainer_utils import assert_same_step, make_trainer, one_step
 from transformers import AutoConfig
 
 from trl_padfree import architecture
@@ -218,3 +220,23 @@ def test_every_decoder_type_gets_a_verdict():
         row = check_model_type(model_type)
         for verdict in row.verdicts.values():
             assert verdict.exact or verdict.reason, model_type
+
+
+GPTJ = dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=512)
+
+
+def test_auto_picks_the_backend_the_check_finds_exact(caplog):
+    # GPT-J keeps its own attention code (it ignores padfree_varlen) but packs exactly on eager
+    padded = make_trainer(False, model_type="gptj", attn_implementation="eager", model_overrides=GPTJ)
+    with caplog.at_level(logging.INFO, logger="trl_padfree.checks"):
+        packed = make_trainer(True, model_type="gptj", attn_implementation="eager", model_overrides=GPTJ)
+
+    assert packed.model.config._attn_implementation == "eager"
+    assert "packs exactly on `eager`" in caplog.text
+    assert_same_step(one_step(padded), one_step(packed))
+
+
+def test_an_explicit_backend_is_not_second_guessed():
+    with pytest.raises(ValueError, match="does not run its attention through.*packed_attn_implementation='eager'"):
+        make_trainer(True, model_type="gptj", attn_implementation="eager", model_overrides=GPTJ,
+                     packed_attn_implementation="padfree_varlen")  # fmt: skip

@@ -7,10 +7,14 @@ tiny twin of it (architecture.py); the rules below turn that measurement into a 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .architecture import Verdict, check_architecture
 from .attention import ATTN_IMPLEMENTATION
+
+logger = logging.getLogger(__name__)
 
 # Backends that keep packed sequences apart when the architecture allows: ours, flash varlen (cu_seq_lens), and the
 # block-diagonal mask sdpa/eager build from position_ids when no attention mask is passed
@@ -38,6 +42,36 @@ def resolve_attn_implementation(requested: str, current: str | None, prefix_shar
     return resolved
 
 
+def choose_packed_attention(model: torch.nn.Module, requested: str, prefix_sharing: bool = False) -> str:
+    """The attention `model` runs packed rows with: `resolve_attn_implementation`, except that `auto` moves on to
+    `sdpa`, then `eager`, for an architecture the check finds exact on those but not on `padfree_varlen` (classes
+    that keep their own attention code, such as GPT-J or CodeGen). The choice is logged; nothing inexact is chosen:
+    `check_packable` still decides."""
+    resolved = resolve_attn_implementation(requested, model.config._attn_implementation, prefix_sharing)
+    if requested != "auto" or prefix_sharing or resolved != ATTN_IMPLEMENTATION:
+        return resolved
+    if architecture_verdict(model, resolved).exact:
+        return resolved
+    for backend in ("sdpa", "eager"):
+        if architecture_verdict(model, backend).exact:
+            logger.info(
+                f"packed_attn_implementation='auto': {type(model).__name__} does not pack on `{resolved}` "
+                f"({architecture_verdict(model, resolved).reason}); it packs exactly on `{backend}`, which it will use."
+            )
+            return backend
+    return resolved
+
+
+def check_attention_switched(model: torch.nn.Module, attn_implementation: str) -> None:
+    # Some classes keep their own attention code and only log that they cannot switch
+    if model.config._attn_implementation != attn_implementation:
+        raise ValueError(
+            f"{type(model).__name__} did not switch to attn_implementation={attn_implementation!r} (it stays on "
+            f"{model.config._attn_implementation!r}). Set packed_attn_implementation='auto', which picks an attention "
+            "the architecture check finds exact, or padding_free=False."
+        )
+
+
 def check_attn_implementation(attn_implementation: str | None) -> None:
     if attn_implementation not in PACKING_AWARE_ATTENTION:
         raise ValueError(
@@ -62,22 +96,27 @@ def architecture_verdict(
     return check_architecture(type(model), model.config, checked_backend(attn_implementation), prefix_sharing)
 
 
-def check_packable(model: torch.nn.Module, prefix_sharing: bool = False) -> None:
-    """Refuse a model whose packed forward on its attention implementation would differ from its per-sequence
-    forward, as measured on a tiny twin of its architecture (architecture.py), with the backends that would work."""
-    attn_implementation = model.config._attn_implementation
+def check_packable(
+    model: torch.nn.Module, prefix_sharing: bool = False, attn_implementation: str | None = None
+) -> None:
+    """Refuse a model whose packed forward on `attn_implementation` (default: the model's own) would differ from its
+    per-sequence forward, as measured on a tiny twin of its architecture (architecture.py), naming the backends that
+    would work."""
+    attn_implementation = attn_implementation or model.config._attn_implementation
     check_attn_implementation(attn_implementation)
     verdict = architecture_verdict(model, attn_implementation, prefix_sharing)
     if verdict.exact:
         return
-    raise ValueError(refusal_message(model, verdict, prefix_sharing))
+    raise ValueError(refusal_message(model, verdict, attn_implementation, prefix_sharing))
 
 
-def refusal_message(model: torch.nn.Module, verdict: Verdict, prefix_sharing: bool) -> str:
-    what = "prefix_sharing=True" if verdict.errors is not None and verdict.errors.exact else "padding_free=True"
+def refusal_message(model: torch.nn.Module, verdict: Verdict, attn_implementation: str, prefix_sharing: bool) -> str:
+    # Refused only because of sharing when the same architecture packs without it
+    sharing_alone = prefix_sharing and architecture_verdict(model, attn_implementation).exact
+    what = "prefix_sharing=True" if sharing_alone else "padding_free=True"
     message = (
         f"{what} cannot train {verdict.model_class} (model type {verdict.model_type!r}) with "
-        f"attn_implementation={model.config._attn_implementation!r}: {verdict.reason}."
+        f"attn_implementation={attn_implementation!r}: {verdict.reason}."
     )
     if what == "prefix_sharing=True":
         return f"{message} Set prefix_sharing=False (padding-free training without sharing packs it exactly)."

@@ -23,8 +23,9 @@ class DPOConfig(trl.DPOConfig):
         packed_attn_implementation (`str`, *optional*, defaults to `"auto"`):
             Attention used for packed rows, on the policy and the reference model. `"auto"` keeps
             `flash_attention_2`/`flash_attention_3` when the model already uses one, and otherwise switches to
-            `"padfree_varlen"` (PyTorch's varlen flash attention on CUDA, exact per-sequence attention on CPU).
-            `"keep"` keeps the model's own; `"sdpa"` and `"eager"` are exact too, but their block-diagonal mask costs
+            `"padfree_varlen"` (PyTorch's varlen flash attention on CUDA, exact per-sequence attention on CPU); for
+            an architecture the check finds exact only on `"sdpa"` or `"eager"` (classes that keep their own attention
+            code), it picks that one and logs why. `"keep"` keeps the model's own; `"sdpa"` and `"eager"` are exact too, but their block-diagonal mask costs
             the square of the whole row.
 
         max_tokens_per_batch (`int` or `None`, *optional*, defaults to `None`):

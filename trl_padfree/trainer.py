@@ -18,6 +18,7 @@ from transformers.trainer_utils import seed_worker
 from trl.trainer.utils import get_config_model_id
 
 from .checks import (
+    check_attention_switched,
     check_moe_aux_loss_without_row_padding,
     check_not_prompt_learning,
     check_packable,
@@ -26,8 +27,8 @@ from .checks import (
     check_prefix_sharing_without_sequence_parallel,
     check_sequence_parallel_setup,
     check_token_budget_setup,
+    choose_packed_attention,
     refuse_vision_datasets,
-    resolve_attn_implementation,
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
@@ -178,12 +179,11 @@ class DPOTrainer(trl.DPOTrainer):
 
         requested = getattr(self.args, "packed_attn_implementation", "auto")
         for model in models:
-            attn_implementation = resolve_attn_implementation(
-                requested, model.config._attn_implementation, prefix_sharing
-            )
+            attn_implementation = choose_packed_attention(model, requested, prefix_sharing)
+            check_packable(model, prefix_sharing, attn_implementation)
             if attn_implementation != model.config._attn_implementation:
                 model.set_attn_implementation(attn_implementation)
-            check_packable(model, prefix_sharing)
+                check_attention_switched(model, attn_implementation)
             add_packed_forward(model)
         self.padding_free = True
         self._padding_free_ready = True
