@@ -649,3 +649,26 @@ def test_cuda_falls_back_to_per_segment_attention_and_says_why_once(
     assert len(messages) == 1 and "per-segment" in messages[0] and reason in messages[0]
     expected = naive_attention(query, key, value, allowed_keys(ATTENTION_LENGTHS), softcap, sinks)
     torch.testing.assert_close(output.float().cpu(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_chunk_boundaries_are_cut_once_per_forward(monkeypatch):
+    # Every chunked layer of a forward gets the same cu_seq_lens: one host sync, not one per layer
+    calls = []
+    cut = attention.chunked_cu_seq_lens
+    monkeypatch.setattr(attention, "chunked_cu_seq_lens", lambda *args: calls.append(args) or cut(*args))
+    model = make_llama4()
+    lengths = [9, 1, 6]
+    cu_seq_lens = cu_seq_lens_from_lengths(lengths)
+    with torch.no_grad():
+        model(
+            input_ids=torch.arange(sum(lengths)).unsqueeze(0) % 50,
+            position_ids=position_ids_from_lengths(lengths),
+            cu_seq_lens_q=cu_seq_lens,
+            cu_seq_lens_k=cu_seq_lens,
+            max_length_q=max(lengths),
+            max_length_k=max(lengths),
+            use_cache=False,
+        )
+
+    assert len(calls) == 1
+    assert sum(t == "chunked_attention" for t in model.config.layer_types) > 1

@@ -37,6 +37,7 @@ import functools
 import inspect
 import logging
 import math
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,21 @@ def chunked_cu_seq_lens(cu_seq_lens: torch.Tensor, chunk_size: int) -> torch.Ten
     chunk_in_segment = ranges_index(torch.zeros_like(chunks), chunks)  # 0, 1, ... for each segment's chunks
     chunk_starts = torch.repeat_interleave(starts, chunks) + chunk_in_segment * chunk_size
     return torch.cat([chunk_starts, ends[-1:]]).to(device=cu_seq_lens.device, dtype=torch.int32)
+
+
+# Every layer of a forward gets the same `cu_seq_lens` tensor: cut it into chunks (a host sync) once, not per layer
+_last_chunked: tuple[weakref.ref, int, torch.Tensor] | None = None
+
+
+def _chunked_once_per_forward(cu_seq_lens: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    global _last_chunked
+    if _last_chunked is not None:
+        source, size, chunked = _last_chunked
+        if source() is cu_seq_lens and size == chunk_size:
+            return chunked
+    chunked = chunked_cu_seq_lens(cu_seq_lens, chunk_size)
+    _last_chunked = (weakref.ref(cu_seq_lens), chunk_size, chunked)
+    return chunked
 
 
 # ---- the exact per-segment path ----
@@ -474,7 +490,7 @@ def padfree_varlen_attention(
             raise ValueError(
                 "prefix sharing with chunked attention layers is not supported; set prefix_sharing=False."
             )
-        cu_seq_lens_q = chunked_cu_seq_lens(cu_seq_lens_q, chunk_size)
+        cu_seq_lens_q = _chunked_once_per_forward(cu_seq_lens_q, chunk_size)
         # Still the longest segment: a segment longer than a chunk leaves a whole chunk
         max_length_q = None if max_length_q is None else min(max_length_q, chunk_size)
 
