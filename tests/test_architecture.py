@@ -102,7 +102,7 @@ def test_the_check_leaves_the_training_rng_alone(monkeypatch):
     [
         pytest.param("opt", "sdpa", "packed sequences see each other", id="opt-mask-from-positions"),
         pytest.param("bloom", ATTN_IMPLEMENTATION, "does not run its attention through", id="bloom-alibi"),
-        pytest.param("falcon_h1", ATTN_IMPLEMENTATION, "packed sequences see each other", id="falcon-h1-mamba"),
+        pytest.param("jamba", ATTN_IMPLEMENTATION, "JambaMambaMixer layers carry state", id="jamba-mamba"),
     ],
 )
 def test_leaking_architectures_are_refused_with_the_reason(model_type, attn_implementation, reason):

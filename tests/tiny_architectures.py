@@ -38,7 +38,34 @@ TINY_LAYERS = {
     "gpt_oss": dict(num_hidden_layers=2),
     "llama4_text": dict(num_hidden_layers=4, interleave_moe_layer_step=2),
     "olmo3": dict(num_hidden_layers=4),
+    # Hybrids: linear-attention or state-space layers around attention layers, the real checkpoints' kinds of layer
+    "qwen3_5_text": dict(num_hidden_layers=4),  # 3 gated delta rule + 1 full attention
+    "qwen3_5_moe_text": dict(num_hidden_layers=4),
+    "qwen3_next": dict(num_hidden_layers=4),
+    "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"]),  # LFM2-350M's start
+    "lfm2_moe": dict(num_hidden_layers=4, num_dense_layers=1, layer_types=["conv", "full_attention", "conv", "conv"]),
+    "nemotron_h": dict(num_hidden_layers=4),  # Mamba2, MoE, attention, MLP
+    "falcon_h1": dict(num_hidden_layers=2),  # attention and Mamba2 side by side in every layer
+    "bamba": dict(num_hidden_layers=4, attn_layer_indices=[2]),
+    "zamba2": dict(
+        num_hidden_layers=4, layers_block_type=["linear_attention", "linear_attention", "hybrid", "linear_attention"]
+    ),
+    "granitemoehybrid": dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+    ),
 }
+HYBRID_MODEL_TYPES = (
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "lfm2",
+    "lfm2_moe",
+    "nemotron_h",
+    "falcon_h1",
+    "bamba",
+    "zamba2",
+    "granitemoehybrid",
+)
 # Per-layer lists of the default config, cut to the tiny layer count; llama4's `moe_layers` is recomputed instead
 _PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
 
@@ -51,7 +78,8 @@ def tiny_config(model_type: str, vocab_size: int, **overrides) -> PretrainedConf
     for name in _PER_LAYER_LISTS:
         if isinstance(values.get(name), list):
             values[name] = values[name][:count]
-    values.pop("moe_layers", None)  # derived from interleave_moe_layer_step by the config class
+    for name in ("moe_layers", "hybrid_layer_ids"):  # derived from the layer pattern by the config class
+        values.pop(name, None)
     if isinstance(values.get("per_layer_config"), dict):
         # Gemma 4's full-attention layers have wider heads (512 by default): keep them wider than the sliding ones
         values["per_layer_config"] = {

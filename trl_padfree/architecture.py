@@ -16,16 +16,18 @@ the real model's dtype and ZeRO-3 partitioning do not matter, and a trainer pays
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import time
 from dataclasses import dataclass
 
 import torch
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import CONFIG_MAPPING, PretrainedConfig, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import shared_prefix_expected
+from .mixers import SEGMENTS_KWARG, MixerSegments, add_segmented_mixers, mixer_classes, segmented_calls
 from .packing import cu_seq_lens_from_lengths, position_ids_from_lengths
 
 # The check's row: a one-token sequence, and sequences longer than the shrunk windows (3) and chunks (4)
@@ -47,7 +49,7 @@ GRADIENT_TOLERANCE = 1e-4
 
 # Config fields shrunk on the twin, by name as transformers' configs spell them. Layer counts and per-layer lists
 # are kept, so the twin has the real model's layer pattern.
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embedding_dim")
 _HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 _KV_HEADS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "n_kv_heads")
 _SHRUNK = {
@@ -84,11 +86,17 @@ _SHRUNK = {
     "mamba_d_state": 8,
     "ssm_state_size": 8,
     "mamba_chunk_size": 8,  # scans run in chunks: the check's sequences cross them
+    "chunk_size": 8,  # (the Mamba2 mixers of Nemotron-H and Zamba2 call theirs chunk_size)
+    "n_mamba_heads": 4,
     "linear_key_head_dim": 8,
     "linear_value_head_dim": 8,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "block_size": 8,  # lightning attention blocks (MiniMax)
+    "linear_head_dim": 8,  # Kimi Linear's KDA, Bailing's linear attention
+    "mamba_dt_rank": 8,
+    "lru_width": 32,  # RecurrentGemma's recurrent block
+    "attention_window_size": TWIN_SLIDING_WINDOW,
 }
 # The usual initialisation scale, set on every twin whatever the real config says, so every check measures alike
 TWIN_INITIALIZER_RANGE = 0.02
@@ -103,10 +111,15 @@ _AT_MOST = {  # expert counts: a few experts keep routing real without the size
     "n_shared_experts": 1,
     "n_group": 1,
     "topk_group": 1,
+    # Mamba2 groups must divide the twin's 4 Mamba heads
+    "n_groups": 2,
+    "mamba_n_groups": 2,
+    "mamba_ngroups": 2,
 }
 _ZEROED = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
-# Derived on the real config from fields shrunk above: recomputed by the config class from the shrunk values
-_DERIVED = ("qk_head_dim",)
+# Derived on the real config from fields shrunk above (Zamba2 derives its attention widths): recomputed by the config
+# class from the shrunk values. Dropped only where they are not fields of the config class (RWKV's, JetMoE's are).
+_DERIVED = ("qk_head_dim", "attention_hidden_size", "attention_head_dim", "kv_channels", "num_query_groups")
 
 
 class TwinError(ValueError):
@@ -148,8 +161,6 @@ def _shrink(values: dict) -> dict:
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if shrunk.get(name) is not None:
             shrunk[name] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}[name]
-    for name in _DERIVED:
-        shrunk.pop(name, None)
     return shrunk
 
 
@@ -161,6 +172,11 @@ def _shrink_override(override: dict, head_dim: int | None) -> dict:
     return shrunk
 
 
+def _without_derived(values: dict, config_class: type | None) -> dict:
+    declared = {field.name for field in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+    return {name: value for name, value in values.items() if name not in _DERIVED or name in declared}
+
+
 def twin_config(config: PretrainedConfig) -> PretrainedConfig:
     """The config of the twin: every width shrunk, layer pattern kept, windows and chunks shorter than the check's
     sequences, no dropout. Sub-configs (a multimodal model's text and vision parts) and per-layer overrides are shrunk
@@ -168,10 +184,10 @@ def twin_config(config: PretrainedConfig) -> PretrainedConfig:
     values = config.to_dict()
     for key, value in values.items():
         if isinstance(value, dict) and "model_type" in value:  # a sub-config
-            values[key] = _shrink(value)
+            values[key] = _without_derived(_shrink(value), CONFIG_MAPPING.get(value["model_type"]))
         elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
             values[key] = {layer: _shrink_override(v, values.get("head_dim")) for layer, v in value.items()}
-    values = _shrink(values)
+    values = _without_derived(_shrink(values), type(config))
     values.pop("dtype", None)
     values.pop("_name_or_path", None)
     twin = type(config).from_dict(values)
@@ -242,6 +258,7 @@ def build_twin(model_class: type, config: PretrainedConfig, attn_implementation:
                 if not parameter.detach().any():  # a zero tensor hides a leak: a gate at 0 passes nothing on
                     parameter.data.normal_(0.0, TWIN_INITIALIZER_RANGE)
         twin.set_attn_implementation(attn_implementation)
+        add_segmented_mixers(twin)  # as the trainer's models get them (mixers.py)
     except Exception as error:  # any failure here is the twin's, reported with what failed
         raise TwinError(f"{type(error).__name__}: {error}") from error
     return twin
@@ -255,6 +272,8 @@ class PackingErrors:
     log_probs: float
     gradients: float
     attention_calls: int | None  # None: the backend is the model's own eager code, which cannot be counted
+    # Stateful mixers (mixers.py) that never received the row's segments: their layers do not pass keywords on
+    mixers_without_segments: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -334,16 +353,21 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, lengths=CHEC
         "max_length_k": max(lengths),
         "use_cache": False,
     }
+    if mixer_classes(twin):
+        packed_kwargs[SEGMENTS_KWARG] = MixerSegments.from_lengths(list(lengths))
+    calls_before = segmented_calls(twin)
     with _counting_attention_calls(attn_implementation) as calls:
         loss, packed_log_probs = _loss_and_log_probs(twin(**packed_kwargs).logits, weights)
     loss.backward()
     packed_gradients = _gradients(twin)
     twin.zero_grad(set_to_none=True)
+    unreached = tuple(name for name, count in segmented_calls(twin).items() if count == calls_before[name])
 
     return PackingErrors(
         log_probs=float((packed_log_probs - reference_log_probs).abs().max()),
         gradients=_relative_gradient_error(packed_gradients, reference_gradients),
         attention_calls=None if calls is None else calls[0],
+        mixers_without_segments=unreached,
     )
 
 
@@ -364,7 +388,8 @@ def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, shapes
     with torch.no_grad():
         twin.set_attn_implementation(attn_implementation)
         with shared_prefix_expected(packed.shared_prefix):
-            logits = twin(**packed.model_kwargs()).logits.double().log_softmax(-1)
+            segments = {SEGMENTS_KWARG: MixerSegments.of_packed_batch(packed)} if mixer_classes(twin) else {}
+            logits = twin(**packed.model_kwargs(), **segments).logits.double().log_softmax(-1)
         shared = packed.padded(logits)[packed.token_valid]
         twin.set_attn_implementation("eager")
         sequences = [pair["prompt_ids"] + pair[key] for key in ("chosen_ids", "rejected_ids") for pair in pairs]
@@ -407,7 +432,14 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
         errors = packing_errors(twin, attn_implementation)
     except Exception as error:  # a backend that cannot run this model is a refusal, with what failed
         return verdict(f"its packed forward failed on a tiny twin ({type(error).__name__}: {error})")
-    if errors.attention_calls == 0:
+    if errors.mixers_without_segments:
+        return verdict(
+            f"its {', '.join(errors.mixers_without_segments)} layers carry state along the row, and the model does not "
+            "hand them the packed row's sequence boundaries (its layers pass no keyword arguments on to them), so "
+            "each sequence's state would run into the next", errors,
+        )
+    # (A model whose mixer layers all take their segments and which packs exactly may have no attention layer at all)
+    if errors.attention_calls == 0 and not (mixer_classes(twin) and errors.exact):
         return verdict(
             f"it does not run its attention through `{attn_implementation}` when asked to (it stays on its own "
             "attention code), so the packing keyword arguments are ignored", errors,

@@ -64,6 +64,30 @@ MODEL_SHAPES = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
+    # Hybrids at the small demo Llama's widths (128 hidden, 4 layers), for the cost of their mixers run per sequence
+    # next to the same-size Llama (`--model small`): 3 gated-delta-rule layers + 1 attention; 3 short convolutions + 1
+    "qwen3.5-demo": dict(
+        model_type="qwen3_5_text",
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+    ),
+    "lfm2-demo": dict(
+        model_type="lfm2",
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "conv", "full_attention", "conv"],
+    ),
 }
 ROW_KEYS = (
     "distribution",

@@ -235,6 +235,17 @@ def check_sequence_parallel_setup(
         )
 
 
+def check_sequence_parallel_without_stateful_mixers(mixer_classes) -> None:
+    """Ulysses hands each rank a chunk of the row: a mixer that carries state along the row would restart at every
+    chunk boundary, inside sequences."""
+    if mixer_classes:
+        raise ValueError(
+            f"Sequence parallelism cannot split this model's rows: its {', '.join(mixer_classes)} layers carry state "
+            "along the row, and each rank would start its chunk from no state. Set sp_size=1 (the model trains "
+            "padding-free on one device per row), or use a model without linear-attention or state-space layers."
+        )
+
+
 def check_token_budget_setup(padding_free: bool, sp_size: int, train_dataset) -> None:
     """Token-budget batching (`max_tokens_per_batch`): what it needs from the run's settings."""
     if not padding_free:

@@ -33,6 +33,17 @@ _NOT_DECODER_ONLY = (
 )
 
 
+# Default configs whose layers are all of one kind, where the released checkpoints mix state-space or convolution layers
+# with attention: the table checks a pattern like the checkpoints' (a real checkpoint's own config is what the trainer
+# and `--check` check)
+CHECKPOINT_LIKE_LAYERS = {
+    "lfm2": dict(num_hidden_layers=6, layer_types=["conv", "conv", "full_attention"] * 2),
+    "lfm2_moe": dict(num_hidden_layers=6, num_dense_layers=2, layer_types=["conv", "conv", "full_attention"] * 2),
+    "bamba": dict(num_hidden_layers=6, attn_layer_indices=[2, 5]),
+    "granitemoehybrid": dict(num_hidden_layers=6, layer_types=["linear_attention"] * 5 + ["full_attention"]),
+}
+
+
 @functools.cache
 def decoder_model_types() -> list[str]:
     """Every model type `AutoModelForCausalLM` knows, less encoder and encoder-decoder families."""
@@ -85,9 +96,9 @@ def _refused_row(model_type: str, model_class: str, reason: str, backends) -> Co
 
 
 def check_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow:
-    """Verdicts for `model_type`'s default config on each backend."""
+    """Verdicts for `model_type`'s default config on each backend (`CHECKPOINT_LIKE_LAYERS` for a few hybrids)."""
     try:
-        config = AutoConfig.for_model(model_type)
+        config = AutoConfig.for_model(model_type, **CHECKPOINT_LIKE_LAYERS.get(model_type, {}))
         model_class, config = model_class_for(config)
     except Exception as error:
         reason = f"its default config cannot be built ({type(error).__name__}: {' '.join(str(error).split())})"

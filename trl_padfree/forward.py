@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .attention import ATTN_IMPLEMENTATION, shared_prefix_expected
-from .checks import check_packed_row_length, check_prefix_sharing_without_sequence_parallel
+from .checks import (
+    check_packed_row_length,
+    check_prefix_sharing_without_sequence_parallel,
+    check_sequence_parallel_without_stateful_mixers,
+)
+from .mixers import SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
 from .packing import padded_view_index, to_padded_view
 from .prefix_sharing import SharedPrefixAttention
 
@@ -161,7 +166,10 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     group = packed_batch.sequence_parallel
     if packed_batch.shared_prefix is not None:
         _check_shares_prefixes(module, group)
+    mixers = getattr(module, "_padfree_stateful_mixers", ())
     if group is None:
+        if mixers:  # hybrid models: their stateful layers restart at every sequence (mixers.py)
+            kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
         if kwargs.get("labels") is not None:
             kwargs["labels"] = packed_batch.labels()
         with shared_prefix_expected(packed_batch.shared_prefix):
@@ -169,6 +177,7 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
         return packed_batch.to_padded_outputs(outputs)
 
     # Sequence parallelism: this rank's chunk in, the whole row's per-token outputs back (sequence_parallel.py)
+    check_sequence_parallel_without_stateful_mixers(mixers)
     model_kwargs = packed_batch.model_kwargs()
     model_kwargs["input_ids"] = group.chunk(packed_batch.input_ids)
     model_kwargs["position_ids"] = group.chunk(packed_batch.position_ids)
@@ -215,10 +224,12 @@ def add_packed_forward(model: torch.nn.Module) -> None:
     """Let `model(..., packed_batch=PackedBatch)` run on the packed row and return padded per-token outputs.
 
     Wraps `model.forward` the way TRL's `add_fused_lm_head` does, on the same module, so every caller inside TRL
-    (policy, reference model, adapter-disabled reference, precompute) goes through it. Idempotent.
+    (policy, reference model, adapter-disabled reference, precompute) goes through it. The model's stateful mixers
+    (hybrid models, mixers.py) learn to keep the row's sequences apart. Idempotent.
     """
     if getattr(model, "_padfree_packed_forward", False):
         return
+    model._padfree_stateful_mixers = tuple(add_segmented_mixers(model))
     inner_forward = model.forward
 
     @functools.wraps(inner_forward)

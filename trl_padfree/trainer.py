@@ -26,6 +26,7 @@ from .checks import (
     check_prefix_sharing_without_moe_aux_loss,
     check_prefix_sharing_without_sequence_parallel,
     check_sequence_parallel_setup,
+    check_sequence_parallel_without_stateful_mixers,
     check_token_budget_setup,
     choose_packed_attention,
     refuse_vision_datasets,
@@ -33,6 +34,7 @@ from .checks import (
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .fused_lm_head import fused_lm_head_lookups
+from .mixers import mixer_classes
 from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
 from .packing import pad_length_to_multiple
 from .prefix_sharing import sharing_summary
@@ -205,6 +207,7 @@ class DPOTrainer(trl.DPOTrainer):
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attn_implementation = policy.config._attn_implementation
         check_sequence_parallel(policy.config, attn_implementation, sp_size)
+        check_sequence_parallel_without_stateful_mixers(mixer_classes(policy))
         # accelerate only accepts the names of transformers' built-in kernels here; DeepSpeed wraps whichever
         # registered attention the model runs, ours included, and checks it matches the model
         self.accelerator.parallelism_config.sp_handler.sp_attn_implementation = attn_implementation

@@ -1,0 +1,226 @@
+"""Token mixers that carry state along the row (hybrid models), kept apart per sequence on a packed row.
+
+Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Falcon-H1, Bamba, Zamba2 and Granite-4 hybrids mix attention layers with
+layers that run a state along the sequence: a short causal convolution, then a gated delta rule or a Mamba2 scan. On
+a packed row that state would run from one sequence into the next:
+
+    packed row   | a1 a2 a3 | b1 b2 | c1 c2 c3 c4 |
+    one scan     a1 -> a2 -> a3 -> b1 -> ...          b1 would start from a3's state: a leak
+    per segment  a1 -> a2 -> a3 | b1 -> b2 | c1 -> ...  each sequence starts fresh, as it does alone
+
+Each such mixer (a module owning a depthwise causal `Conv1d`) gets a forward that, when the packed forward hands it
+`MixerSegments`, keeps the sequences apart one of two ways:
+
+- **packed kernels** (CUDA, with the mixer's kernel packages installed: causal-conv1d, flash-linear-attention,
+  mamba-ssm): one call on the whole row with the boundaries those kernels take, `seq_idx` (segment index per token)
+  and `cu_seqlens`. transformers hands its mixers' keyword arguments on to their kernels.
+- **per segment** (everywhere else, and what CI tests): the mixer runs once per sequence, its state starting fresh.
+
+With prefix sharing a rejected branch has no prompt of its own on the row; its mixers read the prompt's tokens
+(`gather_index`) in front of the branch, so their state at the branch is the one the prompt leaves, and only the
+branch's outputs are kept. Which path runs is logged once per mixer class (`trl_padfree.mixers` logger).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# The keyword argument the packed forward adds for models with stateful mixers; transformers passes it down to them
+SEGMENTS_KWARG = "padfree_mixer_segments"
+# Keyword arguments of the packed forward that a mixer run on one segment must not see: its fallback kernels refuse
+# boundaries ("can't keep packed sequences apart without ..."), and a segment needs none
+_PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "shared_prefix", "seq_idx")
+_CACHE_KWARGS = ("cache_params", "past_key_values", "past_key_value", "cache_position")
+
+# Mixers whose kernels take sequence boundaries, and the packages (import names) that provide those kernels. The
+# gated delta rule reads `cu_seq_lens_q` (as `cu_seqlens`); causal-conv1d and the Mamba2 scans read `seq_idx`.
+_GATED_DELTA = ("causal_conv1d", "fla")
+_SHORT_CONV = ("causal_conv1d",)
+_MAMBA2 = ("causal_conv1d", "mamba_ssm")
+PACKED_KERNEL_PACKAGES = {
+    "Qwen3_5GatedDeltaNet": _GATED_DELTA,
+    "Qwen3_5MoeGatedDeltaNet": _GATED_DELTA,
+    "Qwen3NextGatedDeltaNet": _GATED_DELTA,
+    "OlmoHybridGatedDeltaNet": _GATED_DELTA,
+    "Lfm2ShortConv": _SHORT_CONV,
+    "Lfm2MoeShortConv": _SHORT_CONV,
+    "Lfm3ShortConv": _SHORT_CONV,
+    "NemotronHMamba2Mixer": _MAMBA2,
+    "FalconH1Mixer": _MAMBA2,
+    "BambaMixer": _MAMBA2,
+    "Zamba2MambaMixer": _MAMBA2,
+    "GraniteMoeHybridMambaLayer": _MAMBA2,
+}
+# pip distribution names, for the advice
+_DISTRIBUTIONS = {"causal_conv1d": "causal-conv1d", "fla": "flash-linear-attention", "mamba_ssm": "mamba-ssm"}
+
+
+@dataclass
+class MixerSegments:
+    """The sequences of one packed row as a mixer must see them.
+
+    `bounds` are `[start, end)` ranges of the *mixer row*: the packed row itself, or with prefix sharing the row with
+    each shared prompt repeated in front of its rejected branch (`gather_index` reads it from the packed row,
+    `output_index` takes each packed position's output back from it).
+    """
+
+    bounds: list[tuple[int, int]]
+    cu_seqlens: torch.Tensor  # (segments + 1,) int32, of the mixer row
+    seq_idx: torch.Tensor  # (1, mixer row length) int32: the segment of each token
+    gather_index: torch.Tensor | None = None
+    output_index: torch.Tensor | None = None
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int], gather_index=None, output_index=None, device=None) -> MixerSegments:
+        lengths = [length for length in lengths if length > 0]
+        ends = torch.tensor(lengths, device=device).cumsum(0)
+        cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
+        seq_idx = torch.repeat_interleave(
+            torch.arange(len(lengths), device=device, dtype=torch.int32), torch.tensor(lengths, device=device)
+        )
+        bounds, start = [], 0
+        for length in lengths:
+            bounds.append((start, start + length))
+            start += length
+        return cls(bounds, cu_seqlens, seq_idx.unsqueeze(0), gather_index, output_index)
+
+    @classmethod
+    def of_packed_batch(cls, packed) -> MixerSegments:
+        """The segments of a `forward.PackedBatch`: its `cu_seq_lens`, or with prefix sharing each sequence's prompt
+        and own tokens laid out one after another, then the row's padding."""
+        device = packed.input_ids.device
+        if packed.shared_prefix is None:
+            return cls.from_lengths(packed.cu_seq_lens.diff().tolist(), device=device)
+        # token_index lists each sequence's tokens, prompt first, in row positions: that is the mixer row
+        gather_index = packed.token_index[packed.token_valid]
+        offsets = torch.arange(packed.width, device=device).expand_as(packed.token_index)
+        own = (offsets >= packed.shared_prefix_lens.unsqueeze(1))[packed.token_valid]  # not read from another's prompt
+        tail = torch.arange(packed.real_row_tokens, packed.row_length, device=device)
+        gather_index = torch.cat([gather_index, tail])
+        own = torch.cat([own, torch.ones_like(tail, dtype=torch.bool)])
+        output_index = torch.full((packed.row_length,), -1, dtype=torch.long, device=device)
+        output_index[gather_index[own]] = torch.arange(len(gather_index), device=device)[own]
+        if bool((output_index < 0).any()):
+            raise ValueError("Prefix-sharing row: some positions belong to no sequence (a collator bug).")
+        lengths = packed.seq_lens.tolist() + [packed.row_length - packed.real_row_tokens]
+        return cls.from_lengths(lengths, gather_index, output_index, device)
+
+    def run(self, mixer_forward, hidden_states: torch.Tensor, kwargs: dict, packed_kernels: bool) -> torch.Tensor:
+        """`mixer_forward` on `hidden_states` (1, T, hidden) with every sequence kept apart."""
+        mixer_row = hidden_states if self.gather_index is None else hidden_states[:, self.gather_index]
+        if packed_kernels:
+            kernel_kwargs = {"cu_seq_lens_q": self.cu_seqlens, "seq_idx": self.seq_idx}
+            outputs = mixer_forward(mixer_row, **kwargs, **kernel_kwargs)
+        else:
+            outputs = torch.cat(
+                [mixer_forward(mixer_row[:, start:end], **kwargs) for start, end in self.bounds], dim=1
+            )
+        return outputs if self.output_index is None else outputs[:, self.output_index]
+
+
+def stateful_mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of `model` that carry state along the row: those owning a depthwise causal `Conv1d` (the short
+    convolution every gated-delta, Mamba2 and LFM2 mixer opens with)."""
+    return [
+        module for module in model.modules() if any(_is_causal_depthwise_conv(child) for child in module.children())
+    ]
+
+
+def _is_causal_depthwise_conv(module: torch.nn.Module) -> bool:
+    return (
+        isinstance(module, torch.nn.Conv1d)
+        and module.groups == module.in_channels
+        and module.padding == (module.kernel_size[0] - 1,)
+    )
+
+
+def packed_kernels_missing(mixer_class: str) -> list[str] | None:
+    """The packages the packed kernels of `mixer_class` need that are not installed ([] when all are); None when its
+    kernels take no boundaries, so it always runs per segment."""
+    packages = PACKED_KERNEL_PACKAGES.get(mixer_class)
+    if packages is None:
+        return None
+    return [_DISTRIBUTIONS[name] for name in packages if importlib.util.find_spec(name) is None]
+
+
+def uses_packed_kernels(mixer_class: str, on_cuda: bool) -> bool:
+    """Whether `mixer_class` runs on the whole row with `seq_idx`/`cu_seqlens` (else once per segment)."""
+    return on_cuda and packed_kernels_missing(mixer_class) == []
+
+
+def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
+    """Give every stateful mixer of `model` a forward that honours `MixerSegments` (idempotent); returns their class
+    names. Outside packed forwards (no `padfree_mixer_segments` keyword) the mixers run as before."""
+    for mixer in stateful_mixers(model):
+        if not getattr(mixer, "_padfree_segmented", False):
+            mixer.forward = _segmented_forward(mixer, mixer.forward)
+            mixer._padfree_segmented = True
+    return mixer_classes(model)
+
+
+def mixer_classes(model: torch.nn.Module) -> list[str]:
+    return sorted({type(mixer).__name__ for mixer in stateful_mixers(model)})
+
+
+def segmented_calls(model: torch.nn.Module) -> dict[str, int]:
+    """Per mixer class, how many times its mixers ran with segments (the architecture check asserts they all did)."""
+    calls: dict[str, int] = {}
+    for mixer in stateful_mixers(model):
+        name = type(mixer).__name__
+        calls[name] = calls.get(name, 0) + getattr(mixer, "_padfree_segmented_calls", 0)
+    return calls
+
+
+def _segmented_forward(mixer: torch.nn.Module, inner_forward):
+    mixer_class = type(mixer).__name__
+
+    @functools.wraps(inner_forward)
+    def forward(*args, **kwargs):
+        segments = kwargs.pop(SEGMENTS_KWARG, None)
+        if segments is None:
+            if kwargs.get("cu_seq_lens_q") is not None:
+                raise ValueError(
+                    f"{mixer_class} got a packed row without its sequence boundaries: a packed forward of this model "
+                    "must go through trl_padfree's packed forward (`model(..., packed_batch=...)`)."
+                )
+            return inner_forward(*args, **kwargs)
+        hidden_states = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
+        if args[1:] or any(kwargs.get(name) is not None for name in _CACHE_KWARGS):
+            raise ValueError(f"{mixer_class}: a packed forward runs without a cache (use_cache=False).")
+        if kwargs.get("attention_mask") is not None:
+            raise ValueError(
+                f"{mixer_class}: a packed row carries no attention mask; its boundaries are the segments."
+            )
+        for name in _PACKING_KWARGS:
+            kwargs.pop(name, None)
+        packed_kernels = uses_packed_kernels(mixer_class, hidden_states.is_cuda)
+        _log_path_once(mixer_class, packed_kernels, hidden_states.is_cuda)
+        mixer._padfree_segmented_calls = getattr(mixer, "_padfree_segmented_calls", 0) + 1
+        return segments.run(inner_forward, hidden_states, kwargs, packed_kernels)
+
+    return forward
+
+
+@functools.cache
+def _log_path_once(mixer_class: str, packed_kernels: bool, on_cuda: bool) -> None:
+    if packed_kernels:
+        packages = ", ".join(_DISTRIBUTIONS[name] for name in PACKED_KERNEL_PACKAGES[mixer_class])
+        logger.info(
+            f"{mixer_class} layers run on the packed row, their kernels ({packages}) given seq_idx/cu_seqlens."
+        )
+        return
+    missing = packed_kernels_missing(mixer_class)
+    if missing is None:
+        why = "its kernels take no sequence boundaries"
+    elif not on_cuda:
+        why = "on CPU"
+    else:
+        why = f"install {', '.join(missing)} for the packed kernels"
+    logger.info(f"{mixer_class} layers run once per sequence of the packed row, state starting fresh ({why}).")
