@@ -4,7 +4,7 @@ and partitioning passes alike; exact architectures pass, leaking ones are refuse
 
 Measured on the twins (float64, 2 CPU cores): exact architectures differ from each sequence alone by at most 2e-6 in
 log-probs and 3e-5 of the largest gradient (Gemma 4, whose norms compute in float32); leaks measured 6e-4 (Falcon-H1's
-Mamba scan) to 1, so the tolerances (1e-4 both) sit between the two.
+Mamba scan run across the whole row, before mixers.py) to 1, so the tolerances (1e-4 both) sit between the two.
 """
 
 import logging

@@ -195,6 +195,7 @@ def make_bench_model(name: str, attn_implementation: str, dtype: torch.dtype, se
         return make_demo_model(name, "llama", attn_implementation, seed).to(dtype)
     if name in MODEL_SHAPES:
         shape = dict(MODEL_SHAPES[name])
+        shape.setdefault("vocab_size", len(load_demo_tokenizer()))  # the demo-size hybrids: the demo Llama's
         return make_model(shape.pop("model_type"), attn_implementation, seed, dtype, **shape)
     raise ValueError(f"Unknown bench model {name!r}; choose from {sorted(DEMO_MODEL_SIZES) + sorted(MODEL_SHAPES)}.")
 

@@ -162,6 +162,7 @@ def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
         if not getattr(mixer, "_padfree_segmented", False):
             mixer.forward = _segmented_forward(mixer, mixer.forward)
             mixer._padfree_segmented = True
+            mixer._padfree_calls = mixer._padfree_segmented_calls = 0
     return mixer_classes(model)
 
 
@@ -169,12 +170,13 @@ def mixer_classes(model: torch.nn.Module) -> list[str]:
     return sorted({type(mixer).__name__ for mixer in stateful_mixers(model)})
 
 
-def segmented_calls(model: torch.nn.Module) -> dict[str, int]:
-    """Per mixer class, how many times its mixers ran with segments (the architecture check asserts they all did)."""
-    calls: dict[str, int] = {}
+def mixer_calls(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Per mixer class: how many times its mixers ran, and how many of those with segments (the architecture check
+    asserts that every mixer a packed forward runs gets them)."""
+    calls: dict[str, tuple[int, int]] = {}
     for mixer in stateful_mixers(model):
-        name = type(mixer).__name__
-        calls[name] = calls.get(name, 0) + getattr(mixer, "_padfree_segmented_calls", 0)
+        ran, segmented = calls.get(type(mixer).__name__, (0, 0))
+        calls[type(mixer).__name__] = (ran + mixer._padfree_calls, segmented + mixer._padfree_segmented_calls)
     return calls
 
 
@@ -183,6 +185,7 @@ def _segmented_forward(mixer: torch.nn.Module, inner_forward):
 
     @functools.wraps(inner_forward)
     def forward(*args, **kwargs):
+        mixer._padfree_calls += 1
         segments = kwargs.pop(SEGMENTS_KWARG, None)
         if segments is None:
             if kwargs.get("cu_seq_lens_q") is not None:
@@ -202,7 +205,7 @@ def _segmented_forward(mixer: torch.nn.Module, inner_forward):
             kwargs.pop(name, None)
         packed_kernels = uses_packed_kernels(mixer_class, hidden_states.is_cuda)
         _log_path_once(mixer_class, packed_kernels, hidden_states.is_cuda)
-        mixer._padfree_segmented_calls = getattr(mixer, "_padfree_segmented_calls", 0) + 1
+        mixer._padfree_segmented_calls += 1
         return segments.run(inner_forward, hidden_states, kwargs, packed_kernels)
 
     return forward
