@@ -173,7 +173,9 @@ def _shrink_override(override: dict, head_dim: int | None) -> dict:
 
 
 def _without_derived(values: dict, config_class: type | None) -> dict:
-    declared = {field.name for field in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+    declared = set()
+    if dataclasses.is_dataclass(config_class):
+        declared = {field.name for field in dataclasses.fields(config_class)}
     return {name: value for name, value in values.items() if name not in _DERIVED or name in declared}
 
 
