@@ -63,11 +63,13 @@ def make_trainer(
     model_overrides: dict | None = None,
     data_collator=None,
     model_factory: Callable[..., PreTrainedModel] | None = None,
+    streamed: tuple[str, ...] = (),
     **config_kwargs,
 ):
     """A trainer on a tiny model; the reference has other weights (`ref_seed`) so the loss is not trivially ln 2.
 
-    `model_factory(seed)` builds the policy (seed 0) and the reference in place of `make_model(model_type, ...)`."""
+    `model_factory(seed)` builds the policy (seed 0) and the reference in place of `make_model(model_type, ...)`.
+    `streamed` names the datasets ("train", "eval") passed as `IterableDataset`s (set `max_steps` to train on one)."""
     config_kwargs.setdefault("report_to", [])
     config_kwargs.setdefault("save_strategy", "no")
     config_kwargs.setdefault("bf16", False)  # TRL's default is bf16 autocast; these comparisons are fp32 unless asked
@@ -94,11 +96,15 @@ def make_trainer(
         ref_model=ref_model,
         args=args,
         data_collator=data_collator,
-        train_dataset=make_preference_dataset(num_pairs),
-        eval_dataset=make_preference_dataset(num_pairs, seed=1),
+        train_dataset=_maybe_streamed(make_preference_dataset(num_pairs), "train" in streamed),
+        eval_dataset=_maybe_streamed(make_preference_dataset(num_pairs, seed=1), "eval" in streamed),
         processing_class=make_tokenizer(),
         peft_config=peft_config,
     )
+
+
+def _maybe_streamed(dataset, streamed: bool):
+    return dataset.to_iterable_dataset() if streamed else dataset
 
 
 def with_checkpointing(trainer, use_reentrant: bool = False):

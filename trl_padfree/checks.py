@@ -246,6 +246,34 @@ def check_sequence_parallel_without_stateful_mixers(mixer_classes) -> None:
         )
 
 
+def check_no_liger_kernel(use_liger_kernel: bool) -> None:
+    """TRL's Liger path computes the loss from the base model's hidden states on its padded batch, bypassing the
+    packed forward."""
+    if use_liger_kernel:
+        raise ValueError(
+            "use_liger_kernel=True cannot train padding-free: TRL's Liger DPO loss runs the base model on the padded "
+            "batch itself, outside the packed forward. Set use_liger_kernel=False (padding-free rows hold no padding "
+            "for Liger's fused loss to save), or padding_free=False to train with Liger."
+        )
+
+
+def check_batches_not_dispatched(dispatch_batches: bool | None, split_batches: bool) -> None:
+    """accelerate's dispatcher concatenates and slices every tensor of a batch along its first dimension: a packed
+    batch is one row of varying length with per-sequence tensors beside it, so neither survives."""
+    if dispatch_batches:
+        raise ValueError(
+            "accelerator_config.dispatch_batches=True cannot carry packed batches: accelerate concatenates the "
+            "processes' batches and slices every tensor to the batch size of the first, cutting the per-sequence "
+            "lengths of a packed row. Set dispatch_batches=False (each process then builds its own rows; a streamed "
+            "dataset is read by every process, each keeping its share)."
+        )
+    if split_batches:
+        raise ValueError(
+            "accelerator_config.split_batches=True cannot split a packed batch: it is one row, not a batch of rows. "
+            "Set split_batches=False and per_device_train_batch_size to the pairs each process trains on."
+        )
+
+
 def check_token_budget_setup(padding_free: bool, sp_size: int, train_dataset) -> None:
     """Token-budget batching (`max_tokens_per_batch`): what it needs from the run's settings."""
     if not padding_free:

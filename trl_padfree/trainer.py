@@ -19,7 +19,9 @@ from trl.trainer.utils import get_config_model_id
 
 from .checks import (
     check_attention_switched,
+    check_batches_not_dispatched,
     check_moe_aux_loss_without_row_padding,
+    check_no_liger_kernel,
     check_not_prompt_learning,
     check_packable,
     check_packing_collator,
@@ -101,6 +103,8 @@ class DPOTrainer(trl.DPOTrainer):
         self._padding_free_ready = False
         if self._padding_free_requested and data_collator is not None:
             check_packing_collator(data_collator)
+        if self._padding_free_requested:
+            check_no_liger_kernel(bool(getattr(args, "use_liger_kernel", False)))
         ref_offload = bool(getattr(args, "ref_offload", False))
         if ref_offload:
             peft_config = _bound_argument("peft_config", model, ref_model, args, data_collator, *more_args, **kwargs)
@@ -117,6 +121,7 @@ class DPOTrainer(trl.DPOTrainer):
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
         if self._padding_free_requested:
             self._enable_padding_free()
+            self._keep_batches_whole()
         self._set_up_sequence_parallel()
         self._set_up_token_budget()
         self._report_prefix_sharing()
@@ -191,6 +196,13 @@ class DPOTrainer(trl.DPOTrainer):
         self._padding_free_ready = True
         # What TRL's padded collator would pad to, for the padding-saved metrics (sequence parallelism pads the row)
         self._padded_pad_to_multiple_of = self.data_collator.pad_to_multiple_of
+
+    def _keep_batches_whole(self) -> None:
+        """Each process builds its own packed rows: accelerate's dispatcher, which it picks by default for streamed
+        (iterable) datasets, would slice them (checks.check_batches_not_dispatched)."""
+        dataloader_config = self.accelerator.dataloader_config
+        check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
+        dataloader_config.dispatch_batches = False
 
     def _set_up_sequence_parallel(self) -> None:
         """Under accelerate's `ParallelismConfig(sp_backend="deepspeed", sp_size=N)`: rows padded to a multiple of
