@@ -184,7 +184,7 @@ def test_packed_kernels_need_cuda_and_every_package_of_the_mixer():
     assert packed_kernels_missing("SomeOtherMixer") is None  # its kernels take no boundaries: always per segment
     installed = {name: importlib.util.find_spec(module) is not None for name, module in [
         ("causal-conv1d", "causal_conv1d"), ("flash-linear-attention", "fla")]}  # fmt: skip
-    assert packed_kernels_missing("Qwen3_5GatedDeltaNet") == [name for name, ok in installed.items() if not ok]
+    assert packed_kernels_missing("Qwen3_5GatedDeltaNet") == tuple(name for name, ok in installed.items() if not ok)
     assert not uses_packed_kernels("Qwen3_5GatedDeltaNet", on_cuda=False)
 
 

@@ -141,18 +141,19 @@ def _is_causal_depthwise_conv(module: torch.nn.Module) -> bool:
     )
 
 
-def packed_kernels_missing(mixer_class: str) -> list[str] | None:
-    """The packages the packed kernels of `mixer_class` need that are not installed ([] when all are); None when its
+@functools.cache  # asked by every mixer call on CUDA: look the packages up once
+def packed_kernels_missing(mixer_class: str) -> tuple[str, ...] | None:
+    """The packages the packed kernels of `mixer_class` need that are not installed (() when all are); None when its
     kernels take no boundaries, so it always runs per segment."""
     packages = PACKED_KERNEL_PACKAGES.get(mixer_class)
     if packages is None:
         return None
-    return [_DISTRIBUTIONS[name] for name in packages if importlib.util.find_spec(name) is None]
+    return tuple(_DISTRIBUTIONS[name] for name in packages if importlib.util.find_spec(name) is None)
 
 
 def uses_packed_kernels(mixer_class: str, on_cuda: bool) -> bool:
     """Whether `mixer_class` runs on the whole row with `seq_idx`/`cu_seqlens` (else once per segment)."""
-    return on_cuda and packed_kernels_missing(mixer_class) == []
+    return on_cuda and packed_kernels_missing(mixer_class) == ()
 
 
 def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
