@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+import yaml
+
 from trl_padfree.data import load_demo_tokenizer
 from trl_padfree.tiny import make_demo_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
+FSDP_ON_CPU = ROOT / "tests" / "distributed" / "fsdp_on_cpu.py"
 ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate_configs"
 
 
@@ -56,13 +60,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def script_command(config: Path, script: Path) -> list[str]:
+    """What `accelerate launch` runs: `script`, or on a machine without CUDA and an FSDP config, `script` through
+    tests/distributed/fsdp_on_cpu.py (accelerate would otherwise give the CPU processes plain DDP)."""
+    if yaml.safe_load(config.read_text())["distributed_type"] == "FSDP" and not torch.cuda.is_available():
+        return [str(FSDP_ON_CPU), str(script)]
+    return [str(script)]
+
+
 def launch(config: str, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:
-    """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`), or
-    with `config=None` plain data parallelism: multi_gpu.yaml on CPU processes."""
+    """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`; FSDP
+    configs through fsdp_on_cpu.py), multi_gpu.yaml as plain data parallelism on CPU processes."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
         "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-        str(TRAIN_SCRIPT), "--model", str(model_dir), "--output", str(output), *options,
+        *script_command(ACCELERATE_CONFIGS / config, TRAIN_SCRIPT),
+        "--model", str(model_dir), "--output", str(output), *options,
     ]  # fmt: skip
     environment = checkout_environment(DS_ACCELERATOR="cpu", TQDM_DISABLE="1", HF_HUB_OFFLINE="1")
     if config == "multi_gpu.yaml":

@@ -123,7 +123,7 @@ def offload_args(stage: int | None, precompute: bool = False) -> SimpleNamespace
 
 def test_ref_offload_without_deepspeed_is_refused_by_the_trainer(tmp_path):
     args = DPOConfig(output_dir=str(tmp_path), ref_offload=True, use_cpu=True, bf16=False, report_to=[])
-    with pytest.raises(ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3: launch with"):
+    with pytest.raises(ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: launch with"):
         DPOTrainer(model="unused", args=args)
 
 

@@ -215,8 +215,9 @@ def check_sequence_parallel_setup(
     """Sequence parallelism (DeepSpeed Ulysses over a packed row): what it needs from the run's settings."""
     if not deepspeed:
         raise ValueError(
-            f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses: launch with a DeepSpeed config, "
-            "e.g. `accelerate launch --config_file recipes/accelerate_configs/zero3.yaml ...`."
+            f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses, not under FSDP or plain data "
+            "parallelism: launch with a DeepSpeed config, e.g. `accelerate launch --config_file "
+            "recipes/accelerate_configs/zero3_sp2.yaml ...`. ZeRO-3 shards the policy as FSDP2 does (docs/fsdp.md)."
         )
     if not padding_free:
         raise ValueError(
@@ -232,6 +233,18 @@ def check_sequence_parallel_setup(
         raise ValueError(
             "Sequence parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the "
             "row alone. Set router_aux_loss_coef=0, or sp_size=1."
+        )
+
+
+def check_no_context_parallelism(cp_size: int) -> None:
+    """accelerate's context parallelism (`parallelism_config` cp_size, FSDP2 with torch's ring attention) splits the
+    row and runs causal SDPA over it as one sequence: the sequences of a packed row would see each other."""
+    if cp_size > 1:
+        raise ValueError(
+            f"accelerate's context parallelism (cp_size={cp_size}) is not supported with padding_free=True: its "
+            "ring attention treats the packed row as one causal sequence, so each sequence would attend to the ones "
+            "before it. Set cp_size=1 and, to split long pairs over GPUs, use sequence parallelism on DeepSpeed "
+            "(sequence_parallel_size, recipes/accelerate_configs/zero3_sp2.yaml)."
         )
 
 

@@ -22,21 +22,26 @@ import torch
 import trl.trainer.dpo_trainer as trl_dpo_trainer
 from transformers.integrations import deepspeed as hf_deepspeed
 
+from .fsdp import check_ref_offload_under_fsdp
+
 OFFLOAD_PARAM = {"device": "cpu", "pin_memory": True}
 # Config entries only an optimizer reads; an inference engine without one refuses or misuses them
 TRAINING_ONLY_KEYS = ("optimizer", "scheduler")
 
 
-def check_ref_offload(args, model, ref_model, peft_config) -> None:
-    """Refuse `ref_offload=True` where it cannot apply, before anything is loaded, naming the fix."""
+def check_ref_offload(args, model, ref_model, peft_config, fsdp_version: int | None = None) -> None:
+    """Refuse `ref_offload=True` where it cannot apply, before anything is loaded, naming the fix. `fsdp_version`:
+    the FSDP version the run asks for (fsdp.planned_fsdp_version), None without FSDP."""
     plugin = getattr(args, "deepspeed_plugin", None)
-    if plugin is None:
+    if plugin is None and fsdp_version is None:
         raise ValueError(
-            "ref_offload=True needs DeepSpeed ZeRO-3: launch with `accelerate launch --config_file "
-            "recipes/accelerate_configs/zero3_ref_offload.yaml ...` (or pass a stage-3 `deepspeed` config), or set "
-            "ref_offload=False."
+            "ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: launch with `accelerate launch --config_file "
+            "recipes/accelerate_configs/zero3_ref_offload.yaml ...` or `fsdp2_ref_offload.yaml` (or pass a "
+            "stage-3 `deepspeed` config), or set ref_offload=False."
         )
-    if plugin.zero_stage != 3:
+    if fsdp_version is not None:
+        check_ref_offload_under_fsdp(fsdp_version)
+    elif plugin.zero_stage != 3:
         raise ValueError(
             f"ref_offload=True needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero stage {plugin.zero_stage}: "
             "parameter offload exists only at stage 3 (TRL gives the reference stage 0 below it, a full copy per "
@@ -49,7 +54,8 @@ def check_ref_offload(args, model, ref_model, peft_config) -> None:
             "ref_offload=True has no reference model to offload: with a PEFT adapter the reference is the policy "
             "with its adapter disabled, which costs no extra memory. Set ref_offload=False."
         )
-    if ref_model is None and args.precompute_ref_log_probs:
+    # Under FSDP TRL loads a reference to precompute with (the policy is not sharded yet), which is offloaded
+    if ref_model is None and args.precompute_ref_log_probs and fsdp_version is None:
         raise ValueError(
             "ref_offload=True has no reference model to offload: with precompute_ref_log_probs=True and no "
             "`ref_model`, TRL computes the reference log-probs with the untrained policy before training and keeps "

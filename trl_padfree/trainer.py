@@ -21,6 +21,7 @@ from .checks import (
     check_attention_switched,
     check_batches_not_dispatched,
     check_moe_aux_loss_without_row_padding,
+    check_no_context_parallelism,
     check_no_liger_kernel,
     check_not_prompt_learning,
     check_packable,
@@ -35,6 +36,7 @@ from .checks import (
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
+from .fsdp import check_fsdp_engine, planned_fsdp_version, reference_sharded_by_layer
 from .fused_lm_head import fused_lm_head_lookups
 from .mixers import mixer_classes
 from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
@@ -106,19 +108,23 @@ class DPOTrainer(trl.DPOTrainer):
         if self._padding_free_requested:
             check_no_liger_kernel(bool(getattr(args, "use_liger_kernel", False)))
         ref_offload = bool(getattr(args, "ref_offload", False))
+        fsdp_version = planned_fsdp_version(args) if args is not None else None
         if ref_offload:
             peft_config = _bound_argument("peft_config", model, ref_model, args, data_collator, *more_args, **kwargs)
-            check_ref_offload(args, model, ref_model, peft_config)
-            if ref_model is None:
+            check_ref_offload(args, model, ref_model, peft_config, fsdp_version)
+            if ref_model is None and fsdp_version is None:
                 ref_model = self._load_offloaded_reference(model, args)
 
         with contextlib.ExitStack() as scopes:
             if self._padding_free_requested:
                 scopes.enter_context(_padding_free_hidden_from_trl(args))
-            if ref_offload:
+            if fsdp_version == 2:
+                scopes.enter_context(reference_sharded_by_layer(offload=ref_offload))
+            elif ref_offload:
                 scopes.enter_context(reference_prepared_by_own_config(args))
             scopes.enter_context(fused_lm_head_lookups(self))
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
+        check_fsdp_engine(fsdp_version, self.accelerator)
         if self._padding_free_requested:
             self._enable_padding_free()
             self._keep_batches_whole()
@@ -133,7 +139,7 @@ class DPOTrainer(trl.DPOTrainer):
 
     @staticmethod
     def _load_offloaded_reference(model, args):
-        # The reference TRL would load (same checkpoint, init kwargs, dtype and attention as the policy), but built
+        # DeepSpeed only (FSDP shards a reference TRL loaded in CPU memory). The reference TRL would load (same checkpoint, init kwargs, dtype and attention as the policy), but built
         # under the reference's own ZeRO-3 config so its shards land in CPU memory
         init_kwargs = dict(args.model_init_kwargs or {})
         init_kwargs["device_map"] = None
@@ -207,6 +213,9 @@ class DPOTrainer(trl.DPOTrainer):
     def _set_up_sequence_parallel(self) -> None:
         """Under accelerate's `ParallelismConfig(sp_backend="deepspeed", sp_size=N)`: rows padded to a multiple of
         N, the packing-aware attention handed to DeepSpeed Ulysses, whole batches on every rank of the group."""
+        parallelism_config = self.accelerator.parallelism_config
+        if self.padding_free and parallelism_config is not None:
+            check_no_context_parallelism(parallelism_config.cp_size)
         sp_size = sequence_parallel_size(self.accelerator)
         if sp_size == 1:
             return

@@ -217,12 +217,36 @@ def epoch_micro_batches(sampler, epoch: int) -> list[list[int]]:
     return list(sampler)
 
 
+def fsdp_layout(model) -> dict | None:
+    """How FSDP2 holds `model`: None if it is not an FSDP2 module, else whether every parameter is a DTensor shard
+    (smaller than the whole), how many FSDP units it has (the root and one per wrapped layer), and whether its
+    shards are kept in CPU memory by FSDP2's CPU offload policy."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(model, FSDPModule):
+        return None
+    parameters = list(model.parameters())
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    # torch's own record of the policy each unit was built with (private: this is a test's look inside)
+    groups = [unit._get_fsdp_state()._fsdp_param_group for unit in units]
+    policies = [group.offload_policy for group in groups if group is not None]
+    return {
+        "sharded": all(isinstance(p, DTensor) for p in parameters)
+        and sum(p.to_local().numel() for p in parameters) < sum(p.numel() for p in parameters),
+        "units": len(units),
+        "cpu_offload": bool(policies) and all(isinstance(policy, CPUOffloadPolicy) for policy in policies),
+        "local_devices": sorted({p.to_local().device.type for p in parameters}),
+    }
+
+
 def describe(trainer) -> dict:
     sp_size = sequence_parallel_size(trainer.accelerator)
     budget = trainer._token_budget if isinstance(trainer, DPOTrainer) else None
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
+    fsdp_plugin = trainer.accelerator.state.fsdp_plugin if trainer.is_fsdp_enabled else None
     return {
         "model_type": policy.config.model_type,
         "attn_implementation": policy.config._attn_implementation,
@@ -241,6 +265,9 @@ def describe(trainer) -> dict:
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "policy_sharded": all(hasattr(p, "ds_tensor") for p in parameters)
         and sum(p.ds_tensor.numel() for p in parameters) < sum(p.ds_numel for p in parameters),
+        "fsdp_version": fsdp_plugin.fsdp_version if fsdp_plugin is not None else None,
+        "policy_fsdp": fsdp_layout(policy),
+        "reference_fsdp": fsdp_layout(trainer.ref_model),
         "sequence_parallel_size": sp_size,
         "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out

@@ -1,0 +1,103 @@
+"""FSDP2 (accelerate's `fsdp_version: 2`): the reference model sharded layer by layer, in CPU memory with `ref_offload`.
+
+accelerate shards the policy itself, one `fully_shard` unit per decoder layer. TRL 1.16 shards the reference with a
+single `fully_shard` on the whole model, so every reference forward gathers all of its parameters at once: a full
+unsharded copy of the reference on each GPU at that moment. This module shards the reference the way accelerate
+shards the policy, a unit per decoder layer, so its forward holds one or two layers unsharded at a time:
+
+    policy     accelerate's units (decoder layers, embeddings, tail), the config's offload policy
+    reference  a unit per decoder layer and the root; with ref_offload=True, FSDP2's CPUOffloadPolicy whatever the
+               policy does: its shards stay in CPU memory and each layer is copied in for its all-gather
+
+The arithmetic is the same either way (sharding moves parameters, not the computation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import trl.trainer.dpo_trainer as trl_dpo_trainer
+
+
+def planned_fsdp_version(args) -> int | None:
+    """The FSDP version this run asks for, or None: from the `fsdp`/`fsdp_config` training arguments, or from the
+    environment `accelerate launch` sets for an FSDP config. Known before the Trainer builds its Accelerator."""
+    plugin_args = getattr(args, "fsdp_plugin_args", None)
+    if plugin_args is not None:
+        return int(plugin_args.get("fsdp_version", 1))
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return int(os.environ.get("FSDP_VERSION", "1"))
+    return None
+
+
+def check_fsdp_engine(requested_version: int | None, accelerator) -> None:
+    """Refuse a run that asked for FSDP but got none: on CPU processes accelerate gives an FSDP config plain data
+    parallelism (its distributed type there is MULTI_CPU), so nothing would be sharded."""
+    if requested_version is None or getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        return
+    raise ValueError(
+        f"This run asks for FSDP (fsdp_version {requested_version}) but accelerate set up "
+        f"{accelerator.distributed_type.name}, which does not shard the model: accelerate runs FSDP only on GPUs "
+        "(and other accelerators), and on CPU processes falls back to data parallelism. Launch on GPUs, or use a "
+        "data-parallel config (recipes/accelerate_configs/multi_gpu.yaml) for CPU runs."
+    )
+
+
+def check_ref_offload_under_fsdp(fsdp_version: int) -> None:
+    if fsdp_version != 2:
+        raise ValueError(
+            f"ref_offload=True under FSDP needs FSDP2, but the run asks for fsdp_version {fsdp_version}. Use "
+            "recipes/accelerate_configs/fsdp2_ref_offload.yaml (fsdp_version: 2), or set ref_offload=False."
+        )
+
+
+def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch.nn.Module:
+    """Shard the frozen reference with FSDP2, a unit per decoder layer (the policy's wrap policy) and the root; with
+    `offload`, its shards live in CPU memory (pinned where there is a GPU to copy them to)."""
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    plugin = accelerator.state.fsdp_plugin
+    if plugin.fsdp_version != 2:
+        raise ValueError(f"shard_reference needs FSDP2, got fsdp_version {plugin.fsdp_version}.")
+    if isinstance(model, FSDPModule):  # the caller sharded it already
+        return model
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    if offload:
+        offload_policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    else:
+        offload_policy = plugin.cpu_offload
+    shard_options = {
+        "reshard_after_forward": True,  # no backward follows: free each layer's gathered parameters at once
+        "offload_policy": offload_policy,
+        "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+        "mesh": mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
+    }
+    is_layer = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    if is_layer is not None:
+        for module in list(model.modules())[1:]:
+            if is_layer(module) and not isinstance(module, FSDPModule):
+                fully_shard(module, **shard_options)
+    fully_shard(model, **shard_options)
+    model.eval()
+    return model
+
+
+@contextlib.contextmanager
+def reference_sharded_by_layer(offload: bool):
+    """While TRL's `DPOTrainer.__init__` runs, route its FSDP preparation of the reference (the module-level
+    `prepare_fsdp`, its only use there) through `shard_reference`."""
+    trl_prepare = trl_dpo_trainer.prepare_fsdp
+
+    def prepare(model, accelerator):
+        if accelerator.state.fsdp_plugin.fsdp_version != 2:
+            return trl_prepare(model, accelerator)
+        return shard_reference(model, accelerator, offload)
+
+    trl_dpo_trainer.prepare_fsdp = prepare
+    try:
+        yield
+    finally:
+        trl_dpo_trainer.prepare_fsdp = trl_prepare
