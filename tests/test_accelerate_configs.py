@@ -4,11 +4,12 @@ For each YAML, accelerate's own `launch_command` reads it and picks the launcher
 flag added); the launcher itself is swapped for a recorder. The environment the training script would get comes from
 the `accelerate.utils.launch.prepare_*` function that launcher calls, plus the variables torchrun sets for a world of
 one process. A probe script then builds `Accelerator()` under that environment in a fresh process (accelerate's
-state is a process-wide singleton), and the result is checked against the YAML: distributed type, and for DeepSpeed
-the ZeRO stage, offload devices, zero.Init and the bf16 setting.
+state is a process-wide singleton), and the result is checked against the YAML: distributed type, for DeepSpeed
+the ZeRO stage, offload devices, zero.Init and the bf16 setting, and for FSDP every fsdp_config entry.
 
-On a machine without CUDA two things change, both what a CPU run of the same launch needs: DeepSpeed gets its CPU
-accelerator (gloo), and the multi-GPU config gets `ACCELERATE_USE_CPU`, so data parallelism builds as MULTI_CPU. Not
+On a machine without CUDA three things change, each what a CPU run of the same launch needs: DeepSpeed gets its CPU
+accelerator (gloo), the multi-GPU config gets `ACCELERATE_USE_CPU`, so data parallelism builds as MULTI_CPU, and the
+FSDP configs run the probe through tests/distributed/fsdp_on_cpu.py, so FSDP builds over gloo. Not
 `accelerate launch --cpu`: that sends every config to the simple launcher and silently drops DeepSpeed. Not
 `accelerate launch` itself either: 7-11 s per config on 2 cores (its imports, torchrun's agent) against ~15 s here for
 all of them.
@@ -29,7 +30,7 @@ from accelerate.utils.launch import (
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
 )
-from distributed_runs import free_port
+from distributed_runs import free_port, script_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "recipes" / "accelerate_configs"
@@ -51,6 +52,17 @@ if state.deepspeed_plugin is not None:
     report["zero_stage"] = state.deepspeed_plugin.zero_stage
     report["zero3_init_flag"] = state.deepspeed_plugin.zero3_init_flag
     report["deepspeed_config"] = state.deepspeed_plugin.deepspeed_config
+if getattr(state, "fsdp_plugin", None) is not None:
+    plugin = state.fsdp_plugin
+    report["fsdp"] = {
+        "version": plugin.fsdp_version,
+        "offload_params": type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy",
+        "reshard_after_forward": plugin.reshard_after_forward,
+        "auto_wrap_policy": getattr(plugin.auto_wrap_policy, "__name__", None),
+        "cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
+        "state_dict_type": plugin.state_dict_type.name,
+        "activation_checkpointing": plugin.activation_checkpointing,
+    }
 if accelerator.parallelism_config is not None:
     config = accelerator.parallelism_config
     report["parallelism_config"] = {"sp_size": config.sp_size, "sp_backend": config.sp_backend}
@@ -71,16 +83,19 @@ def test_header_gives_the_command_that_uses_it(config):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
-def test_deepspeed_keys_are_launch_options(config):
-    # accelerate rejects unknown top-level keys, but copies deepspeed_config entries onto the launch arguments by
-    # name and silently ignores the ones no option reads (a misspelt offload device would train without offload)
+def test_deepspeed_and_fsdp_keys_are_launch_options(config):
+    # accelerate rejects unknown top-level keys, but copies deepspeed_config and fsdp_config entries onto the launch
+    # arguments by name and silently ignores the ones no option reads (a misspelt offload device would train without
+    # offload)
     options = {action.dest for action in accelerate_launch.launch_command_parser()._actions}
-    unknown = set(yaml.safe_load(config.read_text()).get("deepspeed_config", {})) - options
+    settings = yaml.safe_load(config.read_text())
+    unknown = {*settings.get("deepspeed_config", {}), *settings.get("fsdp_config", {})} - options
     assert not unknown, f"{config.name}: not `accelerate launch` options, ignored: {sorted(unknown)}"
 
 
-def test_ref_offload_config_says_the_trainer_option_it_needs():
-    text = "\n".join(header(CONFIG_DIR / "zero3_ref_offload.yaml"))
+@pytest.mark.parametrize("name", ["zero3_ref_offload.yaml", "fsdp2_ref_offload.yaml"])
+def test_ref_offload_config_says_the_trainer_option_it_needs(name):
+    text = "\n".join(header(CONFIG_DIR / name))
     assert "--ref_offload true" in text and "ref_offload: true" in text and "NOT OFFLOADED" in text
 
 
@@ -99,10 +114,13 @@ def launch_environment(config: Path, probe: Path) -> tuple[list[str], dict[str, 
     launcher, args = chosen["launcher"], chosen["args"]
     if launcher == "simple_launcher":  # runs the script as is
         return prepare_simple_launcher_cmd_env(args)
+    script = [args.training_script]
     if launcher == "multi_gpu_launcher":
         environment = prepare_multi_gpu_env(args)
         if not torch.cuda.is_available():
-            environment["ACCELERATE_USE_CPU"] = "true"  # gloo data parallelism instead of NCCL
+            script = script_command(config, Path(args.training_script))  # FSDP: through fsdp_on_cpu.py
+            if len(script) == 1:
+                environment["ACCELERATE_USE_CPU"] = "true"  # gloo data parallelism instead of NCCL
     else:
         assert launcher == "deepspeed_launcher", launcher
         _, environment = prepare_deepspeed_cmd_env(args)
@@ -111,7 +129,7 @@ def launch_environment(config: Path, probe: Path) -> tuple[list[str], dict[str, 
     # the two launchers above hand the script to torchrun, which sets these for each process
     world_of_one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
     world_of_one |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.main_process_port)}
-    return [sys.executable, args.training_script, *args.training_script_args], environment | world_of_one
+    return [sys.executable, *script, *args.training_script_args], environment | world_of_one
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +187,8 @@ def test_config_builds_an_accelerator(config, accelerators):
         }
     else:
         assert "parallelism_config" not in report
+    if expected_type == "FSDP":
+        assert_fsdp_as_configured(report["fsdp"], settings["fsdp_config"])
     if expected_type != "DEEPSPEED":
         return
 
@@ -184,3 +204,16 @@ def test_config_builds_an_accelerator(config, accelerators):
     assert zero["stage3_gather_16bit_weights_on_model_save"] == deepspeed_settings.get("zero3_save_16bit_model", False)
     # DeepSpeed, not autocast, runs mixed precision: accelerate writes the YAML's choice into the DeepSpeed config
     assert report["deepspeed_config"]["bf16"]["enabled"] == (settings["mixed_precision"] == "bf16")
+
+
+def assert_fsdp_as_configured(fsdp: dict, settings: dict) -> None:
+    # accelerate copies fsdp_config entries onto launch options by name, like deepspeed_config's: a misspelt one is
+    # silently ignored, so each must come back as set
+    assert fsdp["version"] == settings["fsdp_version"] == 2
+    assert fsdp["offload_params"] == settings["fsdp_offload_params"]
+    assert fsdp["reshard_after_forward"] == settings["fsdp_reshard_after_forward"]
+    wrap_policies = {"TRANSFORMER_BASED_WRAP": "transformer_auto_wrap_policy", "SIZE_BASED_WRAP": "size_based_auto_wrap_policy"}
+    assert fsdp["auto_wrap_policy"] == wrap_policies[settings["fsdp_auto_wrap_policy"]]
+    assert fsdp["cpu_ram_efficient_loading"] == settings["fsdp_cpu_ram_efficient_loading"]
+    assert fsdp["state_dict_type"] == settings["fsdp_state_dict_type"]
+    assert fsdp["activation_checkpointing"] == settings["fsdp_activation_checkpointing"]

@@ -3,11 +3,15 @@ tests/distributed/fsdp_on_cpu.py, since accelerate runs FSDP only on GPUs), comp
 trainer in one process on the same global batches. Every run asserts the policy's parameters are DTensor shards, so
 a fallback to data parallelism fails. The refusals are checked in this process."""
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from distributed_runs import launch, train_in_this_process
+from distributed_runs import ROOT, checkout_environment, free_port, launch, script_command, train_in_this_process
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.checks import check_no_context_parallelism
@@ -18,6 +22,9 @@ PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model
 # fp32, 2 processes vs 1: the bounds of tests/test_deepspeed.py (measured here: see docs/fsdp.md)
 LOSS_ATOL = 1e-5
+# bf16 autocast, packed vs padded, both under FSDP2: the bound of tests/test_deepspeed.py; the loss itself is a bf16
+# number (ln 2 comes out as 0.69140625)
+BF16_LOSS_ATOL = 5e-3
 METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
 COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
                     "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
@@ -31,6 +38,8 @@ RUNS = {
     "prefix_sharing": "padding_free+prefix_sharing",
     "lora": "padding_free+lora",
     "trl": "trl",
+    "bf16": "padding_free+ref_offload+bf16+checkpointing",
+    "bf16_padded": "trl+bf16+checkpointing",
 }
 
 
@@ -123,6 +132,14 @@ def test_lora_under_fsdp2_matches_single_process_padded_lora(fsdp2_runs, single_
     assert_same_training(report, single_process_padded["lora"])
 
 
+def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_under_fsdp2(fsdp2_runs):
+    packed, padded = fsdp2_runs["bf16"], fsdp2_runs["bf16_padded"]
+    assert_policy_sharded(packed)
+    assert packed["reference_fsdp"]["cpu_offload"]
+    assert packed["losses"][0] == pytest.approx(math.log(2), abs=BF16_LOSS_ATOL)
+    assert packed["losses"] == pytest.approx(padded["losses"], abs=BF16_LOSS_ATOL)
+
+
 def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir, tmp_path):
     options = ("--max-tokens-per-batch", "2048", "--steps", "2", "--max-length", "1024")
     report = launch("fsdp2.yaml", model_dir, tmp_path / "budget.json", "--runs", "padding_free", *options)
@@ -139,6 +156,34 @@ def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir,
             assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=LOSS_ATOL)
             for key in ("rewards/chosen", "logps/chosen", "logps/rejected", "grad_norm"):
                 assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=5e-5, abs=2e-5), key
+
+
+def test_recipe_with_ref_offload_resumes_an_fsdp2_checkpoint_on_the_same_trajectory(tmp_path):
+    """The user's command (recipes/dpo.py, fsdp2_ref_offload.yaml, --ref_offload true): train 3 steps saving a sharded
+    checkpoint at 2, then resume from step 2 in new processes; step 3 must be the same."""
+    config = ROOT / "recipes" / "accelerate_configs" / "fsdp2_ref_offload.yaml"
+    environment = checkout_environment(TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRL_PADFREE_CACHE=str(tmp_path / "cache"))
+
+    def train(output_dir: Path, *extra: str) -> dict:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+            *script_command(config, ROOT / "recipes" / "dpo.py"),
+            "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
+            "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
+            "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
+            "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
+        assert result.returncode == 0, result.stderr[-6000:]
+        state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
+        return next(entry for entry in state["log_history"] if entry.get("step") == 3 and "loss" in entry)
+
+    uninterrupted = train(tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()  # sharded, as the config says
+    resumed = train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2"))
+    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=LOSS_ATOL)
+    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=METRIC_RTOL)
 
 
 # Refusals, checked in this process
@@ -185,3 +230,11 @@ def test_context_parallelism_is_refused_with_padding_free():
     check_no_context_parallelism(1)
     with pytest.raises(ValueError, match="context parallelism \\(cp_size=2\\) is not supported.*zero3_sp2.yaml"):
         check_no_context_parallelism(2)
+
+
+def test_sequence_parallelism_under_fsdp_is_refused_with_the_way_out(monkeypatch, tmp_path):
+    # Under FSDP2 accelerate would fail later with an error about `dp_shard_size` that names neither option
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match="sequence_parallel_size=2 is not supported under FSDP.*zero3_sp2.yaml"):
+        DPOConfig(output_dir=str(tmp_path), padding_free=True, sequence_parallel_size=2, use_cpu=True, bf16=False)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import trl
 
 from .checks import check_prefix_sharing_without_sequence_parallel
+from .fsdp import planned_fsdp_version
 
 
 @dataclass
@@ -53,7 +54,7 @@ class DPOConfig(trl.DPOConfig):
             At least 2. Also unshared: pairs whose chosen and rejected sequences were truncated into the prompt by
             different amounts (`truncation_mode="keep_end"`). `padfree/shared_pairs` logs the fraction shared.
 
-    > Parameters that control memory under DeepSpeed
+    > Parameters that control memory under DeepSpeed and FSDP2
 
         sequence_parallel_size (`int`, *optional*, defaults to `1`):
             Split each packed row over this many GPUs with DeepSpeed Ulysses (ALST), so one long preference pair can
@@ -67,8 +68,10 @@ class DPOConfig(trl.DPOConfig):
             to pinned CPU memory (`offload_param: {device: cpu, pin_memory: true}`), whatever the policy's offload
             settings: the GPUs then hold no reference weights, at the cost of fetching them over PCIe on every
             reference forward. The reference is loaded straight into CPU shards. With `precompute_ref_log_probs` it
-            is released once the log-probs are computed. Raises without ZeRO-3, or when there is no separate
-            reference model (PEFT, or precomputed log-probs without a `ref_model`).
+            is released once the log-probs are computed. Under FSDP2 (`fsdp_version: 2`), shard the reference a
+            unit per decoder layer under FSDP2's `CPUOffloadPolicy` (pinned), whatever the policy's
+            `fsdp_offload_params` (docs/fsdp.md). Raises without ZeRO-3 or FSDP2, or when there is no separate
+            reference model (PEFT; or, under DeepSpeed, precomputed log-probs without a `ref_model`).
     """
 
     packed_attn_implementation: str = field(
@@ -103,8 +106,9 @@ class DPOConfig(trl.DPOConfig):
     ref_offload: bool = field(
         default=False,
         metadata={
-            "help": "DeepSpeed ZeRO-3 only: keep the reference model's parameters in pinned CPU memory (its own "
-            "stage-3 config with offload_param cpu), independent of the policy's offload settings."
+            "help": "DeepSpeed ZeRO-3 or FSDP2: keep the reference model's parameters in pinned CPU memory (ZeRO-3: "
+            "its own stage-3 config with offload_param cpu; FSDP2: CPUOffloadPolicy on the reference only), "
+            "independent of the policy's offload settings."
         },
     )
     sequence_parallel_size: int = field(
@@ -151,6 +155,15 @@ class DPOConfig(trl.DPOConfig):
                 sp_backend="deepspeed", sp_size=self.sequence_parallel_size, sp_handler=handler
             )
         super().__post_init__()
+        fsdp_version = planned_fsdp_version(self)
+        if self.sequence_parallel_size > 1 and fsdp_version is not None:
+            # accelerate itself refuses this later, with an error about dp_shard_size that names neither option
+            raise ValueError(
+                f"sequence_parallel_size={self.sequence_parallel_size} is not supported under FSDP (fsdp_version "
+                f"{fsdp_version}): sequence parallelism runs on DeepSpeed Ulysses. Launch with a DeepSpeed config "
+                "(recipes/accelerate_configs/zero3_sp2.yaml; ZeRO-3 shards the policy as FSDP2 does), or set "
+                "sequence_parallel_size=1."
+            )
 
 
 def _sequence_parallel_size_from_accelerate_launch() -> int:
