@@ -89,10 +89,18 @@ def test_fsdp2_evaluation_matches_single_process_padded_trl(fsdp2_runs, single_p
 
 
 def test_reference_is_sharded_layer_by_layer_in_device_memory(fsdp2_runs):
-    # TRL shards the reference as one unit (all of it gathered at each forward); here one unit per decoder layer
+    # TRL shards the reference as one unit; here a unit per decoder layer, the embeddings and the root
     reference = fsdp2_runs["fsdp2"]["reference_fsdp"]
-    assert reference == {"sharded": True, "units": DECODER_LAYERS + 1, "cpu_offload": False, "local_devices": ["cpu"]}
+    assert reference == {"sharded": True, "units": DECODER_LAYERS + 2, "cpu_offload": False, "local_devices": ["cpu"]}
     assert fsdp2_runs["trl"]["reference_fsdp"]["units"] == 1  # TRL's own preparation, for contrast
+
+
+def test_reference_forward_gathers_less_than_the_whole_reference(fsdp2_runs):
+    # TRL's single unit gathers every reference parameter at once; ours never gathers the embeddings together with
+    # a decoder layer. Tiny model: the embeddings and LM head are most of it (docs/fsdp.md has the real shapes)
+    ours, trl = fsdp2_runs["fsdp2"], fsdp2_runs["trl"]
+    assert trl["reference_gathered_peak_bytes"] == trl["reference_bytes"]
+    assert ours["reference_gathered_peak_bytes"] < 0.8 * ours["reference_bytes"]
 
 
 def test_ref_offload_keeps_the_reference_shards_in_cpu_memory_and_trains_the_same(fsdp2_runs, single_process_padded):

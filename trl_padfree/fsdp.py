@@ -2,12 +2,13 @@
 
 accelerate shards the policy itself, one `fully_shard` unit per decoder layer. TRL 1.16 shards the reference with a
 single `fully_shard` on the whole model, so every reference forward gathers all of its parameters at once: a full
-unsharded copy of the reference on each GPU at that moment. This module shards the reference the way accelerate
-shards the policy, a unit per decoder layer, so its forward holds one or two layers unsharded at a time:
+unsharded copy of the reference on each GPU at that moment. This module shards the reference much as accelerate
+shards the policy, so its forward holds the root (LM head, final norm) and a layer or two unsharded at a time:
 
     policy     accelerate's units (decoder layers, embeddings, tail), the config's offload policy
-    reference  a unit per decoder layer and the root; with ref_offload=True, FSDP2's CPUOffloadPolicy whatever the
-               policy does: its shards stay in CPU memory and each layer is copied in for its all-gather
+    reference  a unit per decoder layer, the input embeddings (unless tied to the LM head) and the root; with
+               ref_offload=True, FSDP2's CPUOffloadPolicy whatever the policy does: its shards stay in CPU memory
+               and each unit is copied in for its all-gather
 
 The arithmetic is the same either way (sharding moves parameters, not the computation).
 """
@@ -54,8 +55,9 @@ def check_ref_offload_under_fsdp(fsdp_version: int) -> None:
 
 
 def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch.nn.Module:
-    """Shard the frozen reference with FSDP2, a unit per decoder layer (the policy's wrap policy) and the root; with
-    `offload`, its shards live in CPU memory (pinned where there is a GPU to copy them to)."""
+    """Shard the frozen reference with FSDP2: a unit per decoder layer (the policy's wrap policy), the input
+    embeddings, and the root; with `offload`, its shards live in CPU memory (pinned where there is a GPU to copy them
+    to)."""
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -80,6 +82,13 @@ def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch
         for module in list(model.modules())[1:]:
             if is_layer(module) and not isinstance(module, FSDPModule):
                 fully_shard(module, **shard_options)
+    # The embeddings are gathered only for their own lookup; tied to the LM head, they stay with it in the root.
+    # The LM head stays in the root: TRL's fused LM head reads its weight without calling it, so it would get no
+    # unit of its own gathered
+    embeddings = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    if not isinstance(embeddings, FSDPModule) and (head is None or head.weight is not embeddings.weight):
+        fully_shard(embeddings, **shard_options)
     fully_shard(model, **shard_options)
     model.eval()
     return model

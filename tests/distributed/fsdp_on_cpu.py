@@ -30,7 +30,8 @@ def install() -> None:
         return "gloo", DistributedType.MULTI_GPU
 
     PartialState._prepare_backend = prepare_backend
-    os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"  # PartialState's device, instead of the CUDA device MULTI_GPU implies
+    # PartialState's device, instead of the CUDA device MULTI_GPU implies
+    os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
 
 
 if __name__ == "__main__":

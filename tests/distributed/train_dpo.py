@@ -240,6 +240,28 @@ def fsdp_layout(model) -> dict | None:
     }
 
 
+def gathered_peak_bytes(model) -> int:
+    """The most bytes of `model`'s parameters held unsharded (plain tensors, not DTensor shards) at the start of any
+    of its modules' forwards, over one forward of a short row: what FSDP2 gathers at once."""
+    from torch.distributed.tensor import DTensor
+
+    peak = 0
+
+    def count(module, args):
+        nonlocal peak
+        gathered = sum(p.numel() * p.element_size() for p in model.parameters() if not isinstance(p, DTensor))
+        peak = max(peak, gathered)
+
+    hooks = [module.register_forward_pre_hook(count) for module in model.modules()]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.arange(1, 9).unsqueeze(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return peak
+
+
 def describe(trainer) -> dict:
     sp_size = sequence_parallel_size(trainer.accelerator)
     budget = trainer._token_budget if isinstance(trainer, DPOTrainer) else None
@@ -247,6 +269,10 @@ def describe(trainer) -> dict:
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
     fsdp_plugin = trainer.accelerator.state.fsdp_plugin if trainer.is_fsdp_enabled else None
+    reference_layout = fsdp_layout(trainer.ref_model)
+    reference_bytes = None
+    if trainer.ref_model is not None:
+        reference_bytes = sum(p.numel() * p.element_size() for p in trainer.ref_model.parameters())
     return {
         "model_type": policy.config.model_type,
         "attn_implementation": policy.config._attn_implementation,
@@ -267,7 +293,9 @@ def describe(trainer) -> dict:
         and sum(p.ds_tensor.numel() for p in parameters) < sum(p.ds_numel for p in parameters),
         "fsdp_version": fsdp_plugin.fsdp_version if fsdp_plugin is not None else None,
         "policy_fsdp": fsdp_layout(policy),
-        "reference_fsdp": fsdp_layout(trainer.ref_model),
+        "reference_fsdp": reference_layout,
+        "reference_gathered_peak_bytes": gathered_peak_bytes(trainer.ref_model) if reference_layout else None,
+        "reference_bytes": reference_bytes,
         "sequence_parallel_size": sp_size,
         "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
