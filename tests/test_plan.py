@@ -1,12 +1,15 @@
 """`trl-padfree plan`: units, DeepSpeed's estimators called as they are, the reference rules, the activation formula
-against the tensors autograd really saves, the 34B case, and the command line."""
+against the tensors autograd really saves, the 34B case, FSDP2 by hand and against accelerate's own sharding, and the
+command line."""
 
 import json
+import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
 import torch
+from distributed_runs import checkout_environment, free_port
 
 from trl_padfree.cli import main
 from trl_padfree.plan import (
@@ -24,6 +27,7 @@ from trl_padfree.plan import (
     reference_memory,
     shape_of_config,
 )
+from trl_padfree.plan.fsdp2 import kept_gathered_params
 from trl_padfree.tiny import make_demo_model, make_model
 
 deepspeed_stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
@@ -44,6 +48,10 @@ YI_34B = dict(
 )
 YI_34B_PARAMS = 34_388_917_248  # embedding and LM head 64000 x 7168 each, 60 layers of 557.8M, final norm
 YI_34B_LARGEST_LAYER = 64000 * 7168
+# One Yi-34B decoder layer: q and o 7168 x 7168, k and v 7168 x 1024, gate, up and down 7168 x 20480, two norms
+YI_34B_DECODER_LAYER = 2 * 7168 * 7168 + 2 * 7168 * 1024 + 3 * 7168 * 20480 + 2 * 7168
+YI_34B_HEAD = 64000 * 7168 + 7168  # FSDP2's tail unit: the LM head and the final norm
+FSDP2 = dict(fsdp2=True, zero_stage=None)
 
 
 def write_config(directory, **fields) -> str:
@@ -313,13 +321,207 @@ def test_cheapest_change_prefers_cheap_changes_and_the_mildest_step():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# FSDP2
+
+
+def test_fsdp2_units_of_34b_from_its_config(tmp_path):
+    shape = load_model_shape(write_config(tmp_path, **YI_34B))
+    assert shape.decoder_layer_params == YI_34B_DECODER_LAYER == 557_856_768
+    assert shape.non_layer_params == YI_34B_LARGEST_LAYER + YI_34B_HEAD  # the embedding and the tail
+    assert not shape.tied_embeddings and kept_gathered_params(shape) == YI_34B_HEAD
+
+
+def test_fsdp2_34b_on_8_gpus_by_hand(tmp_path):
+    shape = load_model_shape(write_config(tmp_path, **YI_34B))
+    # fp32 weights, gradients and Adam shards; two bf16 layers and the tail gathered; two layer-sized bf16 gradient
+    # buffers (the unsharded gradients and the reduce-scatter input)
+    sharded = 16 * YI_34B_PARAMS // 8
+    gathered = 2 * (2 * YI_34B_DECODER_LAYER + YI_34B_HEAD)
+    buffers = 2 * 2 * YI_34B_DECODER_LAYER
+    assert policy_states(shape, Setup(**FSDP2)) == (sharded + gathered + buffers, 0)  # ~64.1 + 2.9 + 2.1 GiB
+    # The reference: bf16 shards. Its forward gathers its embedding and head (0.9B) besides two layers, less than the
+    # policy's gathered layers and gradient buffers (4 layers' worth of bf16), which it precedes: nothing more counted
+    assert reference_memory(shape, Setup(**FSDP2)) == (2 * YI_34B_PARAMS // 8, 0)
+    result = estimate(shape, Setup(**FSDP2))
+    assert result.gpu_total == sharded + gathered + buffers + 2 * YI_34B_PARAMS // 8 + result.activations_gpu + 3 * GiB
+    assert not result.fits  # 94.9 GiB of 80
+
+
+def test_fsdp2_offload_moves_the_shards_to_cpu(tmp_path):
+    shape = load_model_shape(write_config(tmp_path, **YI_34B))
+    for nodes in (1, 2):
+        kept = estimate(shape, Setup(nodes=nodes, **FSDP2))
+        offloaded = estimate(shape, Setup(nodes=nodes, fsdp_offload_params=True, **FSDP2))
+        total_gpus = 8 * nodes
+        # The policy's 16 bytes/param of shards: off each GPU, onto the node that GPU is in
+        assert kept.policy_gpu - offloaded.policy_gpu == 16 * YI_34B_PARAMS // total_gpus
+        assert offloaded.policy_cpu - kept.policy_cpu == 8 * (16 * YI_34B_PARAMS // total_gpus)
+        # The reference follows the policy's offload policy: its bf16 shards move too
+        assert (offloaded.reference_gpu, offloaded.reference_cpu) == (0, 2 * YI_34B_PARAMS // nodes)
+        assert kept.activations_gpu == offloaded.activations_gpu  # same packed micro-batch
+
+
+def test_fsdp2_reference_offload_is_accepted_and_still_refused_with_zero2(tmp_path):
+    shape = load_model_shape(write_config(tmp_path, **YI_34B))
+    on_gpus, offloaded = (reference_memory(shape, Setup(reference=place, **FSDP2)) for place in ("gpu", "offload"))
+    assert on_gpus == (2 * YI_34B_PARAMS // 8, 0)
+    assert offloaded == (0, 2 * YI_34B_PARAMS)  # pinned bf16 shards of the node's 8 GPUs: the whole model
+    assert reference_memory(shape, Setup(nodes=2, reference="offload", **FSDP2)) == (0, YI_34B_PARAMS)
+    assert reference_memory(shape, Setup(reference="precompute", **FSDP2)) == (0, 0)
+    # The policy is untouched by where the reference goes
+    assert policy_states(shape, Setup(reference="offload", **FSDP2)) == policy_states(shape, Setup(**FSDP2))
+    with pytest.raises(ValueError, match="--zero-stage 3 or --fsdp2"):
+        estimate(shape, Setup(zero_stage=2, reference="offload"))
+
+
+def test_fsdp2_reference_counts_the_embeddings_its_forward_gathers_beyond_the_policys_peak():
+    # Llama-3.1-8B's sizes: untied 128256 x 4096 embedding and head, 32 layers of 218,112,000
+    embedding, layer = 128256 * 4096, 218_112_000
+    non_layer = 2 * embedding + 4096
+    shape = ModelShape(
+        "8b-like",
+        8_030_261_248,
+        embedding,
+        decoder_layer_params=layer,
+        non_layer_params=non_layer,
+        input_embedding_params=embedding,
+    )
+    # Its forward gathers 2 layers + embeddings + head; by then the policy holds its tail, not its 2 layers and the
+    # 2 layers' worth of gradient buffers: the excess is 2 bytes x (embeddings + head - 2 layers), ~1.1 GiB
+    excess = 2 * (non_layer - 2 * layer)
+    assert reference_memory(shape, Setup(**FSDP2)) == (2 * 8_030_261_248 // 8 + excess, 0)
+    assert reference_memory(shape, Setup(reference="offload", **FSDP2)) == (excess, 2 * 8_030_261_248)
+    # Tied, one matrix serves both and sits in the policy's tail unit, which stays gathered
+    tied = replace(
+        shape, total_params=8_030_261_248 - embedding, non_layer_params=embedding + 4096, tied_embeddings=True
+    )
+    assert kept_gathered_params(tied) == embedding + 4096
+    assert reference_memory(tied, Setup(**FSDP2))[0] == 2 * tied.total_params // 8 + 2 * (embedding + 4096 - 2 * layer)
+
+
+def test_fsdp2_plan_searches_only_fsdp2_changes(tmp_path, capsys):
+    plan = plan_json(tmp_path, write_config(tmp_path, **YI_34B), "--fsdp2")
+    assert plan["engine"] == "fsdp2" and plan["setup"]["zero_stage"] is None
+    assert plan["accelerate_config"] == {"file": "recipes/accelerate_configs/fsdp2.yaml", "changes": {}}
+    assert not plan["fits"]
+    changes = [row["change"] for row in plan["alternatives"]]
+    assert not any("ZeRO" in change or "_device" in change for change in changes), changes
+    offloaded = next(row["estimate"] for row in plan["alternatives"] if "fsdp_offload_params: true" in row["change"])
+    assert offloaded["policy_cpu"] == 16 * YI_34B_PARAMS and offloaded["fits"]
+    suggestion = plan["suggestion"]
+    assert (
+        suggestion["setup"]["fsdp2"] and suggestion["setup"]["zero_stage"] is None and suggestion["estimate"]["fits"]
+    )
+    printed = capsys.readouterr().out
+    assert "FSDP2 (fully_shard per decoder layer)" in printed
+    assert "Config recipes/accelerate_configs/fsdp2.yaml" in printed and "FSDP2 policy per GPU:" in printed
+
+
+def test_fsdp2_config_names_follow_the_offloads(tmp_path, capsys):
+    config = write_config(tmp_path, **YI_34B)
+    plan = plan_json(tmp_path, config, "--fsdp2", "--reference", "offload", "--cpu-memory", "1TiB")
+    assert plan["accelerate_config"] == {"file": "recipes/accelerate_configs/fsdp2_ref_offload.yaml", "changes": {}}
+    assert plan["estimate"]["reference_gpu"] == 0 and plan["estimate"]["reference_cpu"] == 2 * YI_34B_PARAMS
+    assert "Config recipes/accelerate_configs/fsdp2_ref_offload.yaml" in capsys.readouterr().out
+    plan = plan_json(tmp_path, config, "--fsdp2", "--fsdp2-offload-params", "--gpus-per-node", "4")
+    assert plan["accelerate_config"] == {
+        "file": "recipes/accelerate_configs/fsdp2.yaml",
+        "changes": {"fsdp_offload_params": True},
+    }
+    assert plan["estimate"]["policy_cpu"] == 4 * (16 * YI_34B_PARAMS // 4)
+    assert "fsdp2.yaml, with fsdp_offload_params: true" in capsys.readouterr().out
+
+
+# accelerate runs FSDP only on GPUs: its `fsdp2_prepare_model` is called directly, on CPU in a gloo world of one, with
+# the attributes of an Accelerator it reads. In a fresh process, as accelerate's state is a process-wide singleton
+FSDP2_PROBE = """\
+import json, sys, types
+
+import torch
+import torch.distributed as dist
+from accelerate import PartialState
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
+
+dist.init_process_group("gloo", rank=0, world_size=1)
+PartialState()
+report = {}
+for folder in sys.argv[1:]:
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True,
+        cpu_ram_efficient_loading=False,
+    )
+    plugin.set_mixed_precision("bf16")  # what `mixed_precision: bf16` makes accelerate do
+    accelerator = types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=plugin), mixed_precision="bf16", is_main_process=True,
+        device=torch.device("cpu"),
+    )
+    model = fsdp2_prepare_model(accelerator, model)
+    sharded_dtypes = {str(parameter.dtype) for parameter in model.parameters()}
+    # After a forward, a unit that reshards holds DTensor shards again; one kept gathered holds plain tensors
+    model(torch.arange(7)[None]).logits.float().sum().backward()
+    report[folder] = {
+        "sharded_dtypes": sorted(sharded_dtypes),
+        "gradient_dtypes": sorted({str(parameter.grad.dtype) for parameter in model.parameters()}),
+        "param_dtype": str(plugin.mixed_precision_policy.param_dtype),
+        "reduce_dtype": str(plugin.mixed_precision_policy.reduce_dtype),
+    }
+    model.zero_grad()
+    model(torch.arange(7)[None])
+    report[folder]["gathered_after_forward"] = sum(
+        parameter.numel() for parameter in model.parameters() if not isinstance(parameter, DTensor)
+    )
+dist.destroy_process_group()
+print("FSDP2 " + json.dumps(report))
+"""
+
+
+def test_fsdp2_units_and_dtypes_are_accelerates(tmp_path):
+    """What the planner assumes of FSDP2, checked against accelerate's own preparation of tiny models: the units kept
+    gathered after a forward (tail and root, untied embedding freed), fp32 shards and gradients, bf16 compute and
+    reduction."""
+    cases = {"llama": {}, "qwen2": {"tie_word_embeddings": True}, "gpt2": {}}  # untied, tied, a root leftover
+    folders = {}
+    for model_type, overrides in cases.items():
+        config = make_model(model_type, **overrides).config
+        config.save_pretrained(tmp_path / model_type)
+        folders[str(tmp_path / model_type)] = shape_of_config(model_type, config)
+    environment = checkout_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    run = subprocess.run(
+        [sys.executable, "-c", FSDP2_PROBE, *folders], env=environment, capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in run.stdout.splitlines() if line.startswith("FSDP2 ")]
+    assert run.returncode == 0 and lines, run.stdout + run.stderr
+    report = json.loads(lines[0].removeprefix("FSDP2 "))
+    for folder, shape in folders.items():
+        measured = report[folder]
+        assert measured["gathered_after_forward"] == kept_gathered_params(shape), shape.name
+        assert measured["sharded_dtypes"] == measured["gradient_dtypes"] == ["torch.float32"], shape.name
+        assert measured["param_dtype"] == measured["reduce_dtype"] == "torch.bfloat16", shape.name
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Command line
 
 
 def test_tiny_config_fits_and_json_schema(tmp_path):
     make_model("llama").config.save_pretrained(tmp_path)
     plan = plan_json(tmp_path, str(tmp_path / "config.json"), "--gpus-per-node", "2", "--gpu-memory", "24GB")
-    assert set(plan) == {"model", "setup", "estimate", "fits", "suggestion", "alternatives", "notes"}
+    assert set(plan) == {
+        "model",
+        "setup",
+        "engine",
+        "accelerate_config",
+        "estimate",
+        "fits",
+        "suggestion",
+        "alternatives",
+        "notes",
+    }
+    assert plan["engine"] == "deepspeed" and plan["accelerate_config"] is None  # DeepSpeed reports name no config
     assert set(plan["estimate"]) == {
         "policy_gpu",
         "reference_gpu",
@@ -354,7 +556,13 @@ def test_parameter_count_plans_without_activations(tmp_path, capsys):
         (["34B", "--gpu-memory", "lots"], "--gpu-memory"),
         (["34B", "--reference", "somewhere"], "--reference"),
         (["34B"], "--largest-layer"),  # ZeRO-3 without a layer count
-        (["34B", "--zero-stage", "2", "--reference", "offload"], "--zero-stage 3"),
+        (["34B", "--zero-stage", "2", "--reference", "offload"], "--zero-stage 3 or --fsdp2"),
+        (["34B", "--fsdp2", "--zero-stage", "3"], "--fsdp2 and --zero-stage 3 are exclusive"),
+        (["34B", "--fsdp2", "--zero-stage", "0"], "Drop --zero-stage"),
+        (["34B", "--fsdp2", "--offload-optimizer"], "under --fsdp2 use --fsdp2-offload-params"),
+        (["34B", "--fsdp2", "--offload-param", "--offload-optimizer"], "under --fsdp2 use --fsdp2-offload-params"),
+        (["34B", "--fsdp2-offload-params"], "--fsdp2-offload-params needs --fsdp2"),
+        (["34B", "--fsdp2"], "instead of a parameter count"),  # FSDP2 needs the decoder layers' size
         (["34B", "--zero-stage", "2", "--offload-param", "--offload-optimizer"], "--offload-param"),
         (["34B", "--zero-stage", "2", "--precision", "fp32"], "bf16"),
         (["trl-padfree/huge-llama"], "huge-llama"),

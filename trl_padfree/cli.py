@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
             "plan",
             help="estimate GPU and CPU memory of a DPO run (policy, reference, activations) and the cheapest fix",
             description="Estimate per-GPU and per-node CPU memory of a DPO run from the model's config alone: policy "
-            "states (DeepSpeed's estimators), the reference model, an activation estimate; say whether it fits and "
-            "the cheapest change that makes it fit. See docs/memory-planning.md.",
+            "states (DeepSpeed's estimators, or FSDP2's shards with --fsdp2), the reference model, an activation "
+            "estimate; say whether it fits and the cheapest change that makes it fit. See docs/memory-planning.md.",
         )
     )
     coverage.add_arguments(

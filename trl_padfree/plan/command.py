@@ -41,18 +41,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per GPU: 80 (GiB, the default), 80GiB, 80GB (10^9 bytes)",
     )
     parser.add_argument(
-        "--zero-stage", type=int, choices=(0, 1, 2, 3), default=3, help="0: plain data parallelism (default: 3)"
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2, 3),
+        help="DeepSpeed ZeRO stage; 0: plain data parallelism (default: 3, none with --fsdp2)",
     )
     parser.add_argument("--offload-optimizer", action="store_true", help="DeepSpeed offload_optimizer: cpu")
     parser.add_argument(
         "--offload-param", action="store_true", help="DeepSpeed offload_param: cpu (ZeRO-3, with the optimizer)"
+    )
+    parser.add_argument(
+        "--fsdp2",
+        action="store_true",
+        help="plan PyTorch FSDP2 (accelerate fsdp_version: 2) instead of DeepSpeed; not with --zero-stage or the "
+        "DeepSpeed offloads",
+    )
+    parser.add_argument(
+        "--fsdp2-offload-params",
+        action="store_true",
+        help="FSDP2 fsdp_offload_params: true (parameters, gradients and optimizer states in CPU memory)",
     )
     parser.add_argument("--precision", choices=tuple(BYTES_PER_PARAM), default="bf16", help="default: bf16")
     parser.add_argument(
         "--reference",
         choices=REFERENCE_PLACES,
         default="gpu",
-        help="gpu (default); offload (ref_offload: true, ZeRO-3); precompute (precompute_ref_log_probs: true)",
+        help="gpu (default); offload (ref_offload: true, ZeRO-3 or FSDP2); precompute (precompute_ref_log_probs: "
+        "true)",
     )
     parser.add_argument(
         "--tokens",
@@ -86,14 +101,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run)
 
 
+def _zero_stage(options: argparse.Namespace) -> int | None:
+    # ZeRO-3 unless told otherwise, and no stage under FSDP2: a --zero-stage given with --fsdp2 is refused, not dropped
+    if options.zero_stage is None and not options.fsdp2:
+        return 3
+    return options.zero_stage
+
+
 def run(options: argparse.Namespace) -> int:
     setup = Setup(
         gpus_per_node=options.gpus_per_node,
         nodes=options.nodes,
         gpu_memory=options.gpu_memory,
-        zero_stage=options.zero_stage,
+        zero_stage=_zero_stage(options),
         offload_optimizer=options.offload_optimizer,
         offload_param=options.offload_param,
+        fsdp2=options.fsdp2,
+        fsdp_offload_params=options.fsdp2_offload_params,
         precision=options.precision,
         reference=options.reference,
         tokens=options.tokens,

@@ -2,13 +2,14 @@
 
 Per GPU, four parts are added up and compared with the GPU's memory:
 
-    policy states   weights, gradients, Adam states: DeepSpeed's own estimators (ZeRO-1/2/3), 16 bytes/param at stage 0
+    policy states   weights, gradients, Adam states: DeepSpeed's own estimators (ZeRO-1/2/3), 16 bytes/param at stage 0,
+                    or FSDP2's shards and gathered layers (`fsdp2`)
     reference       the frozen reference model, which DeepSpeed's estimators leave out
     activations     an estimate for one policy forward and backward of a packed micro-batch of T tokens
     reserve         a fixed allowance for the CUDA context, NCCL and DeepSpeed buffers, fragmentation
 
-Per node, CPU memory adds DeepSpeed's CPU estimate for the policy and the offloaded reference. Formulas, assumptions
-and what is not modelled: docs/memory-planning.md.
+Per node, CPU memory adds DeepSpeed's CPU estimate (or FSDP2's offloaded shards) for the policy and the offloaded
+reference. Formulas, assumptions and what is not modelled: docs/memory-planning.md.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from . import fsdp2
 from .shapes import ModelShape
-from .units import GiB
+from .units import BYTES_PER_PARAM, GiB
 
-BYTES_PER_PARAM = {"bf16": 2, "fp16": 2, "fp32": 4}
 REFERENCE_PLACES = ("gpu", "offload", "precompute")
 # CUDA context (~0.5 GiB), NCCL buffers, DeepSpeed's bucket and prefetch buffers, allocator fragmentation: an assumption
 DEFAULT_RESERVE = 3 * GiB
@@ -40,9 +41,11 @@ class Setup:
     gpus_per_node: int = 8
     nodes: int = 1
     gpu_memory: int = 80 * GiB
-    zero_stage: int = 3
+    zero_stage: int | None = 3  # None under FSDP2
     offload_optimizer: bool = False
     offload_param: bool = False
+    fsdp2: bool = False  # PyTorch FSDP2 (accelerate's fsdp_version: 2) instead of DeepSpeed; takes zero_stage=None
+    fsdp_offload_params: bool = False  # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer states on CPU
     precision: str = "bf16"
     reference: str = "gpu"  # "gpu", "offload" (ref_offload=True) or "precompute" (precompute_ref_log_probs=True)
     tokens: int = 8192  # per micro-batch and GPU: chosen + rejected of all pairs, packed in one row
@@ -55,15 +58,54 @@ class Setup:
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def engine(self) -> str:
+        """What shards the model: "fsdp2", "deepspeed" (ZeRO-1 to 3) or "ddp" (stage 0, plain data parallelism)."""
+        if self.fsdp2:
+            return "fsdp2"
+        return "deepspeed" if self.zero_stage else "ddp"
+
 
 def check_setup(setup: Setup, shape: ModelShape) -> None:
-    """Refuse a setup DeepSpeed or TRL would not run, or one the estimators do not cover, naming the fix."""
+    """Refuse a setup DeepSpeed, FSDP2 or TRL would not run, or one the estimators do not cover, naming the fix."""
     if min(setup.gpus_per_node, setup.nodes, setup.tokens) < 1 or setup.gpu_memory <= 0:
         raise ValueError("--gpus-per-node, --nodes, --tokens and --gpu-memory must be positive.")
-    if setup.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"--zero-stage must be 0 (no DeepSpeed), 1, 2 or 3, not {setup.zero_stage}.")
     if setup.precision not in BYTES_PER_PARAM or setup.reference not in REFERENCE_PLACES:
         raise ValueError(f"--precision must be one of {list(BYTES_PER_PARAM)}, --reference one of {REFERENCE_PLACES}.")
+    if setup.fsdp2:
+        check_fsdp2_setup(setup, shape)
+    else:
+        check_deepspeed_setup(setup, shape)
+
+
+def check_fsdp2_setup(setup: Setup, shape: ModelShape) -> None:
+    """FSDP2 shards like ZeRO-3 and has its own offload: the DeepSpeed options cannot go with it."""
+    if setup.zero_stage is not None:
+        raise ValueError(
+            f"--fsdp2 and --zero-stage {setup.zero_stage} are exclusive: FSDP2 shards parameters, gradients and "
+            "optimizer states over all GPUs like ZeRO-3. Drop --zero-stage, or drop --fsdp2 to plan DeepSpeed."
+        )
+    if setup.offload_optimizer or setup.offload_param:
+        raise ValueError(
+            "--offload-optimizer and --offload-param are DeepSpeed's: under --fsdp2 use --fsdp2-offload-params "
+            "(fsdp_offload_params: true), which moves parameters, gradients and optimizer states to CPU together."
+        )
+    if shape.decoder_layer_params is None:
+        raise ValueError(
+            "--fsdp2 needs the model's decoder layers (FSDP2 gathers them one unit at a time): give a config, a local "
+            "folder or a hub name instead of a parameter count."
+        )
+
+
+def check_deepspeed_setup(setup: Setup, shape: ModelShape) -> None:
+    """Refuse what DeepSpeed or TRL would not run, or what DeepSpeed's estimators do not cover."""
+    if setup.fsdp_offload_params:
+        raise ValueError(
+            "--fsdp2-offload-params needs --fsdp2; with DeepSpeed, offload with --offload-param --offload-optimizer "
+            "(--zero-stage 3)."
+        )
+    if setup.zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"--zero-stage must be 0 (no DeepSpeed), 1, 2 or 3, not {setup.zero_stage}.")
     if setup.zero_stage == 0 and setup.offload_optimizer:
         raise ValueError("--offload-optimizer needs DeepSpeed: use --zero-stage 1, 2 or 3.")
     if setup.offload_param and (setup.zero_stage != 3 or not setup.offload_optimizer):
@@ -72,7 +114,10 @@ def check_setup(setup: Setup, shape: ModelShape) -> None:
             "offload together with optimizer offload)."
         )
     if setup.reference == "offload" and setup.zero_stage != 3:
-        raise ValueError("--reference offload (ref_offload=True) needs --zero-stage 3; use --reference precompute.")
+        raise ValueError(
+            "--reference offload (ref_offload=True) needs --zero-stage 3 or --fsdp2 (parameter offload exists only "
+            "there); use --reference precompute."
+        )
     if setup.precision == "fp32" and setup.zero_stage > 0:
         raise NotImplementedError(
             "DeepSpeed's estimators model 16-bit training with fp32 master weights: use --precision bf16 or fp16, "
@@ -112,7 +157,7 @@ def _drop_record(record: logging.LogRecord) -> bool:
 
 
 def policy_states(shape: ModelShape, setup: Setup) -> tuple[int, int]:
-    """Per-GPU and per-node CPU bytes of the policy's weights, gradients and Adam states.
+    """Per-GPU and per-node CPU bytes of the policy's weights, gradients and Adam states (FSDP2: `fsdp2.policy_states`).
 
     ZeRO-2 and ZeRO-3 are DeepSpeed's own estimators, called as they are (`additional_buffer_factor` 1.5 on CPU).
     ZeRO-1 is DeepSpeed's ZeRO-2 estimate plus the 16-bit gradients stage 1 does not partition: 2P(1 - 1/N) bytes.
@@ -120,6 +165,8 @@ def policy_states(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     gradients, fp32 master weights and two Adam moments (fp32 training: 4 + 4 + 8), and no CPU part.
     """
     params = shape.total_params
+    if setup.fsdp2:
+        return fsdp2.policy_states(shape, setup)
     if setup.zero_stage == 0:
         return 16 * params, 0
     estimate_zero2, estimate_zero3 = _deepspeed_estimators()
@@ -151,7 +198,10 @@ def reference_memory(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     Its weights are 2 bytes per parameter in bf16/fp16 (4 in fp32). At ZeRO-3 TRL partitions it like the policy: 1/N of
     them per GPU; with `ref_offload` the partitions sit in pinned CPU memory, 1/nodes of them per node. Below ZeRO-3 TRL
     wraps it at stage 0: a whole copy on every GPU. Precomputed log-probs leave no reference model during training.
+    FSDP2: `fsdp2.reference_memory`.
     """
+    if setup.fsdp2:
+        return fsdp2.reference_memory(shape, setup)
     weights = BYTES_PER_PARAM[setup.precision] * shape.total_params
     if setup.reference == "precompute":
         return 0, 0

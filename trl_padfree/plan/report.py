@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from . import fsdp2
 from .memory import Estimate, Setup
 from .search import Plan
 from .shapes import ModelShape
@@ -19,6 +20,9 @@ def _setup_lines(setup: Setup) -> list[str]:
         name for name, on in (("optimizer", setup.offload_optimizer), ("parameters", setup.offload_param)) if on
     )
     stage = f"ZeRO-{setup.zero_stage}" if setup.zero_stage else "no ZeRO (DDP)"
+    if setup.fsdp2:
+        stage = "FSDP2 (fully_shard per decoder layer)"
+        offload = "parameters, gradients and optimizer" if setup.fsdp_offload_params else ""
     reference = {"gpu": "on the GPUs", "offload": "offloaded to CPU", "precompute": "precomputed"}[setup.reference]
     checkpointing = "on" if setup.activation_checkpointing else "off"
     return [
@@ -27,6 +31,17 @@ def _setup_lines(setup: Setup) -> list[str]:
         f"{setup.tokens} tokens per micro-batch; activation checkpointing {checkpointing}; "
         f"reserve {gib(setup.reserve)} GiB per GPU",
     ]
+
+
+def accelerate_config(setup: Setup) -> dict | None:
+    """The accelerate config to launch the plan with and what to change in it; None for DeepSpeed and DDP, whose
+    reports name no config."""
+    return fsdp2.accelerate_config(setup) if setup.fsdp2 else None
+
+
+def _config_text(config: dict) -> str:
+    changes = ", ".join(f"{key}: {str(value).lower()}" for key, value in config["changes"].items())
+    return config["file"] + (f", with {changes}" if changes else "")
 
 
 def _plural(count: int, noun: str) -> str:
@@ -55,26 +70,56 @@ def _share(parts: int) -> str:
     return "all of it" if parts == 1 else f"1/{parts} of it"
 
 
+def _labels(setup: Setup) -> dict[str, str]:
+    """What each row of the memory table holds, for DeepSpeed (or DDP)."""
+    offloaded = setup.reference == "offload"
+    return {
+        "policy": f"DeepSpeed ZeRO-{setup.zero_stage}" if setup.zero_stage else "16 bytes/param",
+        "reference": {
+            "gpu": f"{setup.precision}, {_share(setup.total_gpus) if setup.zero_stage == 3 else 'whole copy'}",
+            "offload": "offloaded",
+            "precompute": "precomputed log-probs",
+        }[setup.reference],
+        "cpu policy": f"DeepSpeed{'' if setup.zero_stage else ': not modelled at stage 0'}",
+        "cpu reference": f"{setup.precision}, {_share(setup.nodes)}, pinned" if offloaded else "none",
+    }
+
+
+def _fsdp2_labels(setup: Setup) -> dict[str, str]:
+    """What each row of the memory table holds under FSDP2."""
+    offloaded = fsdp2.reference_offloaded(setup)
+    policy = (
+        "FSDP2: gathered layers, shards on CPU"
+        if setup.fsdp_offload_params
+        else f"FSDP2: 16 bytes/param / {setup.total_gpus}, gathered layers"
+    )
+    reference = f"{setup.precision}, {_share(setup.total_gpus)}"
+    if setup.reference == "precompute":
+        reference = "precomputed log-probs"
+    elif offloaded:
+        reference = "offloaded" if setup.reference == "offload" else "offloaded with the policy"
+    return {
+        "policy": policy,
+        "reference": reference,
+        "cpu policy": "FSDP2 offload, pinned" if setup.fsdp_offload_params else "FSDP2: none without offload",
+        "cpu reference": f"{setup.precision}, {_share(setup.nodes)}, pinned" if offloaded else "none",
+    }
+
+
 def memory_table(setup: Setup, result: Estimate) -> list[str]:
     """The per-GPU and per-node CPU parts of `result`, one per line, in GiB."""
-    policy = f"DeepSpeed ZeRO-{setup.zero_stage}" if setup.zero_stage else "16 bytes/param"
-    reference = {
-        "gpu": f"{setup.precision}, {_share(setup.total_gpus) if setup.zero_stage == 3 else 'whole copy'}",
-        "offload": "offloaded",
-        "precompute": "precomputed log-probs",
-    }[setup.reference]
+    labels = _fsdp2_labels(setup) if setup.fsdp2 else _labels(setup)
     activations = "not estimated" if result.activations_gpu is None else "estimate"
-    cpu_reference = f"{setup.precision}, {_share(setup.nodes)}, pinned" if setup.reference == "offload" else "none"
     rows = [
         ("Per GPU", "GiB", ""),
-        (f"  policy: weights, gradients, Adam ({policy})", gib(result.policy_gpu), ""),
-        (f"  reference model ({reference})", gib(result.reference_gpu), ""),
+        (f"  policy: weights, gradients, Adam ({labels['policy']})", gib(result.policy_gpu), ""),
+        (f"  reference model ({labels['reference']})", gib(result.reference_gpu), ""),
         (f"  activations of {setup.tokens} tokens ({activations})", gib(result.activations_gpu), ""),
         ("  reserve (CUDA context, NCCL, buffers)", gib(result.reserve_gpu), ""),
         ("  total", gib(result.gpu_total), _against(result.gpu_memory, result.gpu_fits)),
         ("Per node, CPU", "", ""),
-        (f"  policy (DeepSpeed{'' if setup.zero_stage else ': not modelled at stage 0'})", gib(result.policy_cpu), ""),
-        (f"  reference model ({cpu_reference})", gib(result.reference_cpu), ""),
+        (f"  policy ({labels['cpu policy']})", gib(result.policy_cpu), ""),
+        (f"  reference model ({labels['cpu reference']})", gib(result.reference_cpu), ""),
         ("  total", gib(result.cpu_total), _against(result.cpu_memory, result.cpu_fits)),
     ]
     width = max(len(label) for label, _, _ in rows)
@@ -86,7 +131,11 @@ def format_report(plan: Plan) -> str:
     cheapest change that does and what each change alone would give."""
     current = plan.estimate
     hardware, training = _setup_lines(plan.setup)
-    lines = [f"Model  {_model_line(plan.model)}", f"Setup  {hardware}", f"       {training}", ""]
+    lines = [f"Model  {_model_line(plan.model)}", f"Setup  {hardware}", f"       {training}"]
+    config = accelerate_config(plan.setup)
+    if config is not None:
+        lines.append(f"Config {_config_text(config)}")
+    lines.append("")
     lines += [*memory_table(plan.setup, current), ""]
     spare = gib(current.gpu_memory - current.gpu_total)
     if current.fits and current.activations_gpu is None:
@@ -99,12 +148,15 @@ def format_report(plan: Plan) -> str:
         if plan.suggestion is None:
             lines.append("No combination of the changes below fits.")
         else:
-            changes, _, fixed = plan.suggestion
+            changes, fixed_setup, fixed = plan.suggestion
             lines.append(f"Cheapest change that fits: {' + '.join(change.description for change in changes)}")
             lines.append(
                 f"  then per GPU {gib(fixed.gpu_total)} GiB of {gib(fixed.gpu_memory)}; per node CPU "
                 f"{gib(fixed.cpu_total)} GiB, {_against(fixed.cpu_memory, fixed.cpu_fits)}"
             )
+            fixed_config = accelerate_config(fixed_setup)
+            if fixed_config is not None:
+                lines.append(f"  config {_config_text(fixed_config)}")
         table = [("Each change alone", "GPU GiB", "CPU GiB/node", "fits")] + [
             (f"  {change.description}", gib(result.gpu_total), gib(result.cpu_total), "yes" if result.fits else "no")
             for change, result in plan.alternatives
@@ -124,11 +176,14 @@ def plan_to_json(plan: Plan) -> dict:
         suggestion = {
             "changes": [change.description for change in changes],
             "setup": asdict(setup),
+            "accelerate_config": accelerate_config(setup),
             "estimate": {**asdict(fixed), "fits": fixed.fits},
         }
     return {
         "model": asdict(plan.model),
         "setup": asdict(plan.setup),
+        "engine": plan.setup.engine,
+        "accelerate_config": accelerate_config(plan.setup),
         "estimate": {**asdict(plan.estimate), "fits": plan.estimate.fits},
         "fits": plan.estimate.fits,
         "suggestion": suggestion,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
+from . import fsdp2
 from .memory import Estimate, Setup, estimate
 from .shapes import ModelShape
+from .units import gib
 
 # The changes that can make a run fit, cheapest in throughput first (docs/memory-planning.md says why in this order)
 CHANGE_ORDER = (
@@ -56,6 +58,16 @@ def candidate_changes(shape: ModelShape, setup: Setup, min_tokens: int) -> list[
         for step, count in enumerate(fewer_tokens(setup.tokens, min_tokens)):
             description = f"{count} tokens per micro-batch (fewer pairs or a lower max_length)"
             changes.append(Change("fewer tokens", step, description, {"tokens": count}))
+    changes += fsdp2_changes(setup) if setup.fsdp2 else deepspeed_changes(setup)
+    for step, nodes in enumerate(range(setup.nodes + 1, 8 * setup.nodes + 1)):
+        description = f"{nodes} nodes ({nodes * setup.gpus_per_node} GPUs)"
+        changes.append(Change("more nodes", step, description, {"nodes": nodes}))
+    return changes
+
+
+def deepspeed_changes(setup: Setup) -> list[Change]:
+    """A higher ZeRO stage, then DeepSpeed's offloads: a DeepSpeed plan is never moved to FSDP2."""
+    changes = []
     for step, stage in enumerate(range(setup.zero_stage + 1, 4)):
         changes.append(
             Change("higher ZeRO stage", step, f"ZeRO stage {stage} (zero_stage: {stage})", {"zero_stage": stage})
@@ -68,10 +80,15 @@ def candidate_changes(shape: ModelShape, setup: Setup, min_tokens: int) -> list[
         changes.append(
             Change("offload parameters", 0, description, {"offload_param": True, "offload_optimizer": True})
         )
-    for step, nodes in enumerate(range(setup.nodes + 1, 8 * setup.nodes + 1)):
-        description = f"{nodes} nodes ({nodes * setup.gpus_per_node} GPUs)"
-        changes.append(Change("more nodes", step, description, {"nodes": nodes}))
     return changes
+
+
+def fsdp2_changes(setup: Setup) -> list[Change]:
+    """FSDP2 already shards everything over all GPUs, and offloads parameters, gradients and optimizer together."""
+    if setup.fsdp_offload_params:
+        return []
+    description = "offload the parameters, gradients and optimizer to CPU (fsdp_offload_params: true)"
+    return [Change("offload parameters", 0, description, {"fsdp_offload_params": True})]
 
 
 def fewer_tokens(tokens: int, min_tokens: int) -> list[int]:
@@ -158,7 +175,7 @@ def make_plan(shape: ModelShape, setup: Setup, min_tokens: int = 2048) -> Plan:
 
 
 def plan_notes(shape: ModelShape, setup: Setup) -> list[str]:
-    notes = []
+    notes = fsdp2_notes(shape, setup) if setup.fsdp2 else []
     if setup.zero_stage == 0:
         notes.append("Stage 0 policy states: 16 bytes/param computed here (DeepSpeed has no estimator without ZeRO).")
     if setup.zero_stage == 1:
@@ -169,8 +186,33 @@ def plan_notes(shape: ModelShape, setup: Setup) -> list[str]:
         notes.append(
             "Activations are an estimate (formula in docs/memory-planning.md), assuming varlen flash attention."
         )
-    if shape.largest_layer_params is None:
+    if shape.largest_layer_params is None and not setup.fsdp2:
         notes.append("ZeRO-3 not planned: it needs the largest layer's size (--largest-layer, or a config).")
     if setup.cpu_memory is None:
         notes.append("CPU memory not checked: pass --cpu-memory (per node).")
+    return notes
+
+
+def fsdp2_notes(shape: ModelShape, setup: Setup) -> list[str]:
+    """The parts of the FSDP2 policy figure, and the reference sharding it assumes."""
+    sharded = gib(fsdp2.sharded_state_bytes(shape, setup))
+    where = ", in its node's CPU memory (fsdp_offload_params)" if setup.fsdp_offload_params else ""
+    notes = [
+        f"FSDP2 policy per GPU: {sharded} GiB of fp32 weight, gradient and Adam shards (16 bytes/param / "
+        f"{setup.total_gpus}){where}; {gib(fsdp2.gathered_bytes(shape, setup))} GiB of gathered {setup.precision} "
+        f"units (2 layers and the tail); {gib(fsdp2.gradient_buffer_bytes(shape, setup))} GiB of gradient "
+        "reduce-scatter buffers."
+    ]
+    if setup.reference == "precompute":
+        return notes
+    notes.append(
+        "FSDP2 reference: sharded per decoder layer as trl-padfree prepares it (TRL alone shards it as one unit, "
+        "gathering all of it in each reference forward)."
+    )
+    excess = fsdp2.reference_gathered_excess(shape, setup)
+    if excess:
+        notes.append(
+            f"FSDP2 reference: its row counts {gib(excess)} GiB per GPU for the embeddings and LM head its forward "
+            "gathers, beyond what the policy's gathered layers and gradient buffers take later, in its backward."
+        )
     return notes

@@ -30,6 +30,11 @@ class ModelShape:
     vocab_size: int | None = None
     gated_mlp: bool = True  # SwiGLU-style gate and up projections (Llama, Qwen, Mistral), else one (GPT-2, NeoX)
     mixture_of_experts: bool = False
+    # FSDP2's units (accelerate's TRANSFORMER_BASED_WRAP: one per module named in the model's `_no_split_modules`)
+    decoder_layer_params: int | None = None  # the largest such unit: FSDP2 gathers one or two at a time
+    non_layer_params: int | None = None  # everything outside them: embeddings, final norm, LM head
+    input_embedding_params: int | None = None
+    tied_embeddings: bool = False  # the LM head is the input embedding's weight
 
     @property
     def no_activations_reason(self) -> str | None:
@@ -90,6 +95,8 @@ def shape_of_model(name: str, model: torch.nn.Module) -> ModelShape:
     )
     layers = next((module for module in model.modules() if isinstance(module, torch.nn.ModuleList)), [])
     mlp = getattr(layers[0], "mlp", None) if len(layers) else None
+    layer_units = [sum(p.numel() for p in unit.parameters()) for unit in fsdp_layer_units(model)]
+    input_embedding, output_embedding = model.get_input_embeddings(), model.get_output_embeddings()
     return ModelShape(
         name=name,
         total_params=total_params,
@@ -104,4 +111,15 @@ def shape_of_model(name: str, model: torch.nn.Module) -> ModelShape:
         vocab_size=config.vocab_size,
         gated_mlp=mlp is not None and any("gate" in child for child, _ in mlp.named_modules()),
         mixture_of_experts=num_experts > 0,
+        decoder_layer_params=max(layer_units, default=None),
+        non_layer_params=total_params - sum(layer_units) if layer_units else None,
+        input_embedding_params=sum(p.numel() for p in input_embedding.parameters()),
+        tied_embeddings=output_embedding is not None and output_embedding.weight is input_embedding.weight,
     )
+
+
+def fsdp_layer_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules accelerate's TRANSFORMER_BASED_WRAP gives an FSDP unit each: those whose class the model names in
+    `_no_split_modules` (the decoder layers, and a vision tower's blocks where there is one)."""
+    wrapped = set(getattr(model, "_no_split_modules", None) or ())
+    return [module for module in model.modules() if type(module).__name__ in wrapped]

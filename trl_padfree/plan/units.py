@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 GiB = 2**30
+# Bytes per value of a training precision: weights, gradients and activations alike
+BYTES_PER_PARAM = {"bf16": 2, "fp16": 2, "fp32": 4}
 # The parameter-count suffixes: 34.4B, 500M. `B` is a billion here, as in model names, not bytes
 COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 # A bare number is GiB: an "80 GB" GPU holds about 80 GiB (nvidia-smi: 81920 MiB on A100, 81559 MiB on H100)
