@@ -40,6 +40,8 @@ RUNS = {
     "trl": "trl",
     "bf16": "padding_free+ref_offload+bf16+checkpointing",
     "bf16_padded": "trl+bf16+checkpointing",
+    "sync": "padding_free+ref_offload+sync",
+    "sync_padded": "trl+sync",
 }
 
 
@@ -146,6 +148,14 @@ def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_under_fsdp2
     assert packed["reference_fsdp"]["cpu_offload"]
     assert packed["losses"][0] == pytest.approx(math.log(2), abs=BF16_LOSS_ATOL)
     assert packed["losses"] == pytest.approx(padded["losses"], abs=BF16_LOSS_ATOL)
+
+
+def test_sync_ref_model_updates_an_offloaded_layer_sharded_reference(fsdp2_runs):
+    synced, padded = fsdp2_runs["sync"], fsdp2_runs["sync_padded"]
+    assert synced["reference_fsdp"]["cpu_offload"]
+    assert synced["losses"] == pytest.approx(padded["losses"], abs=LOSS_ATOL)
+    # The reference moved half way to the policy after each step, so step 3 differs from a fixed reference
+    assert abs(synced["losses"][2] - fsdp2_runs["ref_offload"]["losses"][2]) > 100 * LOSS_ATOL
 
 
 def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir, tmp_path):
