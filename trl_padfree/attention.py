@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from .context_parallel import ContextParallelRow, context_parallel_forward_active
+from .context_parallel import attend as context_parallel_attention
 from .packing import cu_seq_lens_from_position_ids, ranges_index
 from .prefix_sharing import SharedPrefixAttention
 
@@ -453,9 +455,11 @@ def padfree_varlen_attention(
     cu_seq_lens_k: torch.Tensor | None = None,  # self-attention: the same boundaries as the queries
     max_length_q: int | None = None,
     shared_prefix: SharedPrefixAttention | None = None,
+    context_parallel: ContextParallelRow | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Attention function with transformers' `AttentionInterface` signature; see the module docstring."""
+    """Attention function with transformers' `AttentionInterface` signature; see the module docstring. Under context
+    parallelism (context_parallel.py) the queries are this rank's chunk of the row, attending to the whole row."""
     if attention_mask is not None:
         raise ValueError(
             f"`{ATTN_IMPLEMENTATION}` attention is for packed rows and takes no attention mask; this batch is padded. "
@@ -495,6 +499,17 @@ def padfree_varlen_attention(
         max_length_q = None if max_length_q is None else min(max_length_q, chunk_size)
 
     options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout, softcap=softcap, sinks=s_aux)
+    if context_parallel is not None:
+        output = context_parallel_attention(
+            context_parallel, query, key, value, cu_seq_lens_q, varlen_attention, options
+        )
+        return output.contiguous(), None
+    if context_parallel_forward_active():
+        raise ValueError(
+            "This model's attention layers did not receive the context-parallel row (`context_parallel`), so each "
+            "rank would attend within its own chunk. Its model type does not pass keyword arguments down to "
+            "attention; set context_parallel_size=1 for it."
+        )
     replaced = shared_prefix.branch_segments if shared_prefix is not None else frozenset()
     output = varlen_attention(
         query, key, value, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, skip_segments=replaced, **options

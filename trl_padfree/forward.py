@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -25,12 +25,11 @@ from .checks import (
     check_prefix_sharing_without_sequence_parallel,
     check_sequence_parallel_without_stateful_mixers,
 )
+from .context_parallel import CONTEXT_PARALLEL_KWARG, ContextParallelRow, context_parallel_forward
 from .mixers import SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
 from .packing import padded_view_index, to_padded_view
 from .prefix_sharing import SharedPrefixAttention
-
-if TYPE_CHECKING:
-    from .sequence_parallel import SequenceParallelGroup
+from .sequence_parallel import SequenceParallelGroup
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -51,6 +50,8 @@ class PackedBatch:
     shared_prefix_lens: torch.Tensor | None = None
     # Set while training under sequence parallelism: each rank runs its chunk of the row (sequence_parallel.py)
     sequence_parallel: SequenceParallelGroup | None = field(default=None, compare=False)
+    # Set while training under context parallelism: each rank runs its chunk, attending to the row (context_parallel.py)
+    context_parallel: SequenceParallelGroup | None = field(default=None, compare=False)
 
     def __post_init__(self):
         starts = self.seq_starts if self.seq_starts is not None else self.cu_seq_lens[: len(self.seq_lens)].long()
@@ -167,6 +168,8 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     if packed_batch.shared_prefix is not None:
         _check_shares_prefixes(module, group)
     mixers = getattr(module, "_padfree_stateful_mixers", ())
+    if packed_batch.context_parallel is not None:
+        return _run_context_parallel(forward, packed_batch, kwargs, mixers)
     if group is None:
         if mixers:  # hybrid models: their stateful layers restart at every sequence (mixers.py)
             kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
@@ -185,13 +188,35 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
         kwargs["shift_labels"] = group.chunk(packed_batch.shift_labels())
     with _ulysses_enabled(module):
         outputs = forward(**{**kwargs, **model_kwargs})
-    chunk_length = model_kwargs["input_ids"].shape[1]
+    return packed_batch.to_padded_outputs(_gathered_outputs(outputs, group, packed_batch.row_length))
+
+
+def _run_context_parallel(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], mixers):
+    """This rank's chunk in, attending to the whole row; the whole row's per-token outputs back."""
+    group = packed_batch.context_parallel
+    check_sequence_parallel_without_stateful_mixers(mixers)
+    model_kwargs = packed_batch.model_kwargs()
+    model_kwargs.pop("shared_prefix", None)  # the context-parallel row carries it, localized to this chunk
+    model_kwargs["input_ids"] = group.chunk(packed_batch.input_ids)
+    model_kwargs["position_ids"] = group.chunk(packed_batch.position_ids)
+    if kwargs.pop("labels", None) is not None:
+        kwargs["shift_labels"] = group.chunk(packed_batch.shift_labels())
+    row = ContextParallelRow(group, packed_batch.row_length, packed_batch.cu_seq_lens, packed_batch.shared_prefix)
+    model_kwargs[CONTEXT_PARALLEL_KWARG] = row
+    with context_parallel_forward(row):
+        outputs = forward(**{**kwargs, **model_kwargs})
+    return packed_batch.to_padded_outputs(_gathered_outputs(outputs, group, packed_batch.row_length))
+
+
+def _gathered_outputs(outputs, group: SequenceParallelGroup, row_length: int):
+    """Every per-token output of a rank's chunk, all-gathered into the whole row (differentiably)."""
+    chunk_length = row_length // group.size
     for key in list(outputs.keys()):
         value = outputs[key]
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (1, chunk_length):
             # Position i scored token i + 1: the row's last position scored nothing
-            outputs[key] = group.gather(value)[:, : packed_batch.row_length - 1]
-    return packed_batch.to_padded_outputs(outputs)
+            outputs[key] = group.gather(value)[:, : row_length - 1]
+    return outputs
 
 
 def _check_shares_prefixes(module: torch.nn.Module | None, group) -> None:

@@ -1,0 +1,234 @@
+"""Context parallelism for packed rows: each rank of a group holds a contiguous chunk of the row with all its heads,
+and attention all-gathers the keys and values of the whole row (the all-gather variant Llama 3 trained with).
+
+Every rank of a context-parallel group of C ranks gets the same packed micro-batch. The row is padded to a multiple of
+C and each rank feeds the model its chunk of `input_ids`, `position_ids` and shifted labels. Everything but attention
+is per token, so it runs on the chunk alone. In each attention layer the rank all-gathers the row's keys and values
+over the group (differentiable: the backward sums each chunk's key and value gradients from every rank) and attends
+its own queries to them, segment by segment:
+
+    row (C = 2)   | ---- sequence A ---- | -- B -- | --- sequence C --- |pad|
+    rank 0        | queries A[0:7]       |  B      | C[0:2] |                  keys: A[0:7], B, C[0:2]
+    rank 1                                                  | C[2:9]   |pad|  keys: C[0:9], pad
+
+A rank's part of a segment is a run of its queries and every key of the segment up to its last query, with causal
+attention aligned to the bottom-right corner (flash attention's varlen convention, what `padfree_varlen` computes):
+exactly what those queries see in the whole row. A sequence may span any number of chunks. No head-count limit: heads
+are never split, only the row (padded to a multiple of C). Prefix sharing keeps its second call: a rejected branch's
+queries on this rank attend to its prefix, wherever in the row it lies, gathered like every other key.
+
+The per-token outputs (log-probs, ...) are all-gathered back into the whole row, as under Ulysses
+(sequence_parallel.py), so every rank computes the same per-sequence sums and TRL's loss, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .prefix_sharing import SharedPrefixAttention
+from .sequence_parallel import SequenceParallelGroup
+
+CONTEXT_PARALLEL_KWARG = "context_parallel"
+
+
+@dataclass(frozen=True)
+class LocalSegments:
+    """One attention call of a rank's chunk: its query segments and, for each, the row positions of its keys."""
+
+    key_index: torch.Tensor  # (K,) row positions of the keys, segment after segment
+    cu_seq_lens_q: torch.Tensor  # int32
+    cu_seq_lens_k: torch.Tensor  # int32
+    max_length_q: int
+    max_length_k: int
+    segments: tuple[int, ...]  # the row segment (or shared branch) each local segment is part of
+    query_index: torch.Tensor | None = None  # (Q,) chunk positions of the queries; None: the whole chunk, in order
+
+
+def localize(
+    key_index: torch.Tensor,
+    cu_seq_lens_k: list[int],
+    query_ranges: list[tuple[int, int]],
+    chunk: tuple[int, int],
+    with_query_index: bool,
+) -> LocalSegments:
+    """The part of each segment that the queries of `chunk` (row positions `[start, end)`) compute.
+
+    Segment j has keys `key_index[cu_seq_lens_k[j]:cu_seq_lens_k[j + 1]]` (row positions), and its queries are the
+    last of them, the contiguous row positions `query_ranges[j]`. Its local part: the queries inside the chunk, and
+    the keys up to the last of them, so causal attention aligned to the bottom-right corner gives each query the keys
+    it sees in the whole row.
+    """
+    chunk_start, chunk_end = chunk
+    keys, query_index, lengths_q, lengths_k, segments = [], [], [], [], []
+    for segment, (query_start, query_end) in enumerate(query_ranges):
+        first, last = max(query_start, chunk_start), min(query_end, chunk_end)
+        if first >= last:
+            continue
+        key_start, key_end = cu_seq_lens_k[segment], cu_seq_lens_k[segment + 1]
+        kept_keys = key_end - key_start - (query_end - last)  # not the keys after this chunk's last query
+        keys.append(key_index[key_start : key_start + kept_keys])
+        if with_query_index:
+            query_index.append(torch.arange(first - chunk_start, last - chunk_start))
+        lengths_q.append(last - first)
+        lengths_k.append(kept_keys)
+        segments.append(segment)
+    device = key_index.device
+    return LocalSegments(
+        key_index=torch.cat(keys) if keys else key_index.new_zeros(0),
+        cu_seq_lens_q=_cumulative(lengths_q, device),
+        cu_seq_lens_k=_cumulative(lengths_k, device),
+        max_length_q=max(lengths_q, default=0),
+        max_length_k=max(lengths_k, default=0),
+        segments=tuple(segments),
+        query_index=torch.cat(query_index).to(device) if with_query_index and query_index else None,
+    )
+
+
+def _cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+
+
+@dataclass
+class ContextParallelRow:
+    """This rank's chunk of a packed row, passed to every attention layer as the `context_parallel` kwarg."""
+
+    group: SequenceParallelGroup
+    row_length: int
+    cu_seq_lens: torch.Tensor  # the whole row's segments, padding included
+    shared_prefix: SharedPrefixAttention | None = None
+    attention_calls: int = 0
+    _layouts: dict[Any, tuple[torch.Tensor, LocalSegments]] = field(default_factory=dict, repr=False)
+
+    @property
+    def chunk(self) -> tuple[int, int]:
+        length = self.row_length // self.group.size
+        return self.group.rank * length, (self.group.rank + 1) * length
+
+    def row_segments(self, cu_seq_lens: torch.Tensor) -> LocalSegments:
+        """The local part of the row's segments (or of a chunked layer's finer ones): computed once per forward."""
+        cached = self._layouts.get(id(cu_seq_lens))
+        if cached is not None and cached[0] is cu_seq_lens:
+            return cached[1]
+        bounds = cu_seq_lens.tolist()
+        positions = torch.arange(self.row_length, device=cu_seq_lens.device)
+        layout = localize(positions, bounds, list(pairwise(bounds)), self.chunk, with_query_index=False)
+        self._layouts[id(cu_seq_lens)] = (cu_seq_lens, layout)  # held, so the id stays this tensor's
+        return layout
+
+    def shared_branches(self) -> LocalSegments:
+        """The local part of prefix sharing's second call: this chunk's rejected-branch queries against their prefix
+        and branch keys."""
+        cached = self._layouts.get("shared")
+        if cached is not None:
+            return cached[1]
+        shared = self.shared_prefix
+        starts = shared.query_index[shared.cu_seq_lens_q[:-1].long()].tolist()
+        lengths = (shared.cu_seq_lens_q[1:] - shared.cu_seq_lens_q[:-1]).tolist()
+        ranges = [(start, start + length) for start, length in zip(starts, lengths, strict=True)]
+        layout = localize(shared.key_index, shared.cu_seq_lens_k.tolist(), ranges, self.chunk, with_query_index=True)
+        self._layouts["shared"] = (None, layout)
+        return layout
+
+    def gather_keys_and_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole row's keys and values `(1, kv_heads, T, dim)` from every rank's chunk, differentiably."""
+        both = torch.cat([key, value], dim=-1).contiguous()  # one collective for the two
+        chunks = torch.distributed.nn.functional.all_gather(both, group=self.group.group)
+        gathered = torch.cat(chunks, dim=2)
+        return gathered[..., : key.shape[-1]], gathered[..., key.shape[-1] :]
+
+
+def attend(row: ContextParallelRow, query, key, value, cu_seq_lens, varlen_attention, options: dict) -> torch.Tensor:
+    """This chunk's attention output `(1, chunk, heads, dim)`: its queries against the gathered row, per segment;
+    `cu_seq_lens` the row's segments as this layer cuts them (chunked layers cut finer)."""
+    row.attention_calls += 1
+    key, value = row.gather_keys_and_values(key, value)
+    local = row.row_segments(cu_seq_lens)
+    skipped = frozenset()
+    if row.shared_prefix is not None:
+        skipped = frozenset(
+            index for index, segment in enumerate(local.segments) if segment in row.shared_prefix.branch_segments
+        )
+    output = _attend_segments(query, key, value, local, varlen_attention, options, skipped)
+    if row.shared_prefix is not None:
+        branches = row.shared_branches()
+        if branches.query_index is not None:
+            branch_output = _attend_segments(query, key, value, branches, varlen_attention, options)
+            output = output.index_copy(1, branches.query_index, branch_output)
+    return output
+
+
+def _attend_segments(query, key, value, local: LocalSegments, varlen_attention, options, skipped=frozenset()):
+    if local.query_index is not None:
+        query = query[:, :, local.query_index]
+    return varlen_attention(
+        query,
+        key[:, :, local.key_index],
+        value[:, :, local.key_index],
+        local.cu_seq_lens_q,
+        local.cu_seq_lens_k,
+        local.max_length_q,
+        local.max_length_k,
+        skip_segments=skipped,
+        **options,
+    )
+
+
+# Set while a context-parallel forward runs, so an attention call that did not receive the row fails loudly: it would
+# attend within this rank's chunk only
+_CONTEXT_PARALLEL_FORWARD: contextvars.ContextVar[ContextParallelRow | None] = contextvars.ContextVar(
+    "trl_padfree_context_parallel_forward", default=None
+)
+
+
+def context_parallel_forward_active() -> bool:
+    return _CONTEXT_PARALLEL_FORWARD.get() is not None
+
+
+@contextlib.contextmanager
+def context_parallel_forward(row: ContextParallelRow):
+    """Around a forward on a chunk: attention without the row raises, and so does a forward in which no attention
+    call read it (a model whose layers mix tokens without the attention interface)."""
+    token = _CONTEXT_PARALLEL_FORWARD.set(row)
+    try:
+        yield
+    finally:
+        _CONTEXT_PARALLEL_FORWARD.reset(token)
+    if row.attention_calls == 0:
+        raise ValueError(
+            "No attention layer of this model read the context-parallel row, so each rank attended within its own "
+            "chunk. The model does not run its attention through `padfree_varlen` with transformers' keyword "
+            "arguments; set context_parallel_size=1."
+        )
+
+
+# ---- groups ----
+
+
+_GROUPS: dict[int, SequenceParallelGroup] = {}
+
+
+def context_parallel_group(size: int) -> SequenceParallelGroup:
+    """This rank's group of `size` consecutive ranks (ranks 0..size-1, size..2*size-1, ...), created once per process:
+    every rank creates every group, as `torch.distributed.new_group` requires."""
+    if size in _GROUPS:
+        return _GROUPS[size]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % size:
+        raise ValueError(
+            f"context_parallel_size={size} must divide the number of processes, {world}: each group of {size} "
+            "consecutive processes shares one packed row."
+        )
+    mine = None
+    for first in range(0, world, size):
+        group = dist.new_group(list(range(first, first + size)))
+        if first <= rank < first + size:
+            mine = SequenceParallelGroup(group, rank - first, size)
+    _GROUPS[size] = mine
+    return mine
