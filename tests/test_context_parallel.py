@@ -123,3 +123,142 @@ def test_a_forward_in_which_no_attention_read_the_row_is_an_error():
     with pytest.raises(ValueError, match="No attention layer of this model read the context-parallel row"):
         with context_parallel_forward(row):
             pass
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# For real: CPU processes over gloo, a model with 6 attention heads (Ulysses could split it over 2, 3 or 6 ranks, not
+# over 4), every step equal to one process on the same micro-batches
+
+PAIRS = 2  # per micro-batch: every rank of a group shares it
+STEPS = 4
+LOSS_ATOL = 1e-5  # as tests/test_deepspeed.py
+METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
+COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+                    "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def six_head_model(tmp_path_factory):
+    from trl_padfree.data import load_demo_tokenizer
+    from trl_padfree.tiny import make_model
+
+    directory = tmp_path_factory.mktemp("six_heads")
+    tokenizer = load_demo_tokenizer()
+    shape = dict(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2
+    )
+    make_model("llama", vocab_size=len(tokenizer), **shape).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def single_process(six_head_model, tmp_path_factory):
+    from distributed_runs import train_in_this_process
+
+    output = tmp_path_factory.mktemp("single") / "report.json"
+    options = ("--runs", "trl", "--batch-size", str(PAIRS), "--steps", str(STEPS))
+    return train_in_this_process(six_head_model, output, *options)["trl"]
+
+
+def launch_context_parallel(model, tmp_path, config: str, runs: str, processes: int, *options: str) -> dict:
+    from distributed_runs import launch
+
+    arguments = ("--runs", runs, "--batch-size", str(PAIRS), "--steps", str(STEPS), "--cp-size", str(processes))
+    return launch(config, model, tmp_path / "report.json", *arguments, *options, processes=processes)
+
+
+def assert_same_training(report: dict, expected: dict, cp_size: int) -> None:
+    assert report["world_size"] == cp_size and report["context_parallel_size"] == cp_size
+    assert report["sequences_split_across_ranks"] > 0, "no sequence crossed a chunk boundary: nothing was tested"
+    assert report["losses"][0] == pytest.approx(0.6931471805599453, abs=1e-6)
+    assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
+    for step, (metrics, reference) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
+        for key in COMPARED_METRICS:
+            assert metrics[key] == pytest.approx(reference[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+        # Every rank of a group computed the same row: its tokens are counted once
+        new_tokens = metrics["num_tokens"] - (report["metrics"][step - 1]["num_tokens"] if step else 0)
+        assert metrics["padfree/real_tokens"] == new_tokens
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
+    six_head_model, single_process, tmp_path, processes
+):
+    reports = launch_context_parallel(
+        six_head_model, tmp_path, "multi_gpu.yaml", "padding_free+cp,padding_free+cp+prefix_sharing", processes
+    )
+    for run in ("padding_free+cp", "padding_free+cp+prefix_sharing"):
+        assert_same_training(reports[run], single_process, processes)
+    if processes == 4:
+        assert reports["padding_free+cp"]["longest_sequence_over_chunk"] > 1, "no sequence spanned three chunks"
+    assert all(
+        metrics["padfree/shared_tokens"] > 0 for metrics in reports["padding_free+cp+prefix_sharing"]["metrics"]
+    )
+
+
+@pytest.mark.parametrize(
+    "config, run",
+    [("zero3_ref_offload.yaml", "padding_free+cp+ref_offload"), ("fsdp2.yaml", "padding_free+cp+ref_offload")],
+    ids=["zero3", "fsdp2"],
+)
+def test_context_parallel_under_a_sharding_engine_with_the_reference_offloaded(
+    six_head_model, single_process, tmp_path, config, run
+):
+    if config.startswith("zero3"):
+        pytest.importorskip("deepspeed")
+    report = launch_context_parallel(six_head_model, tmp_path, config, run, 2)[run]
+    assert report["policy_sharded"] or report["policy_fsdp"]["sharded"], "the engine did not shard the policy"
+    assert report["reference"]["offloaded"] or report["reference_fsdp"]["cpu_offload"]
+    assert_same_training(report, single_process, 2)
+
+
+def test_context_parallel_with_token_budget_batches_equals_padded_trl_on_the_same_pairs(six_head_model, tmp_path):
+    from distributed_runs import launch, train_in_this_process
+
+    options = ("--max-tokens-per-batch", "1024", "--steps", "2", "--max-length", "512", "--cp-size", "2")
+    report = launch("multi_gpu.yaml", six_head_model, tmp_path / "budget.json", "--runs", "padding_free+cp", *options)
+    report = report["padding_free+cp"]
+    assert report["context_parallel_size"] == 2 and report["sequences_split_across_ranks"] > 0
+    # A group runs its ranks' micro-batches one after the other: step 1 is rank 0's first micro-batch
+    pairs = report["micro_batches"][0]
+    padded_options = ("--pairs", ",".join(map(str, pairs)), "--batch-size", str(len(pairs)), "--steps", "1")
+    padded = train_in_this_process(
+        six_head_model, tmp_path / "padded.json", "--runs", "trl", *padded_options, "--max-length", "512"
+    )["trl"]
+    assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=LOSS_ATOL)
+    for key in ("rewards/chosen", "logps/chosen", "logps/rejected", "grad_norm"):
+        assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=METRIC_RTOL, abs=METRIC_ATOL)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_context_parallelism_needs_padding_free_and_is_not_combined_with_ulysses_yet(tmp_path):
+    from trl_padfree import DPOConfig
+
+    common = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
+    with pytest.raises(ValueError, match="context_parallel_size=2 needs padding_free=True"):
+        DPOConfig(context_parallel_size=2, **common)
+    with pytest.raises(ValueError, match="with sequence_parallel_size=2: the two are not combined yet"):
+        DPOConfig(context_parallel_size=2, sequence_parallel_size=2, padding_free=True, **common)
+    with pytest.raises(ValueError, match="context_parallel_size must be at least 1"):
+        DPOConfig(context_parallel_size=0, padding_free=True, **common)
+
+
+def test_a_group_larger_than_the_processes_is_refused_by_the_trainer(tmp_path):
+    from trainer_utils import make_trainer
+
+    with pytest.raises(ValueError, match="context_parallel_size=2 must divide the number of processes, 1"):
+        make_trainer(padding_free=True, output_dir=str(tmp_path), context_parallel_size=2)
+
+
+def test_other_attention_and_moe_auxiliary_loss_are_refused():
+    from trl_padfree.checks import check_context_parallel_setup
+
+    with pytest.raises(ValueError, match="runs in the `padfree_varlen` attention.*this model runs 'sdpa'"):
+        check_context_parallel_setup(2, 4, "sdpa", aux_loss_enabled=False)
+    with pytest.raises(ValueError, match="Mixture-of-Experts auxiliary loss"):
+        check_context_parallel_setup(2, 4, "padfree_varlen", aux_loss_enabled=True)
+    check_context_parallel_setup(4, 8, "padfree_varlen", aux_loss_enabled=False)

@@ -236,6 +236,45 @@ def check_sequence_parallel_setup(
         )
 
 
+def check_context_parallel_config(size: int, padding_free: bool, sequence_parallel_size: int) -> None:
+    """`context_parallel_size` (context_parallel.py): what the config must say."""
+    if size < 1:
+        raise ValueError(f"context_parallel_size must be at least 1, got {size}.")
+    if size == 1:
+        return
+    if not padding_free:
+        raise ValueError(
+            f"context_parallel_size={size} needs padding_free=True: it splits one packed row over the group. Set "
+            "padding_free=True."
+        )
+    if sequence_parallel_size > 1:
+        raise ValueError(
+            f"context_parallel_size={size} with sequence_parallel_size={sequence_parallel_size}: the two are not "
+            "combined yet. Use one of them; context parallelism has no head-count limit."
+        )
+
+
+def check_context_parallel_setup(size: int, world_size: int, attn_implementation: str, aux_loss_enabled: bool) -> None:
+    """Context parallelism at trainer set-up: the processes and the model it needs."""
+    if world_size % size:
+        raise ValueError(
+            f"context_parallel_size={size} must divide the number of processes, {world_size}: each group of {size} "
+            "consecutive processes shares one packed row. Launch a multiple of it, e.g. `--num_processes "
+            f"{size}`."
+        )
+    if attn_implementation != "padfree_varlen":
+        raise ValueError(
+            f"Context parallelism runs in the `padfree_varlen` attention, which attends each rank's chunk to the "
+            f"row's gathered keys; this model runs {attn_implementation!r}. Set packed_attn_implementation='auto' "
+            "(or 'padfree_varlen')."
+        )
+    if aux_loss_enabled:
+        raise ValueError(
+            "Context parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the row "
+            "alone. Set router_aux_loss_coef=0, or context_parallel_size=1."
+        )
+
+
 def check_no_context_parallelism(cp_size: int) -> None:
     """accelerate's context parallelism (`parallelism_config` cp_size, FSDP2 with torch's ring attention) splits the
     row and runs causal SDPA over it as one sequence: the sequences of a packed row would see each other."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import trl
 
-from .checks import check_prefix_sharing_without_sequence_parallel
+from .checks import check_context_parallel_config, check_prefix_sharing_without_sequence_parallel
 from .fsdp import planned_fsdp_version
 
 
@@ -63,6 +63,14 @@ class DPOConfig(trl.DPOConfig):
             a group gets the same micro-batch; data parallelism runs across groups. An accelerate config can set it
             instead, with `parallelism_config_sp_size` (`recipes/accelerate_configs/zero3_sp2.yaml`).
 
+        context_parallel_size (`int`, *optional*, defaults to `1`):
+            Split each packed row over this many processes with all-gather context parallelism
+            (trl_padfree/context_parallel.py): each keeps a contiguous chunk of the row with all attention heads and
+            all-gathers the row's keys and values in every attention layer. No head-count limit (Ulysses needs the
+            heads to divide by its size), any engine (DDP, DeepSpeed ZeRO, FSDP2). Needs `padding_free=True`, the
+            `padfree_varlen` attention, and a number of processes it divides; groups are consecutive ranks. Not
+            combined with `sequence_parallel_size` yet. docs/sequence-parallel.md.
+
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
             to pinned CPU memory (`offload_param: {device: cpu, pin_memory: true}`), whatever the policy's offload
@@ -111,6 +119,13 @@ class DPOConfig(trl.DPOConfig):
             "independent of the policy's offload settings."
         },
     )
+    context_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "All-gather context parallelism: split each packed row over this many processes, every "
+            "attention head on every process (needs padding_free=True and the padfree_varlen attention)."
+        },
+    )
     sequence_parallel_size: int = field(
         default=1,
         metadata={
@@ -122,6 +137,7 @@ class DPOConfig(trl.DPOConfig):
     def __post_init__(self):
         if self.sequence_parallel_size < 1:
             raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
+        check_context_parallel_config(self.context_parallel_size, self.padding_free, self.sequence_parallel_size)
         if self.max_tokens_per_batch is not None and self.max_tokens_per_batch < 1:
             raise ValueError(f"max_tokens_per_batch must be positive, got {self.max_tokens_per_batch}.")
         if self.prefix_sharing and not self.padding_free:

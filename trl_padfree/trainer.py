@@ -20,6 +20,7 @@ from trl.trainer.utils import get_config_model_id
 from .checks import (
     check_attention_switched,
     check_batches_not_dispatched,
+    check_context_parallel_setup,
     check_moe_aux_loss_without_row_padding,
     check_no_context_parallelism,
     check_no_liger_kernel,
@@ -35,6 +36,7 @@ from .checks import (
     refuse_vision_datasets,
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
+from .context_parallel import context_parallel_group
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .fsdp import check_fsdp_engine, planned_fsdp_version, reference_sharded_by_layer
 from .fused_lm_head import fused_lm_head_lookups
@@ -102,6 +104,7 @@ class DPOTrainer(trl.DPOTrainer):
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         self._padding_free_requested = bool(args is not None and args.padding_free)
         self._token_budget = None  # set up once TRL has tokenized the data (_set_up_token_budget)
+        self._context_parallel = None  # this rank's group, with context_parallel_size > 1
         self._padding_free_ready = False
         if self._padding_free_requested and data_collator is not None:
             check_packing_collator(data_collator)
@@ -129,6 +132,7 @@ class DPOTrainer(trl.DPOTrainer):
             self._enable_padding_free()
             self._keep_batches_whole()
         self._set_up_sequence_parallel()
+        self._set_up_context_parallel()
         self._set_up_token_budget()
         self._report_prefix_sharing()
         if ref_offload and args.precompute_ref_log_probs:
@@ -191,8 +195,10 @@ class DPOTrainer(trl.DPOTrainer):
             models.append(self.accelerator.unwrap_model(self.ref_model))
 
         requested = getattr(self.args, "packed_attn_implementation", "auto")
+        # Prefix sharing and context parallelism run in `padfree_varlen`: 'auto' picks it for them
+        needs_padfree_varlen = prefix_sharing or getattr(self.args, "context_parallel_size", 1) > 1
         for model in models:
-            attn_implementation = choose_packed_attention(model, requested, prefix_sharing)
+            attn_implementation = choose_packed_attention(model, requested, needs_padfree_varlen)
             check_packable(model, prefix_sharing, attn_implementation)
             if attn_implementation != model.config._attn_implementation:
                 model.set_attn_implementation(attn_implementation)
@@ -240,6 +246,24 @@ class DPOTrainer(trl.DPOTrainer):
         deepspeed_config.pop("train_batch_size", None)
         # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
         self._tp_size *= sp_size
+
+    def _set_up_context_parallel(self) -> None:
+        """With `context_parallel_size=N`: groups of N consecutive processes share each packed row, padded to a
+        multiple of N, each attending its chunk to the row's gathered keys (context_parallel.py)."""
+        self._context_parallel = None
+        size = getattr(self.args, "context_parallel_size", 1)
+        if size == 1:
+            return
+        policy = self.accelerator.unwrap_model(self.model)
+        policy = policy.get_base_model() if is_peft_model(policy) else policy
+        check_context_parallel_setup(
+            size, self.accelerator.num_processes, policy.config._attn_implementation, self.aux_loss_enabled
+        )
+        check_sequence_parallel_without_stateful_mixers(mixer_classes(policy))
+        self._context_parallel = context_parallel_group(size)
+        self.data_collator.pad_to_multiple_of = math.lcm(self.data_collator.pad_to_multiple_of or 1, size)
+        # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
+        self._tp_size *= size
 
     def _set_up_token_budget(self) -> None:
         """With `max_tokens_per_batch`: training micro-batches of whole pairs up to the budget (token_budget.py)."""
@@ -291,8 +315,16 @@ class DPOTrainer(trl.DPOTrainer):
         )
 
     def get_train_dataloader(self) -> DataLoader:
-        if self._token_budget is None:
-            return super().get_train_dataloader()
+        if self._token_budget is not None:
+            dataloader = self._budgeted_train_dataloader()
+        else:
+            dataloader = super().get_train_dataloader()
+        if self._context_parallel is not None:
+            # Every rank of a group runs each of the group's micro-batches, on its chunk of the row
+            return SameBatchOnEveryRank(dataloader, self._context_parallel, self.accelerator.device)
+        return dataloader
+
+    def _budgeted_train_dataloader(self) -> DataLoader:
         # Trainer's own dataloader settings, with the budgeted micro-batches in place of a fixed batch size
         dataset = self._remove_unused_columns(self.train_dataset, description="Training")
         args = self.args
@@ -362,8 +394,9 @@ class DPOTrainer(trl.DPOTrainer):
         ]
         counts = torch.tensor(counts, dtype=torch.float64, device=self.accelerator.device)
         gathered = self.accelerator.gather(counts).view(-1, len(counts))
-        if packed_batch.sequence_parallel is not None:  # every rank of a group holds the same row: count it once
-            gathered = gathered[:: packed_batch.sequence_parallel.size]
+        split = packed_batch.sequence_parallel or packed_batch.context_parallel
+        if split is not None:  # every rank of a group holds the same row: count it once
+            gathered = gathered[:: split.size]
         real_tokens, padded_tokens, row_length, pairs, row_tokens, shared_pairs = gathered.sum(0).tolist()
         processes = len(gathered)
         metrics = self._metrics["train" if self.model.training else "eval"]
@@ -401,6 +434,7 @@ class DPOTrainer(trl.DPOTrainer):
             inputs = self._packed_inputs(inputs)
             if model.training:
                 inputs[PACKED_BATCH_KWARG].sequence_parallel = active_group(self.accelerator)
+                inputs[PACKED_BATCH_KWARG].context_parallel = self._context_parallel
             self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
         if self._token_budget is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -57,6 +57,7 @@ RUN_OPTIONS = (
     "prefix_sharing",
     "aux",
     "bf16_weights",
+    "cp",
 )
 # The 'aux' option's router_aux_loss_coef: large enough that the load-balancing term moves the loss visibly
 AUX_LOSS_COEF = 0.05
@@ -78,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--sp-size", type=int, default=2, help="sequence_parallel_size of the 'sp' option")
+    parser.add_argument("--cp-size", type=int, default=2, help="context_parallel_size of the 'cp' option")
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--max-tokens-per-batch", type=int, help="token-budget batching")
     parser.add_argument("--pairs", help="comma-separated indices: train on these pairs of the data only")
@@ -113,6 +115,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     extra = {"ref_offload": True} if "ref_offload" in flags else {}
     if "sp" in flags:
         extra["sequence_parallel_size"] = options.sp_size
+    if "cp" in flags:
+        extra["context_parallel_size"] = options.cp_size
     if "lora" in flags:
         from peft import LoraConfig
 
@@ -203,6 +207,16 @@ class RowRecorder:
             self.rows.append((batch["cu_seq_lens_q"].tolist(), batch["input_ids"].shape[1]))
         return batch
 
+    def longest_over_chunk(self, sp_size: int) -> float:
+        """The longest sequence of any row over the length of one rank's chunk of its row (> 1: it spans ranks)."""
+        return max(
+            (
+                max(end - start for start, end in pairwise(boundaries)) / (row_length // sp_size)
+                for boundaries, row_length in self.rows
+            ),
+            default=0.0,
+        )
+
     def sequences_split(self, sp_size: int) -> int:
         """How many sequences straddle a boundary between two ranks' chunks of their row."""
         split = 0
@@ -264,6 +278,7 @@ def gathered_peak_bytes(model) -> int:
 
 def describe(trainer) -> dict:
     sp_size = sequence_parallel_size(trainer.accelerator)
+    cp_size = trainer._context_parallel.size if getattr(trainer, "_context_parallel", None) else 1
     budget = trainer._token_budget if isinstance(trainer, DPOTrainer) else None
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     parameters = list(policy.parameters())
@@ -297,7 +312,9 @@ def describe(trainer) -> dict:
         "reference_gathered_peak_bytes": gathered_peak_bytes(trainer.ref_model) if reference_layout else None,
         "reference_bytes": reference_bytes,
         "sequence_parallel_size": sp_size,
-        "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size),
+        "context_parallel_size": cp_size,
+        "sequences_split_across_ranks": trainer.data_collator.sequences_split(max(sp_size, cp_size)),
+        "longest_sequence_over_chunk": trainer.data_collator.longest_over_chunk(max(sp_size, cp_size)),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
         "train_pairs": len(trainer.train_dataset),
         "micro_batches": epoch_micro_batches(budget, 0) if budget is not None else None,
