@@ -168,8 +168,9 @@ def launch_context_parallel(model, tmp_path, config: str, runs: str, processes: 
     return launch(config, model, tmp_path / "report.json", *arguments, *options, processes=processes)
 
 
-def assert_same_training(report: dict, expected: dict, cp_size: int) -> None:
-    assert report["world_size"] == cp_size and report["context_parallel_size"] == cp_size
+def assert_same_training(report: dict, expected: dict, ranks_per_row: int) -> None:
+    assert report["world_size"] == ranks_per_row
+    assert report["context_parallel_size"] * report["sequence_parallel_size"] == ranks_per_row
     assert report["sequences_split_across_ranks"] > 0, "no sequence crossed a chunk boundary: nothing was tested"
     assert report["losses"][0] == pytest.approx(0.6931471805599453, abs=1e-6)
     assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
@@ -231,18 +232,28 @@ def test_context_parallel_with_token_budget_batches_equals_padded_trl_on_the_sam
         assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=METRIC_RTOL, abs=METRIC_ATOL)
 
 
+def test_ulysses_and_context_parallelism_together_equal_one_process(six_head_model, single_process, tmp_path):
+    # 4 ranks share each row: Ulysses splits the 6 heads over pairs of ranks, context parallelism the rest
+    pytest.importorskip("deepspeed")
+    from distributed_runs import launch
+
+    options = ("--batch-size", str(PAIRS), "--steps", str(STEPS), "--sp-size", "2", "--cp-size", "2")
+    report = launch("zero3.yaml", six_head_model, tmp_path / "report.json", "--runs", "padding_free+cp+sp", *options,
+                    processes=4)["padding_free+cp+sp"]  # fmt: skip
+    assert report["sequence_parallel_size"] == 2 and report["policy_sharded"]
+    assert_same_training(report, single_process, ranks_per_row=4)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Refusals
 
 
-def test_context_parallelism_needs_padding_free_and_is_not_combined_with_ulysses_yet(tmp_path):
+def test_context_parallelism_needs_padding_free(tmp_path):
     from trl_padfree import DPOConfig
 
     common = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     with pytest.raises(ValueError, match="context_parallel_size=2 needs padding_free=True"):
         DPOConfig(context_parallel_size=2, **common)
-    with pytest.raises(ValueError, match="with sequence_parallel_size=2: the two are not combined yet"):
-        DPOConfig(context_parallel_size=2, sequence_parallel_size=2, padding_free=True, **common)
     with pytest.raises(ValueError, match="context_parallel_size must be at least 1"):
         DPOConfig(context_parallel_size=0, padding_free=True, **common)
 
@@ -250,7 +261,9 @@ def test_context_parallelism_needs_padding_free_and_is_not_combined_with_ulysses
 def test_a_group_larger_than_the_processes_is_refused_by_the_trainer(tmp_path):
     from trainer_utils import make_trainer
 
-    with pytest.raises(ValueError, match="context_parallel_size=2 must divide the number of processes, 1"):
+    with pytest.raises(
+        ValueError, match="context_parallel_size x sequence_parallel_size = 2 must divide the number of processes, 1"
+    ):
         make_trainer(padding_free=True, output_dir=str(tmp_path), context_parallel_size=2)
 
 

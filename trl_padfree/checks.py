@@ -236,7 +236,7 @@ def check_sequence_parallel_setup(
         )
 
 
-def check_context_parallel_config(size: int, padding_free: bool, sequence_parallel_size: int) -> None:
+def check_context_parallel_config(size: int, padding_free: bool) -> None:
     """`context_parallel_size` (context_parallel.py): what the config must say."""
     if size < 1:
         raise ValueError(f"context_parallel_size must be at least 1, got {size}.")
@@ -247,20 +247,16 @@ def check_context_parallel_config(size: int, padding_free: bool, sequence_parall
             f"context_parallel_size={size} needs padding_free=True: it splits one packed row over the group. Set "
             "padding_free=True."
         )
-    if sequence_parallel_size > 1:
-        raise ValueError(
-            f"context_parallel_size={size} with sequence_parallel_size={sequence_parallel_size}: the two are not "
-            "combined yet. Use one of them; context parallelism has no head-count limit."
-        )
 
 
 def check_context_parallel_setup(size: int, world_size: int, attn_implementation: str, aux_loss_enabled: bool) -> None:
-    """Context parallelism at trainer set-up: the processes and the model it needs."""
+    """Context parallelism at trainer set-up: the processes and the model it needs (`size`: ranks per row, with
+    Ulysses' factor)."""
     if world_size % size:
         raise ValueError(
-            f"context_parallel_size={size} must divide the number of processes, {world_size}: each group of {size} "
-            "consecutive processes shares one packed row. Launch a multiple of it, e.g. `--num_processes "
-            f"{size}`."
+            f"context_parallel_size x sequence_parallel_size = {size} must divide the number of processes, "
+            f"{world_size}: each group of {size} consecutive processes shares one packed row. Launch a multiple of "
+            f"it, e.g. `--num_processes {size}`."
         )
     if attn_implementation != "padfree_varlen":
         raise ValueError(

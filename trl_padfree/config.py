@@ -68,8 +68,9 @@ class DPOConfig(trl.DPOConfig):
             (trl_padfree/context_parallel.py): each keeps a contiguous chunk of the row with all attention heads and
             all-gathers the row's keys and values in every attention layer. No head-count limit (Ulysses needs the
             heads to divide by its size), any engine (DDP, DeepSpeed ZeRO, FSDP2). Needs `padding_free=True`, the
-            `padfree_varlen` attention, and a number of processes it divides; groups are consecutive ranks. Not
-            combined with `sequence_parallel_size` yet. docs/sequence-parallel.md.
+            `padfree_varlen` attention, and a number of processes it divides; groups are consecutive ranks. With
+            `sequence_parallel_size=S` too, S x N consecutive ranks share a row: Ulysses splits the heads S ways,
+            context parallelism the rest. docs/sequence-parallel.md.
 
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
@@ -137,7 +138,7 @@ class DPOConfig(trl.DPOConfig):
     def __post_init__(self):
         if self.sequence_parallel_size < 1:
             raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
-        check_context_parallel_config(self.context_parallel_size, self.padding_free, self.sequence_parallel_size)
+        check_context_parallel_config(self.context_parallel_size, self.padding_free)
         if self.max_tokens_per_batch is not None and self.max_tokens_per_batch < 1:
             raise ValueError(f"max_tokens_per_batch must be positive, got {self.max_tokens_per_batch}.")
         if self.prefix_sharing and not self.padding_free:

@@ -138,9 +138,8 @@ class ContextParallelRow:
 
     def gather_keys_and_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole row's keys and values `(1, kv_heads, T, dim)` from every rank's chunk, differentiably."""
-        both = torch.cat([key, value], dim=-1).contiguous()  # one collective for the two
-        chunks = torch.distributed.nn.functional.all_gather(both, group=self.group.group)
-        gathered = torch.cat(chunks, dim=2)
+        both = torch.cat([key, value], dim=-1)  # one collective for the two
+        gathered = self.group.gather(both, dim=2)
         return gathered[..., : key.shape[-1]], gathered[..., key.shape[-1] :]
 
 
@@ -211,24 +210,39 @@ def context_parallel_forward(row: ContextParallelRow):
 # ---- groups ----
 
 
-_GROUPS: dict[int, SequenceParallelGroup] = {}
+_GROUPS: dict[tuple[int, int], tuple[SequenceParallelGroup, SequenceParallelGroup]] = {}
 
 
-def context_parallel_group(size: int) -> SequenceParallelGroup:
-    """This rank's group of `size` consecutive ranks (ranks 0..size-1, size..2*size-1, ...), created once per process:
-    every rank creates every group, as `torch.distributed.new_group` requires."""
-    if size in _GROUPS:
-        return _GROUPS[size]
+def context_parallel_groups(size: int, ulysses_size: int = 1) -> tuple[SequenceParallelGroup, SequenceParallelGroup]:
+    """This rank's context-parallel group, and the group of every rank that shares its row.
+
+    A row is shared by `size x ulysses_size` consecutive ranks, each feeding the model one chunk of it. Alone
+    (`ulysses_size` 1) those ranks are the context-parallel group. With Ulysses, whose groups DeepSpeed makes of
+    `ulysses_size` consecutive ranks, a Ulysses group gathers its ranks' adjacent chunks into one context-parallel
+    chunk for `ulysses_size`-th of the heads; the context-parallel group is then the ranks at the same place in each
+    Ulysses group of the row, which hold the same heads (row of 4 ranks, ulysses 2: context-parallel groups {0, 2} and
+    {1, 3}). Created once per process: every rank creates every group, as `torch.distributed.new_group` requires.
+    """
+    if (size, ulysses_size) in _GROUPS:
+        return _GROUPS[size, ulysses_size]
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world % size:
+    row_size = size * ulysses_size
+    if world % row_size:
         raise ValueError(
-            f"context_parallel_size={size} must divide the number of processes, {world}: each group of {size} "
-            "consecutive processes shares one packed row."
+            f"context_parallel_size={size} x sequence_parallel_size={ulysses_size} must divide the number of "
+            f"processes, {world}: each group of {row_size} consecutive processes shares one packed row."
         )
-    mine = None
-    for first in range(0, world, size):
-        group = dist.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
-            mine = SequenceParallelGroup(group, rank - first, size)
-    _GROUPS[size] = mine
-    return mine
+    mine = {}
+    for first in range(0, world, row_size):
+        row_ranks = list(range(first, first + row_size))
+        row_group = dist.new_group(row_ranks) if ulysses_size > 1 else None
+        for place in range(ulysses_size):
+            ranks = row_ranks[place::ulysses_size]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine["context"] = SequenceParallelGroup(group, ranks.index(rank), size)
+                mine["row"] = (
+                    SequenceParallelGroup(row_group, rank - first, row_size) if row_group else mine["context"]
+                )
+    _GROUPS[size, ulysses_size] = mine["context"], mine["row"]
+    return _GROUPS[size, ulysses_size]

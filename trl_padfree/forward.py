@@ -48,9 +48,11 @@ class PackedBatch:
     seq_starts: torch.Tensor | None = None
     shared_prefix_starts: torch.Tensor | None = None
     shared_prefix_lens: torch.Tensor | None = None
-    # Set while training under sequence parallelism: each rank runs its chunk of the row (sequence_parallel.py)
+    # Set while training with the row split over ranks: `split`, every rank that shares the row (each runs its chunk);
+    # `sequence_parallel`, the Ulysses group inside attention (sequence_parallel.py); `context_parallel`, the group
+    # whose chunks' keys attention gathers (context_parallel.py). With one kind, `split` is its group.
+    split: SequenceParallelGroup | None = field(default=None, compare=False)
     sequence_parallel: SequenceParallelGroup | None = field(default=None, compare=False)
-    # Set while training under context parallelism: each rank runs its chunk, attending to the row (context_parallel.py)
     context_parallel: SequenceParallelGroup | None = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -164,13 +166,10 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
         kwargs.pop(key, None)
     if module is not None and hasattr(module, "config"):
         check_packed_row_length(module.config, packed_batch.row_length)
-    group = packed_batch.sequence_parallel
     if packed_batch.shared_prefix is not None:
-        _check_shares_prefixes(module, group)
+        _check_shares_prefixes(module, packed_batch.sequence_parallel)
     mixers = getattr(module, "_padfree_stateful_mixers", ())
-    if packed_batch.context_parallel is not None:
-        return _run_context_parallel(forward, packed_batch, kwargs, mixers)
-    if group is None:
+    if packed_batch.split is None:
         if mixers:  # hybrid models: their stateful layers restart at every sequence (mixers.py)
             kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
         if kwargs.get("labels") is not None:
@@ -178,34 +177,36 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
         with shared_prefix_expected(packed_batch.shared_prefix):
             outputs = forward(**{**kwargs, **packed_batch.model_kwargs()})
         return packed_batch.to_padded_outputs(outputs)
+    return _run_split(forward, packed_batch, kwargs, module, mixers)
 
-    # Sequence parallelism: this rank's chunk in, the whole row's per-token outputs back (sequence_parallel.py)
+
+def _run_split(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module, mixers):
+    """Sequence or context parallelism (or both): this rank's chunk of the row in, the whole row's per-token outputs
+    back. Ulysses (sequence_parallel.py) exchanges heads for sequence inside attention; context parallelism
+    (context_parallel.py) attends the chunk to the row's gathered keys; with both, Ulysses' group assembles a
+    context-parallel chunk from its ranks' smaller ones."""
+    split = packed_batch.split
     check_sequence_parallel_without_stateful_mixers(mixers)
     model_kwargs = packed_batch.model_kwargs()
-    model_kwargs["input_ids"] = group.chunk(packed_batch.input_ids)
-    model_kwargs["position_ids"] = group.chunk(packed_batch.position_ids)
+    model_kwargs["input_ids"] = split.chunk(packed_batch.input_ids)
+    model_kwargs["position_ids"] = split.chunk(packed_batch.position_ids)
     if kwargs.pop("labels", None) is not None:
-        kwargs["shift_labels"] = group.chunk(packed_batch.shift_labels())
-    with _ulysses_enabled(module):
+        kwargs["shift_labels"] = split.chunk(packed_batch.shift_labels())
+    with contextlib.ExitStack() as scopes:
+        if packed_batch.context_parallel is not None:
+            model_kwargs.pop("shared_prefix", None)  # the context-parallel row carries it, localized to the chunk
+            row = ContextParallelRow(
+                packed_batch.context_parallel,
+                packed_batch.row_length,
+                packed_batch.cu_seq_lens,
+                packed_batch.shared_prefix,
+            )
+            model_kwargs[CONTEXT_PARALLEL_KWARG] = row
+            scopes.enter_context(context_parallel_forward(row))
+        if packed_batch.sequence_parallel is not None:
+            scopes.enter_context(_ulysses_enabled(module))
         outputs = forward(**{**kwargs, **model_kwargs})
-    return packed_batch.to_padded_outputs(_gathered_outputs(outputs, group, packed_batch.row_length))
-
-
-def _run_context_parallel(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], mixers):
-    """This rank's chunk in, attending to the whole row; the whole row's per-token outputs back."""
-    group = packed_batch.context_parallel
-    check_sequence_parallel_without_stateful_mixers(mixers)
-    model_kwargs = packed_batch.model_kwargs()
-    model_kwargs.pop("shared_prefix", None)  # the context-parallel row carries it, localized to this chunk
-    model_kwargs["input_ids"] = group.chunk(packed_batch.input_ids)
-    model_kwargs["position_ids"] = group.chunk(packed_batch.position_ids)
-    if kwargs.pop("labels", None) is not None:
-        kwargs["shift_labels"] = group.chunk(packed_batch.shift_labels())
-    row = ContextParallelRow(group, packed_batch.row_length, packed_batch.cu_seq_lens, packed_batch.shared_prefix)
-    model_kwargs[CONTEXT_PARALLEL_KWARG] = row
-    with context_parallel_forward(row):
-        outputs = forward(**{**kwargs, **model_kwargs})
-    return packed_batch.to_padded_outputs(_gathered_outputs(outputs, group, packed_batch.row_length))
+    return packed_batch.to_padded_outputs(_gathered_outputs(outputs, split, packed_batch.row_length))
 
 
 def _gathered_outputs(outputs, group: SequenceParallelGroup, row_length: int):

@@ -42,11 +42,35 @@ class SequenceParallelGroup:
         length = tensor.shape[1] // self.size
         return tensor[:, self.rank * length : (self.rank + 1) * length]
 
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The whole row from every rank's chunk, differentiable: the backward hands each rank its chunk's gradient
-        summed over the group."""
-        chunks = torch.distributed.nn.functional.all_gather(tensor.contiguous(), group=self.group)
-        return torch.cat(chunks, dim=1)
+    def gather(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The whole row from every rank's chunk along `dim`, differentiable: the backward hands each rank its
+        chunk's gradient summed over the group."""
+        return _GatherChunks.apply(tensor.contiguous(), self.group, dim)
+
+
+class _GatherChunks(torch.autograd.Function):
+    """All-gather along a dimension whose backward sums each chunk's gradient over the group. Not
+    `torch.distributed.nn.functional.all_gather`: on gloo its backward scatters from group ranks as if they were
+    global ranks, which fails in any group that is not ranks 0..N-1."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        chunks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(chunks, tensor, group=group)
+        return torch.cat(chunks, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        if dist.get_backend(ctx.group) == "gloo":  # gloo has no reduce-scatter: sum everything, keep this chunk
+            dist.all_reduce(grad, group=ctx.group)
+            return grad.chunk(size, dim=ctx.dim)[rank].contiguous(), None, None
+        chunks = [chunk.contiguous() for chunk in grad.chunk(size, dim=ctx.dim)]
+        mine = torch.empty_like(chunks[rank])
+        dist.reduce_scatter(mine, chunks, group=ctx.group)
+        return mine, None, None
 
 
 def sequence_parallel_size(accelerator) -> int:

@@ -36,7 +36,7 @@ from .checks import (
     refuse_vision_datasets,
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
-from .context_parallel import context_parallel_group
+from .context_parallel import context_parallel_groups
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .fsdp import check_fsdp_engine, planned_fsdp_version, reference_sharded_by_layer
 from .fused_lm_head import fused_lm_head_lookups
@@ -104,7 +104,7 @@ class DPOTrainer(trl.DPOTrainer):
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         self._padding_free_requested = bool(args is not None and args.padding_free)
         self._token_budget = None  # set up once TRL has tokenized the data (_set_up_token_budget)
-        self._context_parallel = None  # this rank's group, with context_parallel_size > 1
+        self._context_parallel = self._row_group = None  # with context_parallel_size > 1 (_set_up_context_parallel)
         self._padding_free_ready = False
         if self._padding_free_requested and data_collator is not None:
             check_packing_collator(data_collator)
@@ -244,24 +244,33 @@ class DPOTrainer(trl.DPOTrainer):
         deepspeed_config = self.accelerator.state.deepspeed_plugin.deepspeed_config
         deepspeed_config["train_micro_batch_size_per_gpu"] = 1
         deepspeed_config.pop("train_batch_size", None)
+        # accelerate derives DeepSpeed's train_batch_size from the parallelism config's data-parallel size, which
+        # `ParallelismConfig(sp_size=N)` leaves at 1: DeepSpeed's data parallelism is every rank outside an SP group
+        self.accelerator.parallelism_config.dp_shard_size = self.accelerator.num_processes // sp_size
         # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
         self._tp_size *= sp_size
 
     def _set_up_context_parallel(self) -> None:
         """With `context_parallel_size=N`: groups of N consecutive processes share each packed row, padded to a
         multiple of N, each attending its chunk to the row's gathered keys (context_parallel.py)."""
-        self._context_parallel = None
+        self._context_parallel = self._row_group = None
         size = getattr(self.args, "context_parallel_size", 1)
         if size == 1:
             return
         policy = self.accelerator.unwrap_model(self.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
+        ulysses_size = sequence_parallel_size(self.accelerator)
         check_context_parallel_setup(
-            size, self.accelerator.num_processes, policy.config._attn_implementation, self.aux_loss_enabled
+            size * ulysses_size,
+            self.accelerator.num_processes,
+            policy.config._attn_implementation,
+            self.aux_loss_enabled,
         )
         check_sequence_parallel_without_stateful_mixers(mixer_classes(policy))
-        self._context_parallel = context_parallel_group(size)
-        self.data_collator.pad_to_multiple_of = math.lcm(self.data_collator.pad_to_multiple_of or 1, size)
+        self._context_parallel, self._row_group = context_parallel_groups(size, ulysses_size)
+        self.data_collator.pad_to_multiple_of = math.lcm(
+            self.data_collator.pad_to_multiple_of or 1, size * ulysses_size
+        )
         # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
         self._tp_size *= size
 
@@ -319,9 +328,10 @@ class DPOTrainer(trl.DPOTrainer):
             dataloader = self._budgeted_train_dataloader()
         else:
             dataloader = super().get_train_dataloader()
-        if self._context_parallel is not None:
-            # Every rank of a group runs each of the group's micro-batches, on its chunk of the row
-            return SameBatchOnEveryRank(dataloader, self._context_parallel, self.accelerator.device)
+        if self._context_parallel is not None and sequence_parallel_size(self.accelerator) == 1:
+            # Every rank of a group runs each of the group's micro-batches, on its chunk of the row (with Ulysses,
+            # accelerate's dataloader hook does it: _same_batch_on_every_rank)
+            return SameBatchOnEveryRank(dataloader, self._row_group, self.accelerator.device)
         return dataloader
 
     def _budgeted_train_dataloader(self) -> DataLoader:
@@ -353,7 +363,8 @@ class DPOTrainer(trl.DPOTrainer):
 
     def _same_batch_on_every_rank(self, dataloader, model):
         # Replaces accelerate's hook that wraps the train dataloader in DeepSpeed's adapter (sequence_parallel.py)
-        return SameBatchOnEveryRank(dataloader, active_group(self.accelerator), self.accelerator.device)
+        group = self._row_group or active_group(self.accelerator)  # with context parallelism, the whole row's ranks
+        return SameBatchOnEveryRank(dataloader, group, self.accelerator.device)
 
     def _packed_inputs(self, inputs: dict) -> dict:
         """The padded-layout inputs TRL's loss code reads, carrying the packed row the forward really runs on."""
@@ -394,7 +405,7 @@ class DPOTrainer(trl.DPOTrainer):
         ]
         counts = torch.tensor(counts, dtype=torch.float64, device=self.accelerator.device)
         gathered = self.accelerator.gather(counts).view(-1, len(counts))
-        split = packed_batch.sequence_parallel or packed_batch.context_parallel
+        split = packed_batch.split
         if split is not None:  # every rank of a group holds the same row: count it once
             gathered = gathered[:: split.size]
         real_tokens, padded_tokens, row_length, pairs, row_tokens, shared_pairs = gathered.sum(0).tolist()
@@ -433,8 +444,10 @@ class DPOTrainer(trl.DPOTrainer):
         if is_packed_batch(inputs):
             inputs = self._packed_inputs(inputs)
             if model.training:
-                inputs[PACKED_BATCH_KWARG].sequence_parallel = active_group(self.accelerator)
-                inputs[PACKED_BATCH_KWARG].context_parallel = self._context_parallel
+                packed_batch = inputs[PACKED_BATCH_KWARG]
+                packed_batch.sequence_parallel = active_group(self.accelerator)
+                packed_batch.context_parallel = self._context_parallel
+                packed_batch.split = self._row_group or packed_batch.sequence_parallel
             self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
         if self._token_budget is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -313,8 +313,8 @@ def describe(trainer) -> dict:
         "reference_bytes": reference_bytes,
         "sequence_parallel_size": sp_size,
         "context_parallel_size": cp_size,
-        "sequences_split_across_ranks": trainer.data_collator.sequences_split(max(sp_size, cp_size)),
-        "longest_sequence_over_chunk": trainer.data_collator.longest_over_chunk(max(sp_size, cp_size)),
+        "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size * cp_size),
+        "longest_sequence_over_chunk": trainer.data_collator.longest_over_chunk(sp_size * cp_size),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
         "train_pairs": len(trainer.train_dataset),
         "micro_batches": epoch_micro_batches(budget, 0) if budget is not None else None,
