@@ -18,7 +18,12 @@ from distributed_runs import checkout_environment, free_port, launch, train_in_t
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
 from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
-from trl_padfree.offload import check_ref_offload, reference_deepspeed_config, zero3_init_config  # noqa: E402
+from trl_padfree.offload import (  # noqa: E402
+    check_ref_offload,
+    check_reference_offloaded,
+    reference_deepspeed_config,
+    zero3_init_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZERO3_REF_OFFLOAD = ROOT / "recipes" / "accelerate_configs" / "zero3_ref_offload.yaml"
@@ -143,6 +148,15 @@ def test_ref_offload_with_a_peft_reference_is_refused():
 def test_ref_offload_with_precompute_and_no_reference_is_refused():
     with pytest.raises(ValueError, match="no reference model to offload: with precompute_ref_log_probs=True"):
         check_ref_offload(offload_args(3, precompute=True), model="some/model", ref_model=None, peft_config=None)
+
+
+def test_a_reference_left_on_the_gpus_is_caught_after_construction():
+    # What happens if TRL stops preparing the reference through the name trl-padfree reroutes
+    import torch
+
+    with pytest.raises(RuntimeError, match="not ZeRO-3 shards in CPU memory"):
+        check_reference_offloaded(torch.nn.Linear(2, 2))
+    check_reference_offloaded(None)
 
 
 def test_ref_offload_applies_at_stage_3():

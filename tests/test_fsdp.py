@@ -11,11 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from distributed_runs import ROOT, checkout_environment, free_port, launch, script_command, train_in_this_process
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.checks import check_no_context_parallelism
-from trl_padfree.fsdp import planned_fsdp_version
+from trl_padfree.fsdp import check_reference_sharded_by_layer, planned_fsdp_version
 from trl_padfree.offload import check_ref_offload
 
 PAIRS_PER_PROCESS = 2
@@ -256,3 +257,13 @@ def test_sequence_parallelism_under_fsdp_is_refused_with_the_way_out(monkeypatch
     monkeypatch.setenv("FSDP_VERSION", "2")
     with pytest.raises(ValueError, match="sequence_parallel_size=2 is not supported under FSDP.*zero3_sp2.yaml"):
         DPOConfig(output_dir=str(tmp_path), padding_free=True, sequence_parallel_size=2, use_cpu=True, bf16=False)
+
+
+def test_a_reference_that_missed_the_layer_sharding_is_caught_after_construction():
+    # What happens if TRL stops preparing the reference through the name trl-padfree reroutes
+    with pytest.raises(RuntimeError, match="not sharded by trl-padfree's FSDP2 preparation.*not offloaded"):
+        check_reference_sharded_by_layer(torch.nn.Linear(2, 2), offload=True)
+    prepared = torch.nn.Linear(2, 2)
+    prepared._padfree_reference_offloaded = True
+    check_reference_sharded_by_layer(prepared, offload=True)
+    check_reference_sharded_by_layer(None, offload=True)  # no reference (PEFT, precomputed log-probs)

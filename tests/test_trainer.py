@@ -137,7 +137,7 @@ def test_evaluation_and_prediction_step_match_padded():
 
 def test_plain_trl_config_is_honoured():
     trainer = make_trainer(True, config_class=trl.DPOConfig)
-    assert trainer.padding_free and isinstance(trainer.data_collator, PaddingFreePreferenceCollator)
+    assert trainer.padding_free_enabled and isinstance(trainer.data_collator, PaddingFreePreferenceCollator)
     assert trainer.model.config._attn_implementation == ATTN_IMPLEMENTATION
 
 

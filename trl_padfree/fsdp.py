@@ -65,6 +65,12 @@ def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch
     if plugin.fsdp_version != 2:
         raise ValueError(f"shard_reference needs FSDP2, got fsdp_version {plugin.fsdp_version}.")
     if isinstance(model, FSDPModule):  # the caller sharded it already
+        if offload:
+            raise ValueError(
+                "ref_offload=True got a reference model already wrapped by FSDP2, which trl-padfree cannot offload "
+                "any more. Pass the unwrapped model (or none: TRL then loads it), or set ref_offload=False."
+            )
+        model._padfree_reference_offloaded = False
         return model
     mesh = getattr(accelerator, "torch_device_mesh", None)
     if offload:
@@ -91,7 +97,22 @@ def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch
         fully_shard(embeddings, **shard_options)
     fully_shard(model, **shard_options)
     model.eval()
+    model._padfree_reference_offloaded = offload  # what check_reference_sharded_by_layer looks for
     return model
+
+
+def check_reference_sharded_by_layer(model: torch.nn.Module | None, offload: bool) -> None:
+    """After TRL's `__init__`: the reference went through `shard_reference`. `reference_sharded_by_layer` reroutes a
+    module-level name of TRL's; if TRL stops calling it, fail here rather than train with TRL's single unit (or, with
+    ref_offload, with the reference on the GPUs)."""
+    if model is None or getattr(model, "_padfree_reference_offloaded", None) == offload:
+        return
+    raise RuntimeError(
+        "The reference model was not sharded by trl-padfree's FSDP2 preparation: this TRL version no longer prepares "
+        "it through `trl.trainer.dpo_trainer.prepare_fsdp`, which trl-padfree reroutes. "
+        + ("Its parameters are not offloaded to CPU memory. " if offload else "")
+        + "Pin TRL to the tested range (pyproject.toml), or report it."
+    )
 
 
 @contextlib.contextmanager

@@ -173,6 +173,17 @@ def _sharded_off_cpu(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_tensor") and p.ds_tensor.device.type != "cpu" for p in model.parameters())
 
 
+def check_reference_offloaded(model: torch.nn.Module | None) -> None:
+    """After TRL's `__init__`: the reference really is offloaded. `reference_prepared_by_own_config` reroutes a
+    module-level name of TRL's; if TRL stops calling it, the reference would stay sharded on the GPUs."""
+    if model is not None and not reference_offloaded(model):
+        raise RuntimeError(
+            "ref_offload=True, but the reference model's parameters are not ZeRO-3 shards in CPU memory: this TRL "
+            "version no longer prepares it through `trl.trainer.dpo_trainer.prepare_deepspeed`, which trl-padfree "
+            "reroutes. Pin TRL to the tested range (pyproject.toml), or set ref_offload=False."
+        )
+
+
 def reference_offloaded(model: torch.nn.Module) -> bool:
     """Whether every parameter of `model` (a DeepSpeed engine or its module) is a ZeRO-3 shard held in CPU memory by
     an engine configured to offload its parameters there."""

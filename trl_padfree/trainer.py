@@ -38,10 +38,15 @@ from .checks import (
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .context_parallel import context_parallel_groups
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
-from .fsdp import check_fsdp_engine, planned_fsdp_version, reference_sharded_by_layer
+from .fsdp import check_fsdp_engine, check_reference_sharded_by_layer, planned_fsdp_version, reference_sharded_by_layer
 from .fused_lm_head import fused_lm_head_lookups
 from .mixers import mixer_classes
-from .offload import check_ref_offload, load_offloaded_reference, reference_prepared_by_own_config
+from .offload import (
+    check_ref_offload,
+    check_reference_offloaded,
+    load_offloaded_reference,
+    reference_prepared_by_own_config,
+)
 from .packing import pad_length_to_multiple
 from .prefix_sharing import sharing_summary
 from .sequence_parallel import (
@@ -128,6 +133,10 @@ class DPOTrainer(trl.DPOTrainer):
             scopes.enter_context(fused_lm_head_lookups(self))
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
         check_fsdp_engine(fsdp_version, self.accelerator)
+        if fsdp_version == 2:
+            check_reference_sharded_by_layer(self.ref_model, offload=ref_offload)
+        elif ref_offload:
+            check_reference_offloaded(self.ref_model)
         if self._padding_free_requested:
             self._enable_padding_free()
             self._keep_batches_whole()
@@ -140,6 +149,12 @@ class DPOTrainer(trl.DPOTrainer):
             self.ref_model = None
             gc.collect()
         self._check_datasets_not_empty()
+
+    @property
+    def padding_free_enabled(self) -> bool:
+        """Whether this trainer packs its batches. Its own state: TRL's `self.padding_free`, which TRL 1.16 sets to
+        False, stays TRL's, so a padding-free path TRL brings back cannot run alongside this one unnoticed."""
+        return self._padding_free_ready
 
     @staticmethod
     def _load_offloaded_reference(model, args):
@@ -204,7 +219,6 @@ class DPOTrainer(trl.DPOTrainer):
                 model.set_attn_implementation(attn_implementation)
                 check_attention_switched(model, attn_implementation)
             add_packed_forward(model)
-        self.padding_free = True
         self._padding_free_ready = True
         # What TRL's padded collator would pad to, for the padding-saved metrics (sequence parallelism pads the row)
         self._padded_pad_to_multiple_of = self.data_collator.pad_to_multiple_of
@@ -220,13 +234,17 @@ class DPOTrainer(trl.DPOTrainer):
         """Under accelerate's `ParallelismConfig(sp_backend="deepspeed", sp_size=N)`: rows padded to a multiple of
         N, the packing-aware attention handed to DeepSpeed Ulysses, whole batches on every rank of the group."""
         parallelism_config = self.accelerator.parallelism_config
-        if self.padding_free and parallelism_config is not None:
+        if self._padding_free_ready and parallelism_config is not None:
             check_no_context_parallelism(parallelism_config.cp_size)
         sp_size = sequence_parallel_size(self.accelerator)
         if sp_size == 1:
             return
         check_sequence_parallel_setup(
-            sp_size, self.is_deepspeed_enabled, self.padding_free, self.args.disable_dropout, self.aux_loss_enabled
+            sp_size,
+            self.is_deepspeed_enabled,
+            self._padding_free_ready,
+            self.args.disable_dropout,
+            self.aux_loss_enabled,
         )
         check_prefix_sharing_without_sequence_parallel(self.data_collator.prefix_sharing, sp_size > 1)
         check_no_sequence_parallel_groups_yet()
@@ -281,7 +299,9 @@ class DPOTrainer(trl.DPOTrainer):
         budget = getattr(self.args, "max_tokens_per_batch", None)
         if budget is None or self.train_dataset is None:
             return
-        check_token_budget_setup(self.padding_free, sequence_parallel_size(self.accelerator), self.train_dataset)
+        check_token_budget_setup(
+            self._padding_free_ready, sequence_parallel_size(self.accelerator), self.train_dataset
+        )
         pad_to_multiple_of = self.data_collator.pad_to_multiple_of
         collator = self.data_collator
         lengths = pair_lengths(
@@ -303,7 +323,9 @@ class DPOTrainer(trl.DPOTrainer):
     def _report_prefix_sharing(self) -> None:
         """Say how much of the training set prefix sharing lays out shared (the rest falls back to unshared)."""
         dataset = self.train_dataset
-        if not (self.padding_free and self.data_collator.prefix_sharing) or not logger.isEnabledFor(logging.INFO):
+        if not (self._padding_free_ready and self.data_collator.prefix_sharing) or not logger.isEnabledFor(
+            logging.INFO
+        ):
             return
         # A streaming dataset has no columns to read without consuming it
         columns = getattr(dataset, "column_names", None) if isinstance(dataset, datasets.Dataset) else None
@@ -368,7 +390,7 @@ class DPOTrainer(trl.DPOTrainer):
 
     def _packed_inputs(self, inputs: dict) -> dict:
         """The padded-layout inputs TRL's loss code reads, carrying the packed row the forward really runs on."""
-        if not self.padding_free:
+        if not self._padding_free_ready:
             raise ValueError(
                 "Got a packed batch (from PaddingFreePreferenceCollator) but padding_free=False. Set "
                 "`padding_free=True` in the config, or use TRL's padded collator."
