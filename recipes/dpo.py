@@ -7,7 +7,9 @@ from `--config file.yaml`.
     accelerate launch --config_file recipes/accelerate_configs/single_gpu.yaml \\
         recipes/dpo.py --config recipes/configs/qwen2.5-0.5b_1gpu.yaml
 
-Every `trl_padfree.DPOConfig` field (all of TRL's, plus `packed_attn_implementation`) is a flag or a YAML key.
+Every `trl_padfree.DPOConfig` field is a flag or a YAML key: all of TRL's, plus the fields trl-padfree adds
+(listed in `DPOConfig`'s docstring: `packed_attn_implementation`, `prefix_sharing`, `max_tokens_per_batch`,
+`ref_offload`, `sequence_parallel_size`, `context_parallel_size`, ...).
 Besides hub names and local paths, `model_name_or_path` takes a demo model built locally from a config
 (`trl-padfree/<tiny|small|base>-<llama|qwen2|...>`), and `dataset_name` takes the data shipped in the package
 (`trl-padfree/demo-preferences`) or a local .jsonl/.json/.parquet/.csv file.

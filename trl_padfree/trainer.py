@@ -179,8 +179,8 @@ class DPOTrainer(trl.DPOTrainer):
             if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
                 raise ValueError(
                     f"The {name} dataset has no examples left: it was empty, or TRL dropped every example because "
-                    f"its prompt alone fills max_length={self.args.max_length}. Check the data, increase "
-                    "`max_length`, or set `truncation_mode='keep_end'`."
+                    f"its prompt alone fills max_length={self.args.max_length}. Check the data, or increase "
+                    "`max_length` (or shorten the prompts)."
                 )
 
     def _enable_padding_free(self) -> None:
