@@ -393,10 +393,10 @@ def test_training_losses_match_over_steps_with_accumulation():
 def test_token_budget_counts_shared_rows():
     trainer = make_trainer(True, **SHARE, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
     unshared = make_trainer(True, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
-    assert sum(trainer._token_budget.lengths) < sum(unshared._token_budget.lengths)
-    for micro_batch in trainer._token_budget:
+    assert sum(trainer._token_budget.sampler.lengths) < sum(unshared._token_budget.sampler.lengths)
+    for micro_batch in trainer._token_budget.sampler:
         batch = trainer.data_collator([trainer.train_dataset[index] for index in micro_batch])
-        assert batch["input_ids"].shape[1] == sum(trainer._token_budget.lengths[index] for index in micro_batch)
+        assert batch["input_ids"].shape[1] == sum(trainer._token_budget.sampler.lengths[index] for index in micro_batch)
         assert batch["input_ids"].shape[1] <= 160
     trainer.train()
     assert all(0 < entry["padfree/budget_fill"] <= 1 for entry in trainer.state.log_history if "loss" in entry)

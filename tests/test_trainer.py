@@ -152,7 +152,7 @@ def test_padding_free_false_is_trl_exactly():
 def test_no_trl_fallback_warning(caplog):
     with caplog.at_level(logging.WARNING):
         trainer = make_trainer(True)
-    assert trainer.padding_free and trainer.args.padding_free
+    assert trainer.padding_free_enabled and trainer.args.padding_free
     assert "temporarily unavailable" not in caplog.text
 
 

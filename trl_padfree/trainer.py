@@ -3,44 +3,33 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import inspect
 import logging
-import math
 
 import datasets
 import torch
 import trl
 from accelerate.utils import is_peft_model
 from torch.utils.data import DataLoader
-from transformers.trainer_utils import seed_worker
 from trl.trainer.utils import get_config_model_id
 
 from .checks import (
     check_attention_switched,
     check_batches_not_dispatched,
-    check_context_parallel_setup,
     check_moe_aux_loss_without_row_padding,
-    check_no_context_parallelism,
     check_no_liger_kernel,
     check_not_prompt_learning,
     check_packable,
     check_packing_collator,
     check_prefix_sharing_without_moe_aux_loss,
-    check_prefix_sharing_without_sequence_parallel,
-    check_sequence_parallel_setup,
-    check_sequence_parallel_without_stateful_mixers,
-    check_token_budget_setup,
     choose_packed_attention,
     refuse_vision_datasets,
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
-from .context_parallel import context_parallel_groups
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .fsdp import check_fsdp_engine, check_reference_sharded_by_layer, planned_fsdp_version, reference_sharded_by_layer
 from .fused_lm_head import fused_lm_head_lookups
-from .mixers import mixer_classes
 from .offload import (
     check_ref_offload,
     check_reference_offloaded,
@@ -49,14 +38,8 @@ from .offload import (
 )
 from .packing import pad_length_to_multiple
 from .prefix_sharing import sharing_summary
-from .sequence_parallel import (
-    SameBatchOnEveryRank,
-    active_group,
-    check_no_sequence_parallel_groups_yet,
-    check_sequence_parallel,
-    sequence_parallel_size,
-)
-from .token_budget import TokenBudgetBatchSampler, check_pairs_fit, pair_lengths, uneven_gathers
+from .row_split import RowSplit
+from .token_budget import TokenBudgetBatching
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +62,6 @@ def _bound_argument(name: str, *args, **kwargs):
     return bound.arguments.get(name)
 
 
-# TRL's metrics that are means over the pairs of a micro-batch
-PER_PAIR_METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/accuracies",
-    "rewards/margins",
-    "logps/chosen",
-    "logps/rejected",
-)
-
-
 class DPOTrainer(trl.DPOTrainer):
     """
     Drop-in replacement for [`trl.DPOTrainer`] that honours `padding_free=True`.
@@ -108,8 +80,8 @@ class DPOTrainer(trl.DPOTrainer):
 
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         self._padding_free_requested = bool(args is not None and args.padding_free)
-        self._token_budget = None  # set up once TRL has tokenized the data (_set_up_token_budget)
-        self._context_parallel = self._row_group = None  # with context_parallel_size > 1 (_set_up_context_parallel)
+        self._token_budget = None  # max_tokens_per_batch, once TRL has tokenized the data: token_budget.py
+        self._row_split = None  # rows shared by several ranks (sequence or context parallelism): row_split.py
         self._padding_free_ready = False
         if self._padding_free_requested and data_collator is not None:
             check_packing_collator(data_collator)
@@ -140,9 +112,8 @@ class DPOTrainer(trl.DPOTrainer):
         if self._padding_free_requested:
             self._enable_padding_free()
             self._keep_batches_whole()
-        self._set_up_sequence_parallel()
-        self._set_up_context_parallel()
-        self._set_up_token_budget()
+        self._row_split = RowSplit.set_up(self)
+        self._token_budget = TokenBudgetBatching.set_up(self)
         self._report_prefix_sharing()
         if ref_offload and args.precompute_ref_log_probs:
             # Every reference log-prob is in the datasets now: free the reference's CPU shards for training
@@ -158,7 +129,8 @@ class DPOTrainer(trl.DPOTrainer):
 
     @staticmethod
     def _load_offloaded_reference(model, args):
-        # DeepSpeed only (FSDP shards a reference TRL loaded in CPU memory). The reference TRL would load (same checkpoint, init kwargs, dtype and attention as the policy), but built
+        # DeepSpeed only (FSDP shards the reference TRL loads in CPU memory). The reference TRL would load (same
+        # checkpoint, init kwargs, dtype and attention as the policy), but built
         # under the reference's own ZeRO-3 config so its shards land in CPU memory
         init_kwargs = dict(args.model_init_kwargs or {})
         init_kwargs["device_map"] = None
@@ -230,96 +202,6 @@ class DPOTrainer(trl.DPOTrainer):
         check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
         dataloader_config.dispatch_batches = False
 
-    def _set_up_sequence_parallel(self) -> None:
-        """Under accelerate's `ParallelismConfig(sp_backend="deepspeed", sp_size=N)`: rows padded to a multiple of
-        N, the packing-aware attention handed to DeepSpeed Ulysses, whole batches on every rank of the group."""
-        parallelism_config = self.accelerator.parallelism_config
-        if self._padding_free_ready and parallelism_config is not None:
-            check_no_context_parallelism(parallelism_config.cp_size)
-        sp_size = sequence_parallel_size(self.accelerator)
-        if sp_size == 1:
-            return
-        check_sequence_parallel_setup(
-            sp_size,
-            self.is_deepspeed_enabled,
-            self._padding_free_ready,
-            self.args.disable_dropout,
-            self.aux_loss_enabled,
-        )
-        check_prefix_sharing_without_sequence_parallel(self.data_collator.prefix_sharing, sp_size > 1)
-        check_no_sequence_parallel_groups_yet()
-        policy = self.accelerator.unwrap_model(self.model)
-        policy = policy.get_base_model() if is_peft_model(policy) else policy
-        attn_implementation = policy.config._attn_implementation
-        check_sequence_parallel(policy.config, attn_implementation, sp_size)
-        check_sequence_parallel_without_stateful_mixers(mixer_classes(policy))
-        # accelerate only accepts the names of transformers' built-in kernels here; DeepSpeed wraps whichever
-        # registered attention the model runs, ours included, and checks it matches the model
-        self.accelerator.parallelism_config.sp_handler.sp_attn_implementation = attn_implementation
-        self.data_collator.pad_to_multiple_of = math.lcm(self._padded_pad_to_multiple_of or 1, sp_size)
-        self.accelerator.deepspeed_ulysses_dl_adapter = self._same_batch_on_every_rank
-        # DeepSpeed shapes Ulysses' buffers by its micro-batch size: a packed micro-batch is one row
-        deepspeed_config = self.accelerator.state.deepspeed_plugin.deepspeed_config
-        deepspeed_config["train_micro_batch_size_per_gpu"] = 1
-        deepspeed_config.pop("train_batch_size", None)
-        # accelerate derives DeepSpeed's train_batch_size from the parallelism config's data-parallel size, which
-        # `ParallelismConfig(sp_size=N)` leaves at 1: DeepSpeed's data parallelism is every rank outside an SP group
-        self.accelerator.parallelism_config.dp_shard_size = self.accelerator.num_processes // sp_size
-        # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
-        self._tp_size *= sp_size
-
-    def _set_up_context_parallel(self) -> None:
-        """With `context_parallel_size=N`: groups of N consecutive processes share each packed row, padded to a
-        multiple of N, each attending its chunk to the row's gathered keys (context_parallel.py)."""
-        self._context_parallel = self._row_group = None
-        size = getattr(self.args, "context_parallel_size", 1)
-        if size == 1:
-            return
-        policy = self.accelerator.unwrap_model(self.model)
-        policy = policy.get_base_model() if is_peft_model(policy) else policy
-        ulysses_size = sequence_parallel_size(self.accelerator)
-        check_context_parallel_setup(
-            size * ulysses_size,
-            self.accelerator.num_processes,
-            policy.config._attn_implementation,
-            self.aux_loss_enabled,
-        )
-        check_sequence_parallel_without_stateful_mixers(mixer_classes(policy))
-        self._context_parallel, self._row_group = context_parallel_groups(size, ulysses_size)
-        self.data_collator.pad_to_multiple_of = math.lcm(
-            self.data_collator.pad_to_multiple_of or 1, size * ulysses_size
-        )
-        # Every rank of a group computes the whole batch's metrics: count its tokens once (TRL's own correction)
-        self._tp_size *= size
-
-    def _set_up_token_budget(self) -> None:
-        """With `max_tokens_per_batch`: training micro-batches of whole pairs up to the budget (token_budget.py)."""
-        self._pairs_in_step = None
-        self._pair_weights = []  # pairs of each training micro-batch, over processes, since the last log
-        budget = getattr(self.args, "max_tokens_per_batch", None)
-        if budget is None or self.train_dataset is None:
-            return
-        check_token_budget_setup(
-            self._padding_free_ready, sequence_parallel_size(self.accelerator), self.train_dataset
-        )
-        pad_to_multiple_of = self.data_collator.pad_to_multiple_of
-        collator = self.data_collator
-        lengths = pair_lengths(
-            self.train_dataset,
-            self.args.max_length,
-            self.args.truncation_mode,
-            collator.prefix_sharing_min_prompt_tokens if collator.prefix_sharing else None,
-        )
-        check_pairs_fit(lengths, budget, pad_to_multiple_of, self.args.max_length)
-        self._token_budget = TokenBudgetBatchSampler(
-            lengths,
-            budget,
-            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
-            num_processes=self.accelerator.num_processes,
-            window=self.args.token_budget_window,
-            pad_to_multiple_of=pad_to_multiple_of,
-        )
-
     def _report_prefix_sharing(self) -> None:
         """Say how much of the training set prefix sharing lays out shared (the rest falls back to unshared)."""
         dataset = self.train_dataset
@@ -347,46 +229,17 @@ class DPOTrainer(trl.DPOTrainer):
 
     def get_train_dataloader(self) -> DataLoader:
         if self._token_budget is not None:
-            dataloader = self._budgeted_train_dataloader()
+            dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+            dataloader = self._token_budget.train_dataloader(dataset, self.data_collator, self.args)
         else:
             dataloader = super().get_train_dataloader()
-        if self._context_parallel is not None and sequence_parallel_size(self.accelerator) == 1:
-            # Every rank of a group runs each of the group's micro-batches, on its chunk of the row (with Ulysses,
-            # accelerate's dataloader hook does it: _same_batch_on_every_rank)
-            return SameBatchOnEveryRank(dataloader, self._row_group, self.accelerator.device)
-        return dataloader
-
-    def _budgeted_train_dataloader(self) -> DataLoader:
-        # Trainer's own dataloader settings, with the budgeted micro-batches in place of a fixed batch size
-        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
-        args = self.args
-        dataloader = DataLoader(
-            dataset,
-            batch_sampler=self._token_budget,
-            collate_fn=self.data_collator,
-            num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory,
-            persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor,
-            worker_init_fn=functools.partial(
-                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
-            ),
-        )
-        return self.accelerator.prepare(dataloader)
+        return dataloader if self._row_split is None else self._row_split.train_dataloader(dataloader)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        # Trainer fetches every micro-batch of an optimizer step before the first forward: count the step's pairs
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._token_budget is not None:
-            pairs = sum(len(batch["seq_lens"]) // 2 for batch in batch_samples)
-            total = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), reduction="sum")
-            self._pairs_in_step = int(total.item())
+            self._token_budget.count_step(batch_samples)
         return batch_samples, num_items_in_batch
-
-    def _same_batch_on_every_rank(self, dataloader, model):
-        # Replaces accelerate's hook that wraps the train dataloader in DeepSpeed's adapter (sequence_parallel.py)
-        group = self._row_group or active_group(self.accelerator)  # with context parallelism, the whole row's ranks
-        return SameBatchOnEveryRank(dataloader, group, self.accelerator.device)
 
     def _packed_inputs(self, inputs: dict) -> dict:
         """The padded-layout inputs TRL's loss code reads, carrying the packed row the forward really runs on."""
@@ -442,7 +295,7 @@ class DPOTrainer(trl.DPOTrainer):
             metrics["padfree/shared_pairs"].append(shared_pairs / pairs)
         if self._token_budget is not None and self.model.training:
             metrics["padfree/pairs_per_micro_batch"].append(pairs / processes)
-            metrics["padfree/budget_fill"].append(row_tokens / processes / self._token_budget.budget)
+            metrics["padfree/budget_fill"].append(row_tokens / processes / self._token_budget.sampler.budget)
 
     def _precompute_ref_logps(self, dataset, name, batch_size):
         # Called from TRL's __init__, before this class could enable packing
@@ -465,39 +318,18 @@ class DPOTrainer(trl.DPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if is_packed_batch(inputs):
             inputs = self._packed_inputs(inputs)
-            if model.training:
-                packed_batch = inputs[PACKED_BATCH_KWARG]
-                packed_batch.sequence_parallel = active_group(self.accelerator)
-                packed_batch.context_parallel = self._context_parallel
-                packed_batch.split = self._row_group or packed_batch.sequence_parallel
+            if model.training and self._row_split is not None:
+                self._row_split.mark(inputs[PACKED_BATCH_KWARG])
             self._log_packing_metrics(inputs[PACKED_BATCH_KWARG])
         if self._token_budget is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-        with uneven_gathers(self.accelerator):
-            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # TRL's loss is the mean over this micro-batch's pairs; Trainer divides it by the accumulation steps and the
-        # gradient is averaged over processes. Weigh it so the step's loss is the mean over all of the step's pairs.
-        pairs = len(inputs[PACKED_BATCH_KWARG].seq_lens) // 2
-        weight = (
-            pairs * self.current_gradient_accumulation_steps * self.accelerator.num_processes / self._pairs_in_step
+        return self._token_budget.weighted_loss(
+            lambda: super(DPOTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch),
+            pairs=len(inputs[PACKED_BATCH_KWARG].seq_lens) // 2,
+            accumulation_steps=self.current_gradient_accumulation_steps,
         )
-        pairs_over_processes = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), "sum")
-        self._pair_weights.append(pairs_over_processes.item())
-        if return_outputs:
-            loss, outputs = result
-            return loss * weight, outputs
-        return result * weight
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        # TRL averages its per-micro-batch metrics equally; token-budget micro-batches hold different numbers of
-        # pairs, so weigh the per-pair means by pairs, as one padded batch of the same pairs would
-        train_metrics = self._metrics["train"]
-        if self.model.training and self._pair_weights:
-            weights = self._pair_weights
-            for key in PER_PAIR_METRICS:
-                if len(train_metrics.get(key, ())) == len(weights):
-                    values = train_metrics[key]
-                    train_metrics[key] = [sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)]
-            self._pair_weights = []
+        if self._token_budget is not None and self.model.training:
+            self._token_budget.reweigh_metrics(self._metrics["train"])
         super().log(logs, start_time)

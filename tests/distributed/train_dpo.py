@@ -278,8 +278,9 @@ def gathered_peak_bytes(model) -> int:
 
 def describe(trainer) -> dict:
     sp_size = sequence_parallel_size(trainer.accelerator)
-    cp_size = trainer._context_parallel.size if getattr(trainer, "_context_parallel", None) else 1
-    budget = trainer._token_budget if isinstance(trainer, DPOTrainer) else None
+    row_split = getattr(trainer, "_row_split", None)
+    cp_size = row_split.context.size if row_split is not None and row_split.context is not None else 1
+    budget = trainer._token_budget.sampler if isinstance(trainer, DPOTrainer) and trainer._token_budget else None
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
