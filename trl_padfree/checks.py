@@ -229,11 +229,7 @@ def check_sequence_parallel_setup(
             "Sequence parallelism runs the reference model in training mode (DeepSpeed switches Ulysses off in "
             "eval mode), so its dropout must be off: set disable_dropout=True."
         )
-    if aux_loss_enabled:
-        raise ValueError(
-            "Sequence parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the "
-            "row alone. Set router_aux_loss_coef=0, or sp_size=1."
-        )
+    check_split_rows_without_moe_aux_loss("Sequence parallelism", "sp_size=1", aux_loss_enabled)
 
 
 def check_context_parallel_config(size: int, padding_free: bool) -> None:
@@ -264,10 +260,15 @@ def check_context_parallel_setup(size: int, world_size: int, attn_implementation
             f"row's gathered keys; this model runs {attn_implementation!r}. Set packed_attn_implementation='auto' "
             "(or 'padfree_varlen')."
         )
+    check_split_rows_without_moe_aux_loss("Context parallelism", "context_parallel_size=1", aux_loss_enabled)
+
+
+def check_split_rows_without_moe_aux_loss(feature: str, way_out: str, aux_loss_enabled: bool) -> None:
+    """A row split over ranks: each rank's router logits are those of its chunk alone."""
     if aux_loss_enabled:
         raise ValueError(
-            "Context parallelism with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the row "
-            "alone. Set router_aux_loss_coef=0, or context_parallel_size=1."
+            f"{feature} with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the row alone. Set "
+            f"router_aux_loss_coef=0, or {way_out}."
         )
 
 
