@@ -1,13 +1,10 @@
 """TRL's own padded DPOTrainer on Llama4ForCausalLM and GraniteMoeHybridForCausalLM, with `fused_lm_head_lookups`."""
 
-import inspect
 import math
 
 import pytest
 import torch
 import trl
-import trl.trainer.dpo_trainer as trl_dpo_trainer
-import trl.trainer.utils as trl_utils
 from trainer_utils import first_batch, make_trainer, one_step
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
@@ -218,22 +215,3 @@ def test_unprepared_lookups_are_refused_by_name(model_type, router_logits, messa
         check_fused_lm_head_lookups(model, router_logits=router_logits)
     prepare_for_fused_lm_head(model, router_logits=True)
     check_fused_lm_head_lookups(model, router_logits=True)
-
-
-def test_trl_names_this_fix_depends_on():
-    """Every TRL internal `trl_padfree/fused_lm_head.py` relies on, so a TRL upgrade that moves one fails here."""
-    # DPOTrainer.__init__ adds the head through its module's global, and sets `aux_loss_enabled` first
-    assert trl_dpo_trainer.add_fused_lm_head is trl_utils.add_fused_lm_head
-    init_source = inspect.getsource(trl.DPOTrainer.__init__)
-    assert init_source.index("self.aux_loss_enabled =") < init_source.index("add_fused_lm_head(")
-    # The lookups of the forward it installs
-    head_source = inspect.getsource(trl_utils.add_fused_lm_head)
-    for lookup in (
-        "text_config = model.config.get_text_config()",
-        'backbone_attr = "base_model"',
-        "getattr(self, backbone_attr)(*args, **kwargs)",
-        "lm_head = self.get_output_embeddings()",
-        "num_experts = text_config.num_experts",
-        "num_experts_per_tok = text_config.num_experts_per_tok",
-    ):
-        assert lookup in head_source, lookup

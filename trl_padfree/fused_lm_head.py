@@ -22,7 +22,7 @@ reads it back as an extra attribute that no modeling code of these classes reads
 `fused_lm_head_lookups`, around `trl.DPOTrainer.__init__`, to exactly the models TRL patches, before any of them runs
 (the precomputed reference log-probs run inside `__init__`), and checked afterwards.
 
-TRL names this module depends on (TRL >=1.16,<1.17, see `_compat.py`); `tests/test_fused_lm_head.py` asserts each:
+TRL names this module depends on (TRL >=1.16,<1.17, see `_compat.py`); `tests/test_seams.py` asserts each:
 - `trl.trainer.dpo_trainer.add_fused_lm_head`: the module global `DPOTrainer.__init__` calls; swapped for the duration
   of `__init__`.
 - the lookups inside the forward it installs: `getattr(self, "base_model")`, `self.get_output_embeddings()`,

@@ -187,12 +187,12 @@ def check_reference_offloaded(model: torch.nn.Module | None) -> None:
 def reference_offloaded(model: torch.nn.Module) -> bool:
     """Whether every parameter of `model` (a DeepSpeed engine or its module) is a ZeRO-3 shard held in CPU memory by
     an engine configured to offload its parameters there."""
-    engine_config = getattr(model, "_config", None)
-    if engine_config is None or engine_config.zero_config.offload_param is None:
+    zero_offload_param = getattr(model, "zero_offload_param", None)  # a DeepSpeed engine's own offload settings
+    offload_param = zero_offload_param() if zero_offload_param is not None else None
+    if offload_param is None:
         return False
     module = getattr(model, "module", model)
-    offload_device = engine_config.zero_config.offload_param.device
-    return offload_device == "cpu" and all(
+    return offload_param.device == "cpu" and all(
         hasattr(p, "ds_tensor") and p.ds_tensor.device.type == "cpu" for p in module.parameters()
     )
 

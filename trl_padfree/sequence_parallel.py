@@ -84,12 +84,13 @@ def active_group(accelerator) -> SequenceParallelGroup | None:
     """The sequence-parallel group of this rank once DeepSpeed has created it (at `accelerator.prepare`), else None."""
     if sequence_parallel_size(accelerator) == 1:
         return None
-    from deepspeed.utils import groups
+    # The module DeepSpeed's Ulysses registration initializes and returns as its `mpu`: the groups its attention uses
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
     return SequenceParallelGroup(
-        groups._get_sequence_parallel_group(),
-        groups._get_sequence_parallel_rank(),
-        groups._get_sequence_parallel_world_size(),
+        parallel_state_sp.get_sequence_parallel_group(),
+        parallel_state_sp.get_sequence_parallel_rank(),
+        parallel_state_sp.get_sequence_parallel_world_size(),
     )
 
 

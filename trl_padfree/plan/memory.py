@@ -17,6 +17,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+# TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`) projects [tokens, vocabulary] tiles of these sizes at a
+# time (4096 x 32768 in TRL 1.16), so the full logits never exist. Read from TRL, so the estimate follows the installed
+# release; tests/test_seams.py checks that TRL still tiles by them
+from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE as LOGITS_TILE_TOKENS
+from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as LOGITS_TILE_VOCAB
+
 from . import fsdp2
 from .shapes import ModelShape
 from .units import BYTES_PER_PARAM, GiB
@@ -24,10 +30,6 @@ from .units import BYTES_PER_PARAM, GiB
 REFERENCE_PLACES = ("gpu", "offload", "precompute")
 # CUDA context (~0.5 GiB), NCCL buffers, DeepSpeed's bucket and prefetch buffers, allocator fragmentation: an assumption
 DEFAULT_RESERVE = 3 * GiB
-# TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`) projects [4096 tokens, 32768 vocabulary] tiles at a time
-# (`TOKEN_CHUNK_SIZE`, `_CHUNKED_LOGPROB_CHUNK_SIZE` in TRL 1.16), so the full logits never exist
-LOGITS_TILE_TOKENS = 4096
-LOGITS_TILE_VOCAB = 32768
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,843 @@
+"""Every seam trl-padfree cuts into the libraries under it, in one table, each checked against the installed version.
+
+trl-padfree subclasses TRL's `DPOTrainer` and relies on private parts of TRL, transformers, accelerate, DeepSpeed,
+torch and PEFT: private attributes and functions, module-level names it reroutes while TRL's `__init__` runs, lines of
+their code that must still call what it reroutes, signatures it calls or overrides by position. After a version bump,
+a seam that moved fails here, one line each naming the library, the name and the trl-padfree module that depends on
+it, instead of as hundreds of numerical failures elsewhere.
+
+    python -m pytest tests/test_seams.py -q -p no:cacheprovider
+
+Each `Seam` is checked the way it matters:
+- `name` resolves (the longest importable module, then attributes), unless `where` names what to inspect instead;
+- `parameters`: its signature starts with these, in this order (called or overridden by position);
+- `keywords`: its signature has these parameters (passed by name, or read as fields of a dataclass);
+- `check`: a predicate on the object (a value, an identity, a type), with what it expects;
+- `source`: lines that the libraries' own code must still contain (`{dotted name: snippets}`), for seams that are
+  calls the library makes: a rerouted module-level name, an attribute its `__init__` sets; with `ordered`, in order.
+DeepSpeed seams are skipped when DeepSpeed is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from trl_padfree.attention import CHUNKED_LAYER_TYPE
+from trl_padfree.checks import FLASH_VARLEN
+from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
+
+# TRL's metrics that are means over the pairs of a micro-batch: trl-padfree's PER_PAIR_METRICS, reweighed by pairs
+PER_PAIR_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A predicate on the resolved object, and what it expects (for the failure message)."""
+
+    expects: str
+    holds: Callable[[Any], bool]
+
+
+def equals(value) -> Check:
+    return Check(f"equal to {value!r}", lambda obj: obj == value)
+
+
+def same_object_as(dotted: str) -> Check:
+    return Check(f"the same object as `{dotted}`", lambda obj: obj is resolve(dotted))
+
+
+def instance_of(kind: type | str) -> Check:
+    """`kind` a type, or the dotted name of one."""
+    name = kind if isinstance(kind, str) else kind.__name__
+    return Check(
+        f"an instance of `{name}`", lambda obj: isinstance(obj, resolve(kind) if isinstance(kind, str) else kind)
+    )
+
+
+def has_attributes(*names: str) -> Check:
+    return Check(f"attributes {list(names)}", lambda obj: all(hasattr(obj, name) for name in names))
+
+
+def has_keys(*keys: str) -> Check:
+    return Check(f"keys {list(keys)}", lambda obj: set(keys) <= set(getattr(obj, "__annotations__", obj)))
+
+
+def is_property() -> Check:
+    return Check("a property (read and set by trl-padfree)", lambda obj: isinstance(obj, property) and obj.fset)
+
+
+@dataclass(frozen=True)
+class Seam:
+    library: str
+    name: str  # what trl-padfree uses, dotted from the library's top-level package
+    relied_on: str
+    used_in: str  # the trl-padfree modules that depend on it
+    where: str | None = None  # what to resolve and inspect, when `name` is not importable (an instance attribute)
+    parameters: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    check: Check | None = None
+    source: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ordered: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.library}:{self.name}"
+
+
+INIT = "trl.trainer.dpo_trainer.DPOTrainer.__init__"
+COMPUTE_LOSS = "trl.trainer.dpo_trainer.DPOTrainer._compute_loss"
+PRECOMPUTE = "trl.trainer.dpo_trainer.DPOTrainer._precompute_ref_logps"
+FUSED_HEAD = "trl.trainer.utils.add_fused_lm_head"
+# How TRL hands every batch key but these to the model, so the packed batch reaches the packed forward as a keyword
+MODEL_KWARGS = "model_kwargs = {k: v for k, v in inputs.items() if k not in _non_model_keys}"
+
+TRL = [
+    Seam(
+        "trl", "trl.DPOTrainer", "the trainer subclassed; the range it was written against is pinned in _compat.py",
+        "trainer.py", check=instance_of(type),
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.__init__",
+        "takes (model, ref_model, args, data_collator, ...) by position and `peft_config` by name: the subclass "
+        "passes them on, and `_bound_argument` reads `peft_config` however it was passed",
+        "trainer.py", parameters=("self", "model", "ref_model", "args", "data_collator"), keywords=("peft_config",),
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.padding_free",
+        "TRL's `__init__` reads `args.padding_free` (and switches it off with a warning): hidden from it while it "
+        "runs",
+        "trainer.py", where=INIT, source={INIT: ("self.padding_free = args.padding_free",)},
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._tag_names", "a private class attribute: the model card tags, extended",
+        "trainer.py", check=instance_of(list),
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._precompute_ref_logps",
+        "private, overridden to enable packing first: TRL's `__init__` precomputes reference log-probs through it, "
+        "and it computes them through `compute_ref_log_probs`",
+        "trainer.py", parameters=("self", "dataset", "name", "batch_size"),
+        source={
+            INIT: ("self.train_dataset = self._precompute_ref_logps(",),
+            PRECOMPUTE: ("self.compute_ref_log_probs(model, padded_batch)",),
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.compute_ref_log_probs",
+        "overridden to unpack packed batches; passes every batch key but `_non_model_keys` to the model, with "
+        "`labels` and `fused_lm_head=True`",
+        "trainer.py, forward.py", parameters=("self", "model", "inputs"),
+        source={
+            "trl.trainer.dpo_trainer.DPOTrainer.compute_ref_log_probs": (
+                MODEL_KWARGS,
+                "model(**model_kwargs, labels=labels, fused_lm_head=True).log_probs",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.compute_loss",
+        "overridden; the subclass calls it positionally (model, inputs, return_outputs, num_items_in_batch), and it "
+        "computes the loss in `_compute_loss`",
+        "trainer.py", parameters=("self", "model", "inputs", "return_outputs", "num_items_in_batch"),
+        source={
+            "trl.trainer.dpo_trainer.DPOTrainer.compute_loss": ("self._compute_loss(model, inputs, return_outputs)",)
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._compute_loss",
+        "private, not overridden: hands the policy and the reference every batch key but `_non_model_keys` (the "
+        "packed batch travels as a keyword), and reads per-token log-probs in the `(rows, len - 1)` layout the packed "
+        "forward returns",
+        "trainer.py, forward.py", parameters=("self", "model", "inputs", "return_outputs"),
+        source={
+            COMPUTE_LOSS: (
+                MODEL_KWARGS,
+                "outputs = model(**model_kwargs, labels=labels, fused_lm_head=True)",
+                "per_token_logps = outputs.log_probs[:, -seq_len:]",
+                "self.ref_model(**ref_model_kwargs, labels=labels, fused_lm_head=True)",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.prediction_step",
+        "overridden, called positionally; TRL's prepares the inputs again and returns `inputs['input_ids']` as labels",
+        "trainer.py", parameters=("self", "model", "inputs", "prediction_loss_only", "ignore_keys"),
+        source={
+            "trl.trainer.dpo_trainer.DPOTrainer.prediction_step": (
+                "inputs = self._prepare_inputs(inputs)",
+                'logits, labels = outputs.logits, inputs["input_ids"]',
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.log",
+        "overridden to weigh per-pair metrics by pairs; TRL's averages each metric's list equally",
+        "trainer.py", parameters=("self", "logs", "start_time"),
+        source={
+            "trl.trainer.dpo_trainer.DPOTrainer.log": (
+                "metrics = {key: sum(val) / len(val) for key, val in self._metrics[mode].items()}",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._metrics",
+        "private: per-mode lists of per-micro-batch values; trl-padfree appends its padfree/* metrics and reweighs "
+        "the per-pair means TRL appends (PER_PAIR_METRICS)",
+        "trainer.py", where=INIT,
+        source={
+            INIT: ('self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}',),
+            COMPUTE_LOSS: tuple(f'self._metrics[mode]["{key}"].append(' for key in PER_PAIR_METRICS),
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._tp_size",
+        "private: TRL divides its token count by it; multiplied by the sequence/context-parallel group size so "
+        "tokens a group shares count once",
+        "trainer.py", where=INIT,
+        source={INIT: ("self._tp_size =",), COMPUTE_LOSS: ("num_tokens_in_batch // self._tp_size",)},
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._tokenizer",
+        "private: the tokenizer TRL pads with (a processor's tokenizer), whose pad token fills the padded views",
+        "trainer.py", where=INIT, source={INIT: ("self._tokenizer = processing_class",)},
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer._is_vision_dataset", "private: set by TRL's `__init__`; vision datasets are refused",
+        "trainer.py", where=INIT, source={INIT: ("self._is_vision_dataset =",)},
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.aux_loss_enabled",
+        "set by TRL's `__init__` before it adds the fused LM heads; read to refuse MoE aux loss with row padding, "
+        "prefix sharing and split rows, and by fused_lm_head_lookups after `__init__`",
+        "trainer.py, fused_lm_head.py", where=INIT, ordered=True,
+        source={INIT: ("self.aux_loss_enabled =", "add_fused_lm_head(")},
+    ),
+    Seam(
+        "trl", "trl.trainer.dpo_trainer.add_fused_lm_head",
+        "module-level name TRL's `__init__` calls for the policy and the reference; rerouted while it runs (model "
+        "first) so each patched model is prepared",
+        "fused_lm_head.py", parameters=("model",), check=same_object_as(FUSED_HEAD),
+        source={INIT: ("add_fused_lm_head(",)},
+    ),
+    Seam(
+        "trl", FUSED_HEAD,
+        "the forward it installs looks up `base_model`, `get_output_embeddings()`, `text_config.num_experts` and "
+        "`num_experts_per_tok` on every call, and takes `fused_lm_head`, `labels` and pre-shifted `shift_labels` "
+        "(split rows) by keyword",
+        "fused_lm_head.py, forward.py", parameters=("model",),
+        source={
+            FUSED_HEAD: (
+                "text_config = model.config.get_text_config()",
+                'backbone_attr = "base_model"',
+                "self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs",
+                "getattr(self, backbone_attr)(*args, **kwargs)",
+                "lm_head = self.get_output_embeddings()",
+                "num_experts = text_config.num_experts",
+                "num_experts_per_tok = text_config.num_experts_per_tok",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE",
+        "private: the vocabulary width of the fused LM head's logits tiles, read by the planner's activation estimate",
+        "plan/memory.py", check=equals(LOGITS_TILE_VOCAB),
+        source={FUSED_HEAD: ("_CHUNKED_LOGPROB_CHUNK_SIZE,",)},
+    ),
+    Seam(
+        "trl", "trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE",
+        "the token height of the fused LM head's logits tiles, read by the planner's activation estimate",
+        "plan/memory.py", check=equals(LOGITS_TILE_TOKENS),
+        source={"trl.kernels.chunked_logprob": ("for token_start in range(0, N, TOKEN_CHUNK_SIZE):",)},
+    ),
+    Seam(
+        "trl", "trl.trainer.dpo_trainer.prepare_deepspeed",
+        "module-level name rerouted while TRL's `__init__` runs (ref_offload under ZeRO-3); its only other use there "
+        "is the precompute engine over the policy, when there is no reference",
+        "offload.py", parameters=("model", "accelerator"),
+        source={
+            INIT: ("self.ref_model = prepare_deepspeed(self.ref_model, self.accelerator)",),
+            PRECOMPUTE: (
+                "if self.ref_model is None and self.is_deepspeed_enabled:",
+                "prepare_deepspeed(self.model, self.accelerator)",
+            ),
+        },
+        ordered=True,
+    ),
+    Seam(
+        "trl", "trl.trainer.dpo_trainer.prepare_fsdp",
+        "module-level name rerouted while TRL's `__init__` runs (the reference sharded layer by layer under FSDP2)",
+        "fsdp.py", parameters=("model", "accelerator"),
+        source={INIT: ("self.ref_model = prepare_fsdp(self.ref_model, self.accelerator)",)},
+    ),
+    Seam(
+        "trl", "trl.trainer.utils.create_model_from_path",
+        "loads the offloaded reference as TRL loads its own: same model id and init kwargs (device_map None, "
+        "trust_remote_code, the policy's dtype and attention)",
+        "offload.py, trainer.py", parameters=("model_id",),
+        source={
+            INIT: (
+                'ref_model_init_kwargs["device_map"] = None',
+                'ref_model_init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)',
+                'ref_model_init_kwargs.setdefault("dtype", self.model.dtype)',
+                'ref_model_init_kwargs.setdefault("attn_implementation", self.model.config._attn_implementation)',
+                "self.ref_model = create_model_from_path(ref_model_path, **ref_model_init_kwargs)",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "trainer.py",
+        parameters=("config",),
+    ),
+    Seam(
+        "trl", "trl.trainer.dpo_trainer.DataCollatorForPreference",
+        "subclassed; its fields are read and passed by name to build the packed twin (`from_padded`)",
+        "collator.py",
+        keywords=("pad_token_id", "max_length", "truncation_mode", "pad_to_multiple_of", "return_tensors"),
+        check=has_attributes("torch_call"),
+    ),
+    Seam(
+        "trl", "trl.DPOConfig", "subclassed; these fields are read by trl-padfree",
+        "config.py, trainer.py, offload.py, bench.py",
+        keywords=(
+            "padding_free", "precompute_ref_log_probs", "model_init_kwargs", "trust_remote_code", "use_liger_kernel",
+            "max_length", "truncation_mode", "pad_to_multiple_of", "disable_dropout", "parallelism_config",
+            "accelerator_config", "seed", "data_seed", "dataloader_num_workers", "dataloader_pin_memory",
+            "dataloader_persistent_workers", "dataloader_prefetch_factor", "activation_checkpointing",
+        ),
+    ),
+]  # fmt: skip
+
+TRANSFORMERS = [
+    Seam(
+        "transformers", "transformers.Trainer.get_train_dataloader", "overridden (token-budget and split-row loaders)",
+        "trainer.py", parameters=("self",),
+    ),
+    Seam(
+        "transformers", "transformers.Trainer.get_batch_samples",
+        "overridden to count an optimizer step's pairs; returns (batch_samples, num_items_in_batch)",
+        "trainer.py", parameters=("self", "epoch_iterator", "num_batches", "device"),
+        source={"transformers.Trainer.get_batch_samples": ("return batch_samples, num_items_in_batch",)},
+    ),
+    Seam(
+        "transformers", "transformers.Trainer._remove_unused_columns",
+        "private: the Trainer's column filtering, reused for the token-budget dataloader", "trainer.py",
+        parameters=("self", "dataset"), keywords=("description",),
+    ),
+    Seam(
+        "transformers", "transformers.Trainer._prepare_inputs",
+        "private: moves a batch to the device before it is unpacked in `prediction_step`", "trainer.py",
+        parameters=("self", "inputs"),
+    ),
+    Seam(
+        "transformers", "transformers.Trainer.training_step", "called positionally by the benchmark",
+        "bench.py", parameters=("self", "model", "inputs"),
+    ),
+    Seam(
+        "transformers", "transformers.Trainer.current_gradient_accumulation_steps",
+        "set by the training loop; token-budget micro-batches are weighed by it (the benchmark sets it itself)",
+        "trainer.py, bench.py", where="transformers.Trainer._run_epoch",
+        source={"transformers.Trainer._run_epoch": ("self.current_gradient_accumulation_steps =",)},
+    ),
+    Seam(
+        "transformers", "transformers.TrainingArguments.fsdp_plugin_args",
+        "set by `__post_init__` for an `fsdp` run: its `fsdp_version` is read before the Accelerator exists",
+        "fsdp.py", where="transformers.TrainingArguments.__post_init__",
+        source={
+            "transformers.TrainingArguments.__post_init__": ("self.fsdp_plugin_args = self._process_fsdp_args()",)
+        },
+    ),
+    Seam(
+        "transformers", "transformers.trainer_utils.seed_worker",
+        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "trainer.py",
+        parameters=("worker_id",), keywords=("num_workers", "rank"),
+    ),
+    Seam(
+        "transformers", "transformers.AttentionInterface.register", "registers `padfree_varlen`", "attention.py",
+        parameters=("cls", "key", "value"),
+    ),
+    Seam(
+        "transformers", "transformers.masking_utils.AttentionMaskInterface.register",
+        "registers `padfree_varlen`'s mask function, which reads the padding mask by keyword", "attention.py",
+        parameters=("cls", "key", "value"),
+        source={"transformers.masking_utils.create_causal_mask": ("attention_mask=attention_mask,",)},
+    ),
+    Seam(
+        "transformers", "transformers.integrations.sdpa_attention.sdpa_attention_forward",
+        "the attention interface's calling convention, which `padfree_varlen_attention` implements", "attention.py",
+        parameters=("module", "query", "key", "value", "attention_mask"), keywords=("dropout", "scaling"),
+    ),
+    Seam(
+        "transformers", "transformers.modeling_flash_attention_utils.FlashAttentionKwargs",
+        "the packing keywords transformers passes down to attention, as the collator names them",
+        "collator.py, forward.py, attention.py",
+        check=has_keys("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"),
+    ),
+    Seam(
+        "transformers", "transformers.masking_utils.find_packed_sequence_indices",
+        "sdpa and eager keep packed sequences apart from `position_ids` when no attention mask is passed",
+        "checks.py, forward.py", parameters=("position_ids",),
+    ),
+    Seam(
+        "transformers", "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS",
+        "the registry the modeling code looks attention up in, holding the backends checks.py names; the "
+        "architecture check swaps an entry to count calls",
+        "architecture.py, checks.py",
+        check=Check(
+            f"an AttentionInterface holding {[*FLASH_VARLEN, 'sdpa']}",
+            lambda registry: isinstance(registry, resolve("transformers.AttentionInterface"))
+            and all(name in registry for name in (*FLASH_VARLEN, "sdpa")),
+        ),
+    ),
+    Seam(
+        "transformers", "transformers.configuration_utils.ALLOWED_LAYER_TYPES",
+        f"`{CHUNKED_LAYER_TYPE}` is the layer type of chunked attention layers (llama4), cut into chunks by "
+        "`padfree_varlen`", "attention.py",
+        check=Check(f"containing {CHUNKED_LAYER_TYPE!r}", lambda types: CHUNKED_LAYER_TYPE in types),
+    ),
+    Seam(
+        "transformers", "transformers.PretrainedConfig._attn_implementation",
+        "private: the attention a model runs, read everywhere and set on the twin's config (no public getter)",
+        "checks.py, trainer.py, forward.py, architecture.py", check=is_property(),
+    ),
+    Seam(
+        "transformers", "transformers.PretrainedConfig._experts_implementation",
+        "private: set to eager on the float64 twin's config", "architecture.py", check=is_property(),
+    ),
+    Seam(
+        "transformers", "transformers.PreTrainedModel.set_attn_implementation",
+        "switches the policy, the reference and the twins to the packed attention", "trainer.py, architecture.py",
+        parameters=("self", "attn_implementation"),
+    ),
+    Seam(
+        "transformers", "transformers.PreTrainedModel.base_model",
+        "resolves `base_model_prefix`, which fused_lm_head.py sets on instances whose `base_model` is themselves",
+        "fused_lm_head.py", check=instance_of(property),
+        source={"transformers.PreTrainedModel.base_model": ("getattr(self, self.base_model_prefix, self)",)},
+    ),
+    Seam(
+        "transformers", "transformers.PreTrainedModel._no_split_modules",
+        "private: the classes accelerate's TRANSFORMER_BASED_WRAP gives an FSDP unit each", "plan/shapes.py",
+        source={"accelerate.utils.fsdp_utils.fsdp2_prepare_auto_wrap_policy": ("_no_split_modules",)},
+    ),
+    Seam(
+        "transformers", "transformers.integrations.deepspeed._hf_deepspeed_config_weak_ref",
+        "private module global: the ZeRO-3 config `from_pretrained` builds under, saved and restored around "
+        "building the offloaded reference's config",
+        "offload.py",
+        source={"transformers.integrations.deepspeed.set_hf_deepspeed_config": ("_hf_deepspeed_config_weak_ref = ",)},
+    ),
+    Seam(
+        "transformers", "transformers.integrations.deepspeed.set_hf_deepspeed_config", "restores the saved config",
+        "offload.py", parameters=("hf_deepspeed_config_obj",),
+    ),
+    Seam(
+        "transformers", "transformers.integrations.deepspeed.unset_hf_deepspeed_config",
+        "builds models unpartitioned", "offload.py, sources.py",
+    ),
+    Seam(
+        "transformers", "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process",
+        "fills the reference config's 'auto' values from the training arguments", "offload.py",
+        parameters=("self", "args"),
+    ),
+    Seam(
+        "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+        "the model types `trl-padfree models` checks (less the masked-LM, seq2seq and speech seq2seq mappings)",
+        "coverage.py", check=instance_of("collections.abc.Mapping"),
+    ),
+    Seam(
+        "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+        "encoder-decoder types left out of `trl-padfree models`", "coverage.py",
+        check=instance_of("collections.abc.Mapping"),
+    ),
+    Seam(
+        "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+        "encoder types left out of `trl-padfree models`", "coverage.py", check=instance_of("collections.abc.Mapping"),
+    ),
+    Seam(
+        "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+        "speech seq2seq types left out of `trl-padfree models`", "coverage.py",
+        check=instance_of("collections.abc.Mapping"),
+    ),
+]  # fmt: skip
+
+ACCELERATE = [
+    Seam(
+        "accelerate", "accelerate.Accelerator.deepspeed_ulysses_dl_adapter",
+        "replaced on the trainer's Accelerator (whole packed batches on every rank of a Ulysses group); the Trainer "
+        "calls it with (dataloader, model)",
+        "trainer.py", parameters=("self", "dl", "model"),
+        source={"transformers.Trainer._prepare_for_training": ("self.accelerator.deepspeed_ulysses_dl_adapter(",)},
+    ),
+    Seam(
+        "accelerate", "accelerate.Accelerator.gather",
+        "replaced on the instance around TRL's loss (token budget: per-process lengths differ); TRL looks it up at "
+        "call time",
+        "token_budget.py, trainer.py", parameters=("self", "tensor"),
+        source={COMPUTE_LOSS: ("self.accelerator.gather(", "self.accelerator.gather_for_metrics(")},
+    ),
+    Seam(
+        "accelerate", "accelerate.Accelerator.pad_across_processes", "pads per-pair tensors before gathering",
+        "token_budget.py", parameters=("self", "tensor"), keywords=("dim",),
+    ),
+    Seam(
+        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "trainer.py",
+        parameters=("self", "tensor", "reduction"),
+    ),
+    Seam(
+        "accelerate", "accelerate.parallelism_config.ParallelismConfig",
+        "built for sequence_parallel_size; `cp_size` refused, `dp_shard_size` set to the data-parallel ranks, the "
+        "FSDP mesh dimensions read",
+        "config.py, trainer.py, fsdp.py",
+        keywords=("sp_backend", "sp_size", "sp_handler", "cp_size", "dp_shard_size"),
+        check=has_attributes("fsdp_dim_names"),
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.DeepSpeedSequenceParallelConfig",
+        "its `sp_attn_implementation` is replaced by the model's packing-aware attention, which accelerate hands "
+        "to DeepSpeed Ulysses at prepare time",
+        "config.py, trainer.py", keywords=("sp_seq_length_is_variable", "sp_attn_implementation"),
+        source={
+            "accelerate.Accelerator._prepare_deepspeed": (
+                "core_attn_implementation=sp_handler.sp_attn_implementation",
+            )
+        },
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.fsdp_utils.fsdp2_prepare_auto_wrap_policy",
+        "not exported from accelerate.utils: the policy's FSDP2 units, reused to shard the reference", "fsdp.py",
+        parameters=("fsdp2_plugin", "model"),
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.FullyShardedDataParallelPlugin", "read to shard the reference like the policy",
+        "fsdp.py", keywords=("fsdp_version", "cpu_offload", "mixed_precision_policy"),
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.DataLoaderConfiguration",
+        "`dispatch_batches` refused and set to False, `split_batches` refused", "trainer.py",
+        keywords=("dispatch_batches", "split_batches"),
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.DeepSpeedPlugin", "the policy's DeepSpeed config and ZeRO stage",
+        "offload.py, trainer.py", keywords=("zero_stage",),
+        source={"accelerate.utils.DeepSpeedPlugin.__post_init__": ("self.deepspeed_config = ",)},
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.launch.prepare_multi_gpu_env",
+        "`accelerate launch` marks an FSDP config in these variables, read before the Accelerator exists", "fsdp.py",
+        source={
+            "accelerate.utils.launch.prepare_multi_gpu_env": (
+                'current_env["ACCELERATE_USE_FSDP"]',
+                'current_env["FSDP_VERSION"]',
+            )
+        },
+    ),
+    Seam(
+        "accelerate", "accelerate.utils.launch.prepare_extend_env_parallelism_config",
+        "`accelerate launch` passes a config file's parallelism_config on in these variables", "config.py",
+        source={
+            "accelerate.utils.launch.prepare_extend_env_parallelism_config": (
+                'current_env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"',
+            ),
+            "accelerate.parallelism_config.ParallelismConfig": (
+                'os.environ.get("PARALLELISM_CONFIG_SP_SIZE", "1")',
+                'os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")',
+            ),
+        },
+    ),
+]  # fmt: skip
+
+PARALLEL_STATE_SP = "deepspeed.runtime.sequence_parallel.parallel_state_sp"
+REGISTER_ULYSSES = "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF.register_with_transformers"
+
+DEEPSPEED = [
+    Seam(
+        "deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_group",
+        "the Ulysses group (with `_rank` and `_world_size` below): the module Ulysses' registration initializes "
+        "and returns as the `mpu` accelerate hands DeepSpeed",
+        "sequence_parallel.py",
+        source={
+            REGISTER_ULYSSES: ("import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu", "return mpu")
+        },
+    ),
+    Seam("deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_rank", "this rank in it", "sequence_parallel.py"),
+    Seam(
+        "deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_world_size", "its size", "sequence_parallel.py"),
+    Seam(
+        "deepspeed", f"{PARALLEL_STATE_SP}._SEQUENCE_PARALLEL_GROUP",
+        "private module global, read to refuse a second sequence-parallel trainer in one process (DeepSpeed asserts "
+        "it is unset when it creates the groups)",
+        "sequence_parallel.py",
+        source={f"{PARALLEL_STATE_SP}.initialize_sequence_parallel": ("assert _SEQUENCE_PARALLEL_GROUP is None",)},
+    ),
+    Seam(
+        "deepspeed", "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF.register_with_transformers",
+        "wraps whichever registered attention the model runs (`core_attn_implementation`), and only in training mode "
+        "(`disable_in_eval`): the reference runs in training mode under Ulysses",
+        "trainer.py, forward.py", keywords=("core_attn_implementation", "seq_length_is_variable", "disable_in_eval"),
+    ),
+    Seam(
+        "deepspeed", "deepspeed.initialize", "wraps the offloaded reference in its own engine", "offload.py",
+        keywords=("model", "config"),
+    ),
+    Seam(
+        "deepspeed", "deepspeed.runtime.engine.DeepSpeedEngine.zero_offload_param",
+        "the engine's parameter offload settings (`.device`): the reference is checked to be offloaded", "offload.py",
+        parameters=("self",),
+    ),
+    Seam(
+        "deepspeed", "deepspeed.runtime.zero.partition_parameters",
+        "a ZeRO-3 parameter's shard is its `ds_tensor`: the reference's shards are checked to be in CPU memory",
+        "offload.py", source={"deepspeed.runtime.zero.partition_parameters": ("param.ds_tensor = ",)},
+    ),
+    Seam(
+        "deepspeed", "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs",
+        "DeepSpeed's ZeRO-3 estimator, called by keyword", "plan/memory.py",
+        keywords=(
+            "total_params", "largest_layer_params", "num_gpus_per_node", "num_nodes", "cpu_offload",
+            "cpu_offload_params", "zero_init",
+        ),
+    ),
+    Seam(
+        "deepspeed", "deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs",
+        "DeepSpeed's ZeRO-2 estimator, called by keyword", "plan/memory.py",
+        keywords=("total_params", "num_gpus_per_node", "num_nodes", "cpu_offload"),
+    ),
+]  # fmt: skip
+
+TORCH = [
+    Seam(
+        "torch", "torch.distributed.fsdp.fully_shard", "shards the reference, one unit per decoder layer", "fsdp.py",
+        parameters=("module",), keywords=("mesh", "reshard_after_forward", "mp_policy", "offload_policy"),
+    ),
+    Seam(
+        "torch", "torch.distributed.fsdp.CPUOffloadPolicy", "ref_offload under FSDP2", "fsdp.py",
+        keywords=("pin_memory",),
+    ),
+    Seam(
+        "torch", "torch.distributed.fsdp.MixedPrecisionPolicy", "the reference's default precision policy", "fsdp.py"
+    ),
+    Seam("torch", "torch.distributed.fsdp.FSDPModule", "recognizes a reference already sharded", "fsdp.py"),
+    Seam(
+        "torch", "torch.nn.attention.varlen.varlen_attn",
+        "PyTorch's varlen flash attention: its seven leading arguments passed by position; the keywords after them "
+        "are read from its signature at run time (attention.varlen_kernel_plan)",
+        "attention.py",
+        parameters=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"),
+    ),
+    Seam(
+        "torch", "torch.nn.functional.scaled_dot_product_attention",
+        "per-segment attention, with `scale` and `enable_gqa` by keyword", "attention.py",
+        check=Check(  # a builtin: no inspect.signature, its docstring opens with the signature
+            "a docstring signature with `scale` and `enable_gqa`",
+            lambda function: "scale=" in function.__doc__ and "enable_gqa=" in function.__doc__,
+        ),
+    ),
+]  # fmt: skip
+
+PEFT = [
+    Seam(
+        "peft", "peft.PeftModel.active_adapter", "`peft_config[active_adapter]` is the adapter trained",
+        "trainer.py", where="peft.PeftModel.__init__",
+        source={"peft.PeftModel.__init__": ("self.active_adapter = adapter_name",)},
+    ),
+    Seam("peft", "peft.PeftModel.get_base_model", "the model under the adapter", "trainer.py", parameters=("self",)),
+    Seam(
+        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "checks.py",
+        check=instance_of(property),
+    ),
+]  # fmt: skip
+
+SEAMS = TRL + TRANSFORMERS + ACCELERATE + DEEPSPEED + TORCH + PEFT
+
+
+# ---- checks ----
+
+
+def resolve(dotted: str) -> Any:
+    """The object `dotted` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and module_name.startswith(error.name) and cut > 1:
+                continue  # not a module: an attribute of a shorter prefix
+            raise
+        for depth, attribute in enumerate(parts[cut:], start=cut):
+            if not hasattr(obj, attribute):
+                raise AttributeError(f"`{'.'.join(parts[:depth])}` has no attribute `{attribute}`")
+            obj = inspect.getattr_static(obj, attribute) if inspect.isclass(obj) else getattr(obj, attribute)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def _callable_of(obj):
+    # A property's getter, a staticmethod's or classmethod's function: what signature and source are read from
+    if isinstance(obj, property):
+        return obj.fget
+    if isinstance(obj, (staticmethod, classmethod)):
+        return obj.__func__
+    return obj
+
+
+def _source(dotted: str) -> str:
+    return inspect.getsource(_callable_of(resolve(dotted)))
+
+
+def problems(seam: Seam) -> list[str]:
+    """What no longer holds of `seam` in the installed libraries (empty when all holds)."""
+    found = []
+    try:
+        obj = resolve(seam.where or seam.name)
+    except (ImportError, AttributeError) as error:
+        return [f"does not resolve ({error})"]
+    if seam.parameters or seam.keywords:
+        try:
+            names = list(inspect.signature(_callable_of(obj)).parameters)
+        except (TypeError, ValueError) as error:
+            return [f"has no readable signature ({error})"]
+        leading = names[: len(seam.parameters)]
+        if leading != list(seam.parameters):
+            found.append(f"parameters start {leading}, trl-padfree passes {list(seam.parameters)}")
+        missing = [name for name in seam.keywords if name not in names]
+        if missing:
+            found.append(f"has no parameter(s) {missing} (signature: {names})")
+    if seam.check is not None and not seam.check.holds(obj):
+        found.append(f"is not {seam.check.expects}: got {obj!r}"[:300])
+    for target, snippets in seam.source.items():
+        try:
+            source = _source(target)
+        except (ImportError, AttributeError, OSError, TypeError) as error:
+            found.append(f"cannot read the source of `{target}` ({error})")
+            continue
+        source = re.sub(r"\s+", " ", source)  # formatting changes are not seams
+        position = 0
+        for snippet in snippets:
+            at = source.find(re.sub(r"\s+", " ", snippet), position if seam.ordered else 0)
+            if at < 0:
+                found.append(
+                    f"`{target}` no longer contains `{snippet}`" + (" (in this order)" if seam.ordered else "")
+                )
+            elif seam.ordered:
+                position = at
+    return found
+
+
+@pytest.mark.parametrize("seam", SEAMS, ids=[seam.id for seam in SEAMS])
+def test_seam(seam: Seam):
+    if seam.library == "deepspeed":
+        pytest.importorskip("deepspeed")
+    found = problems(seam)
+    if found:
+        used_in = ", ".join(f"trl_padfree/{module.strip()}" for module in seam.used_in.split(","))
+        pytest.fail(
+            f"{seam.library} `{seam.name}` (used by {used_in}) "
+            + "; ".join(found)
+            + f". trl-padfree relies on: {seam.relied_on}",
+            pytrace=False,
+        )
+
+
+def test_every_seam_is_listed_once():
+    ids = [seam.id for seam in SEAMS]
+    assert len(ids) == len(set(ids)), sorted({id_ for id_ in ids if ids.count(id_) > 1})
+
+
+# ---- trl-padfree's own names on the subclass ----
+
+# TRL's and the Trainer's methods trl-padfree's DPOTrainer overrides on purpose, each a seam of the table above
+OVERRIDDEN = {
+    "__init__",
+    "_tag_names",
+    "_precompute_ref_logps",
+    "compute_ref_log_probs",
+    "compute_loss",
+    "prediction_step",
+    "log",
+    "get_train_dataloader",
+    "get_batch_samples",
+}
+
+
+def _instance_attributes(cls: type) -> set[str]:
+    """The `self.<name> =` assignments in the source of `cls`."""
+    return set(re.findall(r"self\.([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", inspect.getsource(cls)))
+
+
+def test_subclass_overrides_only_the_listed_seams():
+    """A name trl-padfree's DPOTrainer defines that TRL or the Trainer also defines must be a deliberate override
+    (listed above, and in the table); a TRL release that adds a method or attribute of the same name would otherwise
+    be shadowed, or shadow ours, without a sound."""
+    import trl
+
+    from trl_padfree import DPOTrainer
+
+    ours = set(vars(DPOTrainer)) | _instance_attributes(DPOTrainer)
+    ours -= {"__module__", "__doc__", "__qualname__", "__firstlineno__", "__static_attributes__", "__annotations__"}
+    theirs = {name for cls in trl.DPOTrainer.__mro__ if cls is not object for name in vars(cls)}
+    for cls in trl.DPOTrainer.__mro__:
+        if cls.__module__.startswith(("trl", "transformers")):
+            theirs |= _instance_attributes(cls)
+    # Attributes of TRL's that trl-padfree writes on purpose (seams of the table above)
+    written = {"_tp_size", "data_collator", "ref_model"}
+    shared = sorted(ours & theirs - OVERRIDDEN - written)
+    assert not shared, f"trl-padfree's DPOTrainer and TRL/transformers' both define {shared}: rename ours"
+    in_table = {seam.name.rsplit(".", 1)[-1] for seam in SEAMS if seam.library in ("trl", "transformers")}
+    assert not OVERRIDDEN - in_table, f"overrides missing from the table: {sorted(OVERRIDDEN - in_table)}"
+
+
+# ---- the fused LM head's output layout ----
+
+
+def test_trl_fused_lm_head_returns_the_layout_the_packed_forward_maps():
+    """forward.py maps the head's per-token outputs back by shape: `(rows, len - 1)` with `labels` (TRL shifts them),
+    `(rows, len)` with pre-shifted `shift_labels` (a split row's chunk), zero where the label is -100."""
+    import torch
+    from trl.trainer.utils import add_fused_lm_head
+
+    from trl_padfree.tiny import make_model
+
+    model = make_model("llama", num_hidden_layers=1)
+    add_fused_lm_head(model)
+    input_ids = torch.randint(4, 90, (1, 7))
+    labels = input_ids.masked_fill(torch.arange(7) < 2, -100)
+    with torch.no_grad():
+        shifted = model(input_ids=input_ids, labels=labels, fused_lm_head=True).log_probs
+        unshifted = model(input_ids=input_ids, shift_labels=labels, fused_lm_head=True).log_probs
+    assert shifted.shape == (1, 6) and unshifted.shape == (1, 7)
+    assert (shifted[0, :1] == 0).all() and (shifted[0, 1:] < 0).all()
+    assert (unshifted[0, :2] == 0).all() and (unshifted[0, 2:] < 0).all()
+
+
+# ---- hybrid models' mixers, by class name ----
+
+
+def test_mixer_classes_with_packed_kernels_are_transformers_classes():
+    """mixers.py picks the packed CUDA kernels of a stateful mixer by its class name; a class transformers renamed
+    would silently run per segment (still exact, slower). Read from the modeling files, not imported (seconds)."""
+    import pathlib
+
+    import transformers
+
+    from trl_padfree.mixers import PACKED_KERNEL_PACKAGES
+
+    defined = set()
+    for path in (pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"):
+        defined.update(re.findall(r"^class (\w+)\(", path.read_text(), flags=re.MULTILINE))
+    missing = sorted(set(PACKED_KERNEL_PACKAGES) - defined)
+    assert not missing, f"transformers no longer defines {missing} (trl_padfree/mixers.py PACKED_KERNEL_PACKAGES)"
