@@ -32,16 +32,7 @@ import pytest
 from trl_padfree.attention import CHUNKED_LAYER_TYPE
 from trl_padfree.checks import FLASH_VARLEN
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
-
-# TRL's metrics that are means over the pairs of a micro-batch: trl-padfree's PER_PAIR_METRICS, reweighed by pairs
-PER_PAIR_METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/accuracies",
-    "rewards/margins",
-    "logps/chosen",
-    "logps/rejected",
-)
+from trl_padfree.token_budget import PER_PAIR_METRICS  # TRL's metrics that token-budget batching reweighs by pairs
 
 
 @dataclass(frozen=True)
@@ -197,7 +188,7 @@ TRL = [
         "trl", "trl.DPOTrainer._metrics",
         "private: per-mode lists of per-micro-batch values; trl-padfree appends its padfree/* metrics and reweighs "
         "the per-pair means TRL appends (PER_PAIR_METRICS)",
-        "trainer.py", where=INIT,
+        "trainer.py, token_budget.py", where=INIT,
         source={
             INIT: ('self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}',),
             COMPUTE_LOSS: tuple(f'self._metrics[mode]["{key}"].append(' for key in PER_PAIR_METRICS),
@@ -207,13 +198,8 @@ TRL = [
         "trl", "trl.DPOTrainer._tp_size",
         "private: TRL divides its token count by it; multiplied by the sequence/context-parallel group size so "
         "tokens a group shares count once",
-        "trainer.py", where=INIT,
+        "row_split.py", where=INIT,
         source={INIT: ("self._tp_size =",), COMPUTE_LOSS: ("num_tokens_in_batch // self._tp_size",)},
-    ),
-    Seam(
-        "trl", "trl.DPOTrainer._tokenizer",
-        "private: the tokenizer TRL pads with (a processor's tokenizer), whose pad token fills the padded views",
-        "trainer.py", where=INIT, source={INIT: ("self._tokenizer = processing_class",)},
     ),
     Seam(
         "trl", "trl.DPOTrainer._is_vision_dataset", "private: set by TRL's `__init__`; vision datasets are refused",
@@ -479,14 +465,14 @@ ACCELERATE = [
         "accelerate", "accelerate.Accelerator.deepspeed_ulysses_dl_adapter",
         "replaced on the trainer's Accelerator (whole packed batches on every rank of a Ulysses group); the Trainer "
         "calls it with (dataloader, model)",
-        "trainer.py", parameters=("self", "dl", "model"),
+        "row_split.py", parameters=("self", "dl", "model"),
         source={"transformers.Trainer._prepare_for_training": ("self.accelerator.deepspeed_ulysses_dl_adapter(",)},
     ),
     Seam(
         "accelerate", "accelerate.Accelerator.gather",
         "replaced on the instance around TRL's loss (token budget: per-process lengths differ); TRL looks it up at "
         "call time",
-        "token_budget.py, trainer.py", parameters=("self", "tensor"),
+        "token_budget.py", parameters=("self", "tensor"),
         source={COMPUTE_LOSS: ("self.accelerator.gather(", "self.accelerator.gather_for_metrics(")},
     ),
     Seam(
@@ -494,7 +480,7 @@ ACCELERATE = [
         "token_budget.py", parameters=("self", "tensor"), keywords=("dim",),
     ),
     Seam(
-        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "trainer.py",
+        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "token_budget.py",
         parameters=("self", "tensor", "reduction"),
     ),
     Seam(

@@ -249,7 +249,9 @@ class DPOTrainer(trl.DPOTrainer):
                 "`padding_free=True` in the config, or use TRL's padded collator."
             )
         packed_batch = PackedBatch.from_collated(inputs)
-        padded = packed_batch.padded_inputs(self._tokenizer.pad_token_id)
+        # A processor pads with its tokenizer, as TRL's collator does
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        padded = packed_batch.padded_inputs(tokenizer.pad_token_id)
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             if key in inputs:
                 padded[key] = inputs[key]
