@@ -1,8 +1,9 @@
 """`trl-padfree plan`: units, DeepSpeed's estimators called as they are, the reference rules, the activation formula
-against the tensors autograd really saves, the 34B case, FSDP2 by hand and against accelerate's own sharding, and the
-command line."""
+against the tensors autograd really saves, the 34B case, FSDP2 by hand and against accelerate's own sharding, context
+parallelism by hand, and the command line."""
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -504,6 +505,75 @@ def test_fsdp2_units_and_dtypes_are_accelerates(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Context parallelism: C GPUs share each row, each runs T / C tokens and gathers the whole row's keys and values
+
+
+def test_context_parallel_activations_and_row_buffers_of_34b_by_hand(tmp_path):
+    shape = load_model_shape(write_config(tmp_path, **YI_34B))
+    row, kv, layers = 65536, 8 * 128, 60
+    whole_row = Setup(tokens=row)
+    shared = estimate(shape, Setup(tokens=row, context_parallel_size=4))
+    # Everything but attention runs on the GPU's 16384 tokens: the activation estimate of 16384 tokens
+    assert shared.activations_gpu == activation_memory(shape, Setup(tokens=16384))
+    # The row's keys and values, 2 x 65536 x 1024 x 2 bytes = 256 MiB: gathered, indexed for the kernel, gradients
+    row_kv = 2 * row * kv * 2
+    assert row_kv == 256 * 2**20 and shared.context_parallel_gpu == 3 * row_kv
+    # The model states do not change: ZeRO partitions over every GPU, whatever shares the rows
+    alone = estimate(shape, whole_row)
+    assert (shared.policy_gpu, shared.reference_gpu, shared.cpu_total) == (
+        alone.policy_gpu,
+        alone.reference_gpu,
+        alone.cpu_total,
+    )
+    assert shared.gpu_total == shared.policy_gpu + shared.reference_gpu + shared.activations_gpu + 3 * row_kv + 3 * GiB
+    assert alone.context_parallel_gpu == 0 and alone.gpu_total - shared.gpu_total > 3 * GiB  # 14.3 vs 6.8 GiB
+    # Without checkpointing every layer keeps its copies until its backward: L + 2 row buffers
+    unchecked = estimate(shape, Setup(tokens=row, context_parallel_size=4, activation_checkpointing=False))
+    assert unchecked.context_parallel_gpu == (layers + 2) * row_kv
+    # A row that is no multiple of the group is padded to one: 16385 tokens each, a row of 65540
+    padded = estimate(shape, Setup(tokens=row + 1, context_parallel_size=4))
+    assert padded.activations_gpu == activation_memory(shape, Setup(tokens=16385))
+    assert padded.context_parallel_gpu == 3 * 2 * 65540 * kv * 2
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [dict(zero_stage=3), dict(zero_stage=3, offload_optimizer=True, offload_param=True), dict(zero_stage=2),
+     dict(zero_stage=0), FSDP2, dict(fsdp_offload_params=True, **FSDP2)],
+    ids=["zero3", "zero3-offload", "zero2", "ddp", "fsdp2", "fsdp2-offload"],
+)  # fmt: skip
+def test_context_parallel_under_every_engine_adds_the_same_buffers(tmp_path, engine):
+    shape = load_model_shape(write_config(tmp_path, **YI_34B))
+    alone, shared = (estimate(shape, Setup(nodes=2, context_parallel_size=size, **engine)) for size in (1, 16))
+    assert shared.context_parallel_gpu == 3 * 2 * 8192 * 1024 * 2  # the default 8192-token row, across two nodes
+    assert shared.activations_gpu == activation_memory(shape, Setup(tokens=512))
+    assert (shared.policy_gpu, shared.reference_gpu) == (alone.policy_gpu, alone.reference_gpu)
+
+
+def test_context_parallel_without_a_layer_shape_is_not_estimated():
+    result = estimate(ModelShape("count only", 10**9, 10**7), Setup(context_parallel_size=2))
+    assert result.activations_gpu is None and result.context_parallel_gpu is None
+    assert result.gpu_total == result.policy_gpu + result.reference_gpu + result.reserve_gpu
+
+
+def test_context_parallel_in_the_report_and_the_json(tmp_path, capsys):
+    config = write_config(tmp_path, **YI_34B)
+    plan = plan_json(tmp_path, config, "--tokens", "65536", "--context-parallel", "4", "--reference", "precompute")
+    assert plan["setup"]["context_parallel_size"] == 4 and plan["setup"]["tokens"] == 65536
+    assert plan["estimate"]["context_parallel_gpu"] == 3 * 2 * 65536 * 1024 * 2
+    printed = capsys.readouterr().out
+    assert "65536 tokens per micro-batch row, 16384 on each of 4 GPUs (context parallelism)" in printed
+    assert "activations of 16384 tokens, 1/4 of the row (estimate)" in printed
+    assert re.search(r"context-parallel K/V buffers of the whole row \(estimate\) +0\.8\n", printed)
+    assert "Note: Context parallelism: each GPU runs 16384 of the row's tokens" in printed
+    # Without it the report is as before: no buffer line, and 0 bytes in the JSON
+    plan = plan_json(tmp_path, config, "--tokens", "65536", "--reference", "precompute")
+    assert plan["setup"]["context_parallel_size"] == 1 and plan["estimate"]["context_parallel_gpu"] == 0
+    printed = capsys.readouterr().out
+    assert "context-parallel" not in printed.lower() and "65536 tokens per micro-batch;" in printed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -526,6 +596,7 @@ def test_tiny_config_fits_and_json_schema(tmp_path):
         "policy_gpu",
         "reference_gpu",
         "activations_gpu",
+        "context_parallel_gpu",
         "reserve_gpu",
         "gpu_total",
         "gpu_memory",
@@ -562,6 +633,10 @@ def test_parameter_count_plans_without_activations(tmp_path, capsys):
         (["34B", "--fsdp2", "--offload-optimizer"], "under --fsdp2 use --fsdp2-offload-params"),
         (["34B", "--fsdp2", "--offload-param", "--offload-optimizer"], "under --fsdp2 use --fsdp2-offload-params"),
         (["34B", "--fsdp2-offload-params"], "--fsdp2-offload-params needs --fsdp2"),
+        (["34B", "--context-parallel", "0"], "--context-parallel must be at least 1"),
+        (["34B", "--context-parallel", "3"], "--context-parallel 3 must divide the number of GPUs, 8"),
+        (["34B", "--fsdp2", "--gpus-per-node", "4", "--context-parallel", "8"], "must divide the number of GPUs, 4"),
+        (["34B", "--context-parallel", "two"], "--context-parallel"),
         (["34B", "--fsdp2"], "instead of a parameter count"),  # FSDP2 needs the decoder layers' size
         (["34B", "--zero-stage", "2", "--offload-param", "--offload-optimizer"], "--offload-param"),
         (["34B", "--zero-stage", "2", "--precision", "fp32"], "bf16"),

@@ -74,8 +74,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=count,
         default=8192,
         metavar="T",
-        help="per micro-batch and GPU: the chosen + rejected tokens of all its pairs, at most pairs x 2 x max_length "
+        help="per micro-batch: the chosen + rejected tokens of all its pairs, packed in one row, at most pairs x 2 x "
+        "max_length; with --context-parallel N still the whole row, each GPU of a group running 1/N of it "
         "(default: 8192)",
+    )
+    parser.add_argument(
+        "--context-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="context_parallel_size: groups of N consecutive GPUs share each packed row, attention gathering the "
+        "row's keys and values; N must divide the number of GPUs (default: 1, none)",
     )
     parser.add_argument(
         "--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True, help="default: on"
@@ -121,6 +130,7 @@ def run(options: argparse.Namespace) -> int:
         precision=options.precision,
         reference=options.reference,
         tokens=options.tokens,
+        context_parallel_size=options.context_parallel,
         activation_checkpointing=options.activation_checkpointing,
         reserve=options.reserve,
         cpu_memory=options.cpu_memory,

@@ -1,11 +1,14 @@
 """Setup and estimates: the memory a DPO run needs, per GPU and per node of CPU memory.
 
-Per GPU, four parts are added up and compared with the GPU's memory:
+Per GPU, these parts are added up and compared with the GPU's memory:
 
     policy states   weights, gradients, Adam states: DeepSpeed's own estimators (ZeRO-1/2/3), 16 bytes/param at stage 0,
                     or FSDP2's shards and gathered layers (`fsdp2`)
     reference       the frozen reference model, which DeepSpeed's estimators leave out
-    activations     an estimate for one policy forward and backward of a packed micro-batch of T tokens
+    activations     an estimate for one policy forward and backward of a packed micro-batch of T tokens (of its
+                    T / C tokens per GPU when C GPUs share the row: `context_parallel`)
+    K/V buffers     with context parallelism, the whole row's keys and values that attention gathers
+                    (`context_parallel`)
     reserve         a fixed allowance for the CUDA context, NCCL and DeepSpeed buffers, fragmentation
 
 Per node, CPU memory adds DeepSpeed's CPU estimate (or FSDP2's offloaded shards) for the policy and the offloaded
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE as LOGITS_TILE_TOKENS
 from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as LOGITS_TILE_VOCAB
 
-from . import fsdp2
+from . import context_parallel, fsdp2
 from .shapes import ModelShape
 from .units import BYTES_PER_PARAM, GiB
 
@@ -50,7 +53,8 @@ class Setup:
     fsdp_offload_params: bool = False  # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer states on CPU
     precision: str = "bf16"
     reference: str = "gpu"  # "gpu", "offload" (ref_offload=True) or "precompute" (precompute_ref_log_probs=True)
-    tokens: int = 8192  # per micro-batch and GPU: chosen + rejected of all pairs, packed in one row
+    tokens: int = 8192  # per micro-batch: chosen + rejected of all pairs, packed in one row
+    context_parallel_size: int = 1  # GPUs sharing each row (context_parallel_size): each runs tokens / this many
     activation_checkpointing: bool = True
     reserve: int = DEFAULT_RESERVE
     cpu_memory: int | None = None  # per node; None: not checked
@@ -74,6 +78,8 @@ def check_setup(setup: Setup, shape: ModelShape) -> None:
         raise ValueError("--gpus-per-node, --nodes, --tokens and --gpu-memory must be positive.")
     if setup.precision not in BYTES_PER_PARAM or setup.reference not in REFERENCE_PLACES:
         raise ValueError(f"--precision must be one of {list(BYTES_PER_PARAM)}, --reference one of {REFERENCE_PLACES}.")
+    # Under every engine: ZeRO and FSDP2 shard over all GPUs whatever the groups sharing rows
+    context_parallel.check_context_parallel(setup)
     if setup.fsdp2:
         check_fsdp2_setup(setup, shape)
     else:
@@ -230,7 +236,9 @@ def layer_activation_bytes_per_token(shape: ModelShape, precision: str) -> int:
 
 
 def activation_memory(shape: ModelShape, setup: Setup) -> int | None:
-    """An estimate of the activation memory of one policy forward and backward over T packed tokens, per GPU.
+    """An estimate of the activation memory of one policy forward and backward over T packed tokens, per GPU. With
+    context parallelism T is the GPU's chunk of the row (`context_parallel.local_tokens`): everything but attention runs
+    on it, and `context_parallel.buffer_bytes` adds what attention holds of the whole row.
 
     With L layers and `layer` = `layer_activation_bytes_per_token` x T:
         checkpointing on    L x b x h x T (each layer's input) + 2 x layer (one layer recomputed, its backward)
@@ -241,7 +249,7 @@ def activation_memory(shape: ModelShape, setup: Setup) -> int | None:
     """
     if shape.no_activations_reason is not None:
         return None
-    b, h, tokens = BYTES_PER_PARAM[setup.precision], shape.hidden_size, setup.tokens
+    b, h, tokens = BYTES_PER_PARAM[setup.precision], shape.hidden_size, context_parallel.local_tokens(setup)
     layer = layer_activation_bytes_per_token(shape, setup.precision) * tokens
     if setup.activation_checkpointing:
         layers = shape.num_layers * b * h * tokens + 2 * layer
@@ -259,6 +267,7 @@ class Estimate:
     policy_gpu: int
     reference_gpu: int
     activations_gpu: int | None  # None: not estimated, counted as 0
+    context_parallel_gpu: int | None  # the whole row's K/V buffers; 0 without context parallelism, None: not estimated
     reserve_gpu: int
     gpu_total: int
     gpu_memory: int
@@ -279,12 +288,14 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     policy_gpu, policy_cpu = policy_states(shape, setup)
     reference_gpu, reference_cpu = reference_memory(shape, setup)
     activations = activation_memory(shape, setup)
-    gpu_total = policy_gpu + reference_gpu + (activations or 0) + setup.reserve
+    row_buffers = context_parallel.buffer_bytes(shape, setup)
+    gpu_total = policy_gpu + reference_gpu + (activations or 0) + (row_buffers or 0) + setup.reserve
     cpu_total = policy_cpu + reference_cpu
     return Estimate(
         policy_gpu=policy_gpu,
         reference_gpu=reference_gpu,
         activations_gpu=activations,
+        context_parallel_gpu=row_buffers,
         reserve_gpu=setup.reserve,
         gpu_total=gpu_total,
         gpu_memory=setup.gpu_memory,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from . import fsdp2
+from . import context_parallel, fsdp2
 from .memory import Estimate, Setup
 from .search import Plan
 from .shapes import ModelShape
@@ -25,11 +25,16 @@ def _setup_lines(setup: Setup) -> list[str]:
         offload = "parameters, gradients and optimizer" if setup.fsdp_offload_params else ""
     reference = {"gpu": "on the GPUs", "offload": "offloaded to CPU", "precompute": "precomputed"}[setup.reference]
     checkpointing = "on" if setup.activation_checkpointing else "off"
+    tokens = f"{setup.tokens} tokens per micro-batch"
+    if setup.context_parallel_size > 1:
+        tokens = (
+            f"{setup.tokens} tokens per micro-batch row, {context_parallel.local_tokens(setup)} on each of "
+            f"{setup.context_parallel_size} GPUs (context parallelism)"
+        )
     return [
         f"{_plural(setup.nodes, 'node')} x {_plural(setup.gpus_per_node, 'GPU')} of {gib(setup.gpu_memory)} GiB; {stage}, "
         f"{'offload ' + offload if offload else 'no offload'}; {setup.precision}; reference {reference}",
-        f"{setup.tokens} tokens per micro-batch; activation checkpointing {checkpointing}; "
-        f"reserve {gib(setup.reserve)} GiB per GPU",
+        f"{tokens}; activation checkpointing {checkpointing}; reserve {gib(setup.reserve)} GiB per GPU",
     ]
 
 
@@ -110,11 +115,21 @@ def memory_table(setup: Setup, result: Estimate) -> list[str]:
     """The per-GPU and per-node CPU parts of `result`, one per line, in GiB."""
     labels = _fsdp2_labels(setup) if setup.fsdp2 else _labels(setup)
     activations = "not estimated" if result.activations_gpu is None else "estimate"
+    tokens = f"{setup.tokens} tokens"
+    if setup.context_parallel_size > 1:
+        tokens = f"{context_parallel.local_tokens(setup)} tokens, 1/{setup.context_parallel_size} of the row"
     rows = [
         ("Per GPU", "GiB", ""),
         (f"  policy: weights, gradients, Adam ({labels['policy']})", gib(result.policy_gpu), ""),
         (f"  reference model ({labels['reference']})", gib(result.reference_gpu), ""),
-        (f"  activations of {setup.tokens} tokens ({activations})", gib(result.activations_gpu), ""),
+        (f"  activations of {tokens} ({activations})", gib(result.activations_gpu), ""),
+    ]
+    if setup.context_parallel_size > 1:
+        buffers = "not estimated" if result.context_parallel_gpu is None else "estimate"
+        rows.append(
+            (f"  context-parallel K/V buffers of the whole row ({buffers})", gib(result.context_parallel_gpu), "")
+        )
+    rows += [
         ("  reserve (CUDA context, NCCL, buffers)", gib(result.reserve_gpu), ""),
         ("  total", gib(result.gpu_total), _against(result.gpu_memory, result.gpu_fits)),
         ("Per node, CPU", "", ""),

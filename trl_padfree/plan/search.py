@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
-from . import fsdp2
+from . import context_parallel, fsdp2
 from .memory import Estimate, Setup, estimate
 from .shapes import ModelShape
 from .units import gib
@@ -186,11 +186,24 @@ def plan_notes(shape: ModelShape, setup: Setup) -> list[str]:
         notes.append(
             "Activations are an estimate (formula in docs/memory-planning.md), assuming varlen flash attention."
         )
+        if setup.context_parallel_size > 1:
+            notes.append(context_parallel_note(shape, setup))
     if shape.largest_layer_params is None and not setup.fsdp2:
         notes.append("ZeRO-3 not planned: it needs the largest layer's size (--largest-layer, or a config).")
     if setup.cpu_memory is None:
         notes.append("CPU memory not checked: pass --cpu-memory (per node).")
     return notes
+
+
+def context_parallel_note(shape: ModelShape, setup: Setup) -> str:
+    """What the context-parallel K/V buffers are made of."""
+    kept = "" if setup.activation_checkpointing else ", and the copies each other layer keeps for its backward"
+    return (
+        f"Context parallelism: each GPU runs {context_parallel.local_tokens(setup)} of the row's tokens; attention "
+        f"gathers the whole row's keys and values, {gib(context_parallel.row_buffer_bytes(shape, setup))} GiB, and "
+        f"{context_parallel.row_buffers(shape, setup)} such buffers are counted (a layer's backward builds the row's "
+        f"gradient from two zero-filled row-sized halves{kept})."
+    )
 
 
 def fsdp2_notes(shape: ModelShape, setup: Setup) -> list[str]:
