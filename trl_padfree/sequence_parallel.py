@@ -64,10 +64,12 @@ class _GatherChunks(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
         size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        if dist.get_backend(ctx.group) == "gloo":  # gloo has no reduce-scatter: sum everything, keep this chunk
-            dist.all_reduce(grad, group=ctx.group)
-            return grad.chunk(size, dim=ctx.dim)[rank].contiguous(), None, None
         chunks = [chunk.contiguous() for chunk in grad.chunk(size, dim=ctx.dim)]
+        if dist.get_backend(ctx.group) == "gloo":
+            # gloo has no reduce-scatter: each rank's chunk from every rank (the same bytes), then their sum
+            received = [torch.empty_like(chunks[rank]) for _ in range(size)]
+            dist.all_to_all(received, chunks, group=ctx.group)
+            return torch.stack(received).sum(0), None, None
         mine = torch.empty_like(chunks[rank])
         dist.reduce_scatter(mine, chunks, group=ctx.group)
         return mine, None, None
