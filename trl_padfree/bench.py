@@ -9,7 +9,7 @@ report the speedup over `padfree_varlen` on the same batches.
 
 Length distributions (token counts; content is random token ids, which does not change the cost):
 - `ultrafeedback`: single-turn chat, short prompts; `capybara`: multi-turn, long prompts. Lognormal models fitted to
-  published statistics of those datasets (`trl_padfree.data.generate`, sources in docs/data.md).
+  published statistics of those datasets (`trl_padfree.data.length_models`, sources in docs/data.md).
 - `shipped`: the exact lengths of the preference data shipped in the package, tokenized as TRL does.
 """
 
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from .config import DPOConfig
 from .data import load_demo_dataset, load_demo_tokenizer
-from .data.generate import MULTI_TURN, SINGLE_TURN, LengthModel
+from .data.length_models import MULTI_TURN, SINGLE_TURN, LengthModel
 from .tiny import DEMO_MODEL_SIZES, make_demo_model, make_model
 from .trainer import DPOTrainer
 
