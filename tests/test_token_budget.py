@@ -12,7 +12,7 @@ from trainer_utils import make_trainer, train_losses
 from transformers import TrainerCallback
 
 from trl_padfree import DPOConfig
-from trl_padfree.bench import _shipped_lengths
+from trl_padfree.bench_harness import shipped_lengths
 from trl_padfree.token_budget import TokenBudgetBatchSampler, pack_window, pair_tokens, split_to_multiple
 
 _rng = random.Random(0)
@@ -67,7 +67,7 @@ def test_pair_tokens_cut_each_sequence_like_the_collator():
 
 def test_fill_ratio_on_the_shipped_data(capsys):
     """Reported, not a speed claim: how full token-budget rows are on the shipped pairs."""
-    lengths = [pair_tokens(prompt, chosen, rejected, 1024) for prompt, chosen, rejected in _shipped_lengths()]
+    lengths = [pair_tokens(prompt, chosen, rejected, 1024) for prompt, chosen, rejected in shipped_lengths()]
     for budget in (2048, 4096, 8192):
         fill = TokenBudgetBatchSampler(lengths, budget, seed=0).fill_ratio()
         with capsys.disabled():

@@ -16,10 +16,17 @@ import argparse
 import random
 from dataclasses import dataclass
 
-import torch
 from tqdm.auto import tqdm
 
-from .bench import PeakMemory, _device_name, make_batches, make_bench_trainer, timed_step
+from .bench_harness import (
+    PeakMemory,
+    bench_device,
+    device_name,
+    format_peak_mb,
+    make_batches,
+    make_bench_trainer,
+    timed_step,
+)
 from .data import load_demo_tokenizer
 from .token_budget import TokenBudgetBatchSampler, pair_tokens
 
@@ -49,7 +56,7 @@ def batching_schemes(
     pairs: list[dict], pairs_per_batch: int, seed: int
 ) -> tuple[list[list[dict]], list[list[dict]], int]:
     """The fixed micro-batches, the token-budget ones, and the budget (the longest fixed row)."""
-    lengths = [pair_tokens(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"]), None) for p in pairs]
+    lengths = [_pair_tokens(pair) for pair in pairs]
     fixed = [
         list(range(start, min(start + pairs_per_batch, len(pairs)))) for start in range(0, len(pairs), pairs_per_batch)
     ]
@@ -59,8 +66,14 @@ def batching_schemes(
     return to_pairs(fixed), to_pairs(budgeted), budget
 
 
-def _row_length(batch: list[dict]) -> int:
-    return sum(pair_tokens(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"]), None) for p in batch)
+def _pair_tokens(pair: dict) -> int:
+    # The bench's pairs arrive truncated: no max_length
+    return pair_tokens(len(pair["prompt_ids"]), len(pair["chosen_ids"]), len(pair["rejected_ids"]), None)
+
+
+def row_length(batch: list[dict]) -> int:
+    """Tokens of the packed row a micro-batch of tokenized pairs makes."""
+    return sum(_pair_tokens(pair) for pair in batch)
 
 
 def bench_batching_distribution(distribution: str, trainer, options: argparse.Namespace, device) -> BatchingRow:
@@ -84,14 +97,14 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
                     peaks[name] = max(peaks[name] or 0.0, peak)
                 progress.update()
     progress.close()
-    real_tokens = sum(_row_length(batch) for batch in fixed) * REPEATS
+    real_tokens = sum(row_length(batch) for batch in fixed) * REPEATS
     fill = {
-        name: sum(_row_length(batch) for batch in batches) / (len(batches) * budget)
+        name: sum(row_length(batch) for batch in batches) / (len(batches) * budget)
         for name, batches in schemes.items()
     }
     return BatchingRow(
         distribution=distribution,
-        device=_device_name(device),
+        device=device_name(device),
         model=options.model,
         pairs=len(pairs),
         pairs_per_batch=options.pairs_per_batch,
@@ -109,8 +122,7 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
 
 
 def run_batching_bench(options: argparse.Namespace) -> list[BatchingRow]:
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = bench_device(options.device)
     trainer = make_bench_trainer(options.model, "padfree_varlen", device, dtype)
     return [bench_batching_distribution(name, trainer, options, device) for name in options.distributions]
 
@@ -123,10 +135,7 @@ def format_batching_table(rows: list[BatchingRow]) -> str:
     )
     lines = [header, "|" + "---|" * 13]
     for row in rows:
-        peaks = [
-            f"{value:,.0f}" if value is not None else "n/a"
-            for value in (row.fixed_peak_mem_mb, row.budget_peak_mem_mb)
-        ]
+        peaks = [format_peak_mb(value) for value in (row.fixed_peak_mem_mb, row.budget_peak_mem_mb)]
         lines.append(
             f"| {row.distribution} | {row.pairs} | {row.pairs_per_batch} | {row.budget_tokens:,} | "
             f"{row.fixed_steps_per_epoch} | {row.budget_steps_per_epoch} | {row.fixed_tokens_per_s:,.0f} | "
