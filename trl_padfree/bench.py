@@ -36,6 +36,7 @@ from .bench_harness import (
     timed_step,
 )
 from .data import load_demo_tokenizer
+from .forward import PackedBatch
 from .tiny import DEMO_MODEL_SIZES
 from .trainer import DPOTrainer
 
@@ -117,7 +118,9 @@ def bench_distribution(
     padded_step = seconds[None] / len(measured)
     rows = []
     for mode in modes[1:]:
-        row_tokens = sum(_row_tokens(trainers[mode].data_collator(batch)) for batch in measured)
+        row_tokens = sum(
+            PackedBatch.from_collated(trainers[mode].data_collator(batch)).real_row_tokens for batch in measured
+        )
         padfree_step = seconds[mode] / len(measured)
         speedup = padded_step / padfree_step
         ideal = padded_tokens / row_tokens
@@ -146,11 +149,6 @@ def bench_distribution(
             row.ideal_speedup_over_unshared = real_tokens / row_tokens
         rows.append(row)
     return rows
-
-
-def _row_tokens(batch: dict) -> int:
-    # Every pair lays out two segments, shared or not: the row's real tokens end where the last one does
-    return int(batch["cu_seq_lens_q"][len(batch["seq_lens"])])
 
 
 def available_backends(device: torch.device, requested: list[str] | None) -> list[str]:
