@@ -13,7 +13,8 @@ from transformers import TrainerCallback
 
 from trl_padfree import DPOConfig
 from trl_padfree.bench_harness import shipped_lengths
-from trl_padfree.token_budget import TokenBudgetBatchSampler, pack_window, pair_tokens, split_to_multiple
+from trl_padfree.packing import pair_tokens
+from trl_padfree.token_budget import TokenBudgetBatchSampler, pack_window, split_to_multiple
 
 _rng = random.Random(0)
 LENGTHS = [_rng.randint(20, 700) for _ in range(500)]  # tokens per pair
@@ -58,11 +59,6 @@ def test_micro_batch_count_is_a_multiple_of_the_processes():
     assert split_to_multiple([[0, 1, 2], [3]], [5, 5, 5, 5], 3) == [[0, 2], [3], [1]]
     with pytest.raises(ValueError, match="micro-batches of one pair each, which cannot be shared evenly by 2"):
         split_to_multiple([[0], [1], [2]], [5, 5, 5], 2)
-
-
-def test_pair_tokens_cut_each_sequence_like_the_collator():
-    assert pair_tokens(10, 5, 7, None) == 32
-    assert pair_tokens(10, 5, 7, 12) == 24  # 15 -> 12, 17 -> 12
 
 
 def test_fill_ratio_on_the_shipped_data(capsys):

@@ -28,7 +28,8 @@ from .bench_harness import (
     timed_step,
 )
 from .data import load_demo_tokenizer
-from .token_budget import TokenBudgetBatchSampler, pair_tokens
+from .packing import pair_tokens
+from .token_budget import TokenBudgetBatchSampler
 
 REPEATS = 2
 
