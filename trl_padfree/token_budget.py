@@ -150,10 +150,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         for number in order:
             yield list(self.bins[number])
 
-    def fill_ratio(self) -> float:
-        """Real tokens over budget, across all micro-batches."""
-        return sum(self.lengths) / (len(self.bins) * self.budget)
-
 
 def gather_uneven(gather, pad_across_processes, tensor):
     """`accelerator.gather` for per-pair tensors whose length differs between processes (micro-batches hold
