@@ -27,13 +27,13 @@ from .bench_budget import format_batching_table, run_batching_bench
 from .bench_harness import (
     DISTRIBUTIONS,
     MODEL_SHAPES,
-    PeakMemory,
+    StepTimer,
     bench_device,
     device_name,
     format_peak_mb,
     make_batches,
     make_bench_trainer,
-    timed_step,
+    markdown_table,
 )
 from .data import load_demo_tokenizer
 from .forward import PackedBatch
@@ -97,18 +97,14 @@ def bench_distribution(
         distribution, options.batches + 1, options.pairs_per_batch, options.max_length, vocab_size, options.seed
     )
     warmup, measured = batches[0], batches[1:]
-    memory = PeakMemory(device)
     modes = list(trainers)
+    timer = StepTimer(device, modes)
     for mode in modes:
-        timed_step(trainers[mode], warmup, memory)
-    seconds = {mode: 0.0 for mode in modes}
-    peaks: dict[str | None, float | None] = {mode: None for mode in modes}
+        timer.warm_up(trainers[mode], warmup)
     for index, batch in enumerate(tqdm(measured, desc=distribution, unit="batch", leave=False)):
         for mode in modes if index % 2 == 0 else reversed(modes):
-            step_seconds, peak = timed_step(trainers[mode], batch, memory)
-            seconds[mode] += step_seconds
-            if peak is not None:
-                peaks[mode] = max(peaks[mode] or 0.0, peak)
+            timer.step(mode, trainers[mode], batch)
+    seconds, peaks = timer.seconds, timer.peaks
 
     padded_collator = trainers[None].data_collator
     padded_mode_real = sum(int(padded_collator(batch)["attention_mask"].sum()) for batch in measured)
@@ -178,17 +174,39 @@ def run_bench(options: argparse.Namespace) -> list[BenchRow]:
 # Report
 
 
+TABLE_COLUMNS = (
+    "distribution",
+    "backend",
+    "padded s/step",
+    "padding-free s/step",
+    "speedup",
+    "ideal",
+    "of ideal",
+    "peak MB padded",
+    "peak MB padding-free",
+    "real tokens/s",
+    "sharing vs unshared (ideal)",
+)
+
+
 def format_table(rows: list[BenchRow]) -> str:
-    header = "| distribution | backend | padded s/step | padding-free s/step | speedup | ideal | of ideal | peak MB padded | peak MB padding-free | real tokens/s | sharing vs unshared (ideal) |"
-    lines = [header, "|" + "---|" * 11]
-    for row in rows:
-        memory = [format_peak_mb(value) for value in (row.padded_peak_mem_mb, row.padfree_peak_mem_mb)]
-        lines.append(
-            f"| {row.distribution} | {row.backend} | {row.padded_step_s:.3f} | {row.padfree_step_s:.3f} | "
-            f"{row.speedup:.2f}x | {row.ideal_speedup:.2f}x | {row.fraction_of_ideal:.0%} | {memory[0]} | {memory[1]} | "
-            f"{row.real_tokens_per_s:,.0f} | {_sharing_cell(row)} |"
-        )
-    return "\n".join(lines)
+    cells = (
+        [
+            row.distribution,
+            row.backend,
+            f"{row.padded_step_s:.3f}",
+            f"{row.padfree_step_s:.3f}",
+            f"{row.speedup:.2f}x",
+            f"{row.ideal_speedup:.2f}x",
+            f"{row.fraction_of_ideal:.0%}",
+            format_peak_mb(row.padded_peak_mem_mb),
+            format_peak_mb(row.padfree_peak_mem_mb),
+            f"{row.real_tokens_per_s:,.0f}",
+            _sharing_cell(row),
+        ]
+        for row in rows
+    )
+    return markdown_table(TABLE_COLUMNS, cells)
 
 
 def _sharing_cell(row: BenchRow) -> str:

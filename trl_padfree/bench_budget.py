@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from .bench_harness import (
-    PeakMemory,
+    StepTimer,
     bench_device,
     device_name,
     format_peak_mb,
     make_batches,
     make_bench_trainer,
-    timed_step,
+    markdown_table,
 )
 from .data import load_demo_tokenizer
 from .packing import pair_tokens
@@ -84,20 +84,16 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
     random.Random(options.seed).shuffle(pairs)
     fixed, budgeted, budget = batching_schemes(pairs, options.pairs_per_batch, options.seed)
     schemes = {"fixed": fixed, "budget": budgeted}
-    memory = PeakMemory(device)
-    timed_step(trainer, fixed[0], memory)  # warm-up
-    seconds = dict.fromkeys(schemes, 0.0)
-    peaks: dict[str, float | None] = dict.fromkeys(schemes)
+    timer = StepTimer(device, schemes)
+    timer.warm_up(trainer, fixed[0])
     progress = tqdm(total=REPEATS * (len(fixed) + len(budgeted)), desc=distribution, unit="batch", leave=False)
     for repeat in range(REPEATS):
         for name in schemes if repeat % 2 == 0 else reversed(list(schemes)):
             for batch in schemes[name]:
-                step_seconds, peak = timed_step(trainer, batch, memory)
-                seconds[name] += step_seconds
-                if peak is not None:
-                    peaks[name] = max(peaks[name] or 0.0, peak)
+                timer.step(name, trainer, batch)
                 progress.update()
     progress.close()
+    seconds, peaks = timer.seconds, timer.peaks
     real_tokens = sum(row_length(batch) for batch in fixed) * REPEATS
     fill = {
         name: sum(row_length(batch) for batch in batches) / (len(batches) * budget)
@@ -128,19 +124,40 @@ def run_batching_bench(options: argparse.Namespace) -> list[BatchingRow]:
     return [bench_batching_distribution(name, trainer, options, device) for name in options.distributions]
 
 
+TABLE_COLUMNS = (
+    "distribution",
+    "pairs",
+    "fixed: pairs/batch",
+    "budget tokens",
+    "steps/epoch fixed",
+    "steps/epoch budget",
+    "tokens/s fixed",
+    "tokens/s budget",
+    "speedup",
+    "row fill fixed",
+    "row fill budget",
+    "peak MB fixed",
+    "peak MB budget",
+)
+
+
 def format_batching_table(rows: list[BatchingRow]) -> str:
-    header = (
-        "| distribution | pairs | fixed: pairs/batch | budget tokens | steps/epoch fixed | steps/epoch budget | "
-        "tokens/s fixed | tokens/s budget | speedup | row fill fixed | row fill budget | peak MB fixed | "
-        "peak MB budget |"
+    cells = (
+        [
+            row.distribution,
+            str(row.pairs),
+            str(row.pairs_per_batch),
+            f"{row.budget_tokens:,}",
+            str(row.fixed_steps_per_epoch),
+            str(row.budget_steps_per_epoch),
+            f"{row.fixed_tokens_per_s:,.0f}",
+            f"{row.budget_tokens_per_s:,.0f}",
+            f"{row.speedup:.2f}x",
+            f"{row.fixed_fill:.2f}",
+            f"{row.budget_fill:.2f}",
+            format_peak_mb(row.fixed_peak_mem_mb),
+            format_peak_mb(row.budget_peak_mem_mb),
+        ]
+        for row in rows
     )
-    lines = [header, "|" + "---|" * 13]
-    for row in rows:
-        peaks = [format_peak_mb(value) for value in (row.fixed_peak_mem_mb, row.budget_peak_mem_mb)]
-        lines.append(
-            f"| {row.distribution} | {row.pairs} | {row.pairs_per_batch} | {row.budget_tokens:,} | "
-            f"{row.fixed_steps_per_epoch} | {row.budget_steps_per_epoch} | {row.fixed_tokens_per_s:,.0f} | "
-            f"{row.budget_tokens_per_s:,.0f} | {row.speedup:.2f}x | {row.fixed_fill:.2f} | {row.budget_fill:.2f} | "
-            f"{peaks[0]} | {peaks[1]} |"
-        )
-    return "\n".join(lines)
+    return markdown_table(TABLE_COLUMNS, cells)

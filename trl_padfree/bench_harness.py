@@ -14,7 +14,9 @@ import gc
 import platform
 import random
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -215,6 +217,24 @@ def timed_step(trainer: DPOTrainer, batch: list[dict], memory: PeakMemory) -> tu
     return seconds, memory.peak_mb()
 
 
+class StepTimer:
+    """Total seconds and peak memory of the training steps of each mode (a backend, a batching scheme, ...)."""
+
+    def __init__(self, device: torch.device, modes):
+        self.memory = PeakMemory(device)
+        self.seconds = dict.fromkeys(modes, 0.0)
+        self.peaks: dict[Any, float | None] = dict.fromkeys(modes)
+
+    def warm_up(self, trainer: DPOTrainer, batch: list[dict]) -> None:
+        timed_step(trainer, batch, self.memory)
+
+    def step(self, mode, trainer: DPOTrainer, batch: list[dict]) -> None:
+        seconds, peak = timed_step(trainer, batch, self.memory)
+        self.seconds[mode] += seconds
+        if peak is not None:
+            self.peaks[mode] = max(self.peaks[mode] or 0.0, peak)
+
+
 def bench_device(requested: str | None) -> tuple[torch.device, torch.dtype]:
     """The device to time on (`requested`, else CUDA when there is one) and the dtype the models are built in."""
     device = torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -227,6 +247,17 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})"
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Report
+
+
 def format_peak_mb(value: float | None) -> str:
     """A peak-memory cell of a results table ("n/a" where the platform cannot measure it)."""
     return f"{value:,.0f}" if value is not None else "n/a"
+
+
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table: the header, then one line of cells per row."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)
