@@ -50,8 +50,9 @@ MODEL_SHAPES = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-    # Hybrids at the small demo Llama's widths (128 hidden, 4 layers), for the cost of their mixers run per sequence
-    # next to the same-size Llama (`--model small`): 3 gated-delta-rule layers + 1 attention; 3 short convolutions + 1
+    # Hybrids at the small demo Llama's widths (128 hidden, 4 layers) and vocabulary (make_model's default), for the
+    # cost of their mixers run per sequence next to the same-size Llama (`--model small`): 3 gated-delta-rule layers
+    # + 1 attention; 3 short convolutions + 1
     "qwen3.5-demo": dict(
         model_type="qwen3_5_text",
         hidden_size=128,
@@ -143,7 +144,6 @@ def make_bench_model(name: str, attn_implementation: str, dtype: torch.dtype, se
         return make_demo_model(name, "llama", attn_implementation, seed).to(dtype)
     if name in MODEL_SHAPES:
         shape = dict(MODEL_SHAPES[name])
-        shape.setdefault("vocab_size", len(load_demo_tokenizer()))  # the demo-size hybrids: the demo Llama's
         return make_model(shape.pop("model_type"), attn_implementation, seed, dtype, **shape)
     raise ValueError(f"Unknown bench model {name!r}; choose from {sorted(DEMO_MODEL_SIZES) + sorted(MODEL_SHAPES)}.")
 

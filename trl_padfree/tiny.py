@@ -33,12 +33,15 @@ def make_model(
     attn_implementation: str = "sdpa",
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
-    *,
-    vocab_size: int,
+    vocab_size: int | None = None,
     **overrides,
 ):
-    """A randomly initialised tiny causal LM of `model_type` over `vocab_size` tokens (special ids 0, 1, 2: pad, bos,
-    eos), the same weights for the same seed."""
+    """A randomly initialised tiny causal LM of `model_type`, the same weights for the same seed, over `vocab_size`
+    tokens (default: the shipped tokenizer's, `trl_padfree.data`) with pad, bos and eos ids 0, 1 and 2."""
+    if vocab_size is None:
+        from .data import load_demo_tokenizer
+
+        vocab_size = len(load_demo_tokenizer())
     config = AutoConfig.for_model(
         model_type,
         vocab_size=vocab_size,
@@ -83,13 +86,10 @@ def demo_model_config(size: str, model_type: str) -> dict:
 
 def make_demo_model(size: str = "tiny", model_type: str = "llama", attn_implementation: str = "sdpa", seed: int = 0):
     """A randomly initialised demo model over the shipped tokenizer's vocabulary (`trl_padfree.data`)."""
-    from .data import load_demo_tokenizer
-
     if model_type not in TINY_CONFIGS:
         raise ValueError(f"Unknown demo model type {model_type!r}; choose one of {sorted(TINY_CONFIGS)}.")
-    vocab_size = len(load_demo_tokenizer())
     overrides = {**TINY_CONFIGS[model_type], **demo_model_config(size, model_type)}
-    model = make_model(model_type, attn_implementation, seed, vocab_size=vocab_size, **overrides)
+    model = make_model(model_type, attn_implementation, seed, **overrides)
     model.config.name_or_path = f"{DEMO_MODEL_PREFIX}{size}-{model_type}"
     return model
 
