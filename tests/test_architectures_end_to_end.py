@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from tiny_architectures import make_tiny_model
+from tiny_fixtures import make_tokenizer
 from trainer_utils import GRAD_ATOL, assert_same_step, make_trainer, one_step
 
 from trl_padfree import ATTN_IMPLEMENTATION
-from trl_padfree.tiny import make_tokenizer
 
 deepspeed = pytest.importorskip("deepspeed")
 

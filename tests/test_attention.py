@@ -31,6 +31,7 @@ from test_models import (
     per_sequence_log_probs,
     random_qkv,
 )
+from tiny_fixtures import make_model
 
 from trl_padfree import attention
 from trl_padfree.attention import (
@@ -43,7 +44,6 @@ from trl_padfree.attention import (
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.forward import PackedBatch
 from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths, segment_ids_from_lengths
-from trl_padfree.tiny import make_model
 
 SCALING = HEAD_DIM**-0.5
 CHUNK_SIZE = 4

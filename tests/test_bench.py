@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from trl_padfree.bench import DISTRIBUTIONS, PREFIX_SHARING, ROW_KEYS, make_batches
+from trl_padfree.bench import PREFIX_SHARING, ROW_KEYS
+from trl_padfree.bench_harness import DISTRIBUTIONS, make_batches
 from trl_padfree.cli import main
 
 
@@ -64,12 +65,12 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
 
 
 def test_batching_schemes_hold_the_same_pairs_and_budget_rows_fit_the_fixed_peak():
-    from trl_padfree.bench_budget import _row_length, batching_schemes
+    from trl_padfree.bench_budget import batching_schemes, row_length
 
     pairs = make_batches("capybara", 1, 40, 1024, 2048, seed=2)[0]
     fixed, budgeted, budget = batching_schemes(pairs, pairs_per_batch=4, seed=0)
-    assert budget == max(_row_length(batch) for batch in fixed)
-    assert all(_row_length(batch) <= budget for batch in budgeted)
+    assert budget == max(row_length(batch) for batch in fixed)
+    assert all(row_length(batch) <= budget for batch in budgeted)
     assert len(budgeted) <= len(fixed)
     key = lambda batches: sorted(id(pair) for batch in batches for pair in batch)  # noqa: E731
     assert key(fixed) == key(budgeted) == sorted(id(pair) for pair in pairs)

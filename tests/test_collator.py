@@ -7,7 +7,7 @@ import pytest
 import torch
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from trl_padfree import PaddingFreePreferenceCollator, PreferenceCollator, concatenated_inputs
+from trl_padfree import PaddingFreePreferenceCollator, concatenated_inputs
 
 # The docstring example: rows chosen 0, chosen 1, rejected 0, rejected 1
 DOC_EXAMPLES = [
@@ -267,10 +267,6 @@ def test_from_padded_overrides():
     collator = PaddingFreePreferenceCollator.from_padded(trl_collator, max_length=3, padding_free=False)
 
     assert (collator.pad_token_id, collator.max_length, collator.padding_free) == (7, 3, False)
-
-
-def test_preference_collator_is_the_padding_free_collator():
-    assert PreferenceCollator is PaddingFreePreferenceCollator
 
 
 def test_is_a_trl_collator():

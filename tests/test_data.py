@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
 
+from tools import generate_data as generator
 from trl_padfree.data import (
     DATA_DIR,
     DEMO_DATASET_NAME,
@@ -13,7 +14,6 @@ from trl_padfree.data import (
     load_demo_dataset,
     load_demo_tokenizer,
 )
-from trl_padfree.data import generate as generator
 
 COLUMNS = ["prompt", "chosen", "rejected"]
 

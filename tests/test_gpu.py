@@ -18,12 +18,12 @@ from test_models import (
     per_sequence_log_probs,
     random_qkv,
 )
+from tiny_fixtures import make_model
 
 from trl_padfree import attention
 from trl_padfree.attention import ATTN_IMPLEMENTATION
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.packing import cu_seq_lens_from_lengths
-from trl_padfree.tiny import make_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,6 +18,7 @@ import logging
 import pytest
 import torch
 from tiny_architectures import HYBRID_MODEL_TYPES, make_tiny_model
+from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step, with_checkpointing
 from transformers import AutoConfig
 
@@ -35,7 +36,6 @@ from trl_padfree.mixers import (
     uses_packed_kernels,
 )
 from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths
-from trl_padfree.tiny import make_tokenizer
 
 VOCAB_SIZE = len(make_tokenizer())
 # One-token, odd and longer sequences (the Mamba2 scans of the tiny models run in chunks of 8)

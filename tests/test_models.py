@@ -12,6 +12,7 @@ are one token long.
 
 import pytest
 import torch
+from tiny_fixtures import make_model
 
 from trl_padfree.attention import ATTN_IMPLEMENTATION
 from trl_padfree.checks import (
@@ -22,7 +23,7 @@ from trl_padfree.checks import (
 )
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.packing import segment_ids_from_lengths
-from trl_padfree.tiny import TINY_CONFIGS, make_model
+from trl_padfree.tiny import TINY_CONFIGS
 
 TINY_MODEL_TYPES = tuple(TINY_CONFIGS)
 

@@ -19,6 +19,7 @@ import functools
 import pytest
 import torch
 from tiny_architectures import make_tiny_model
+from tiny_fixtures import make_tokenizer
 from trainer_utils import (
     LOSS_ATOL,
     SGD_STEPS_WITH_ACCUMULATION,
@@ -32,7 +33,6 @@ from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_fun
 
 from trl_padfree.collator import PaddingFreePreferenceCollator
 from trl_padfree.forward import PackedBatch
-from trl_padfree.tiny import make_tokenizer
 
 AUX_LOSS_COEF = 0.05  # 50x the configs' default, so the aux term moves the loss by ~0.1
 MODEL_TYPES = ["qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe"]

@@ -16,6 +16,7 @@ from trl_padfree.packing import (
     cu_seq_lens_from_position_ids,
     pad_length_to_multiple,
     padded_view_index,
+    pair_tokens,
     position_ids_from_lengths,
     segment_ids_from_lengths,
     segment_sum,
@@ -194,3 +195,8 @@ def test_cu_seq_lens_from_position_ids_inverts_position_ids_from_lengths():
     cu_seq_lens = cu_seq_lens_from_position_ids(position_ids_from_lengths(lengths))
 
     assert torch.equal(cu_seq_lens, cu_seq_lens_from_lengths(lengths))
+
+
+def test_pair_tokens_cut_each_sequence_like_the_collator():
+    assert pair_tokens(10, 5, 7, None) == 32
+    assert pair_tokens(10, 5, 7, 12) == 24  # 15 -> 12, 17 -> 12

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 from distributed_runs import checkout_environment, free_port
+from tiny_fixtures import make_model
 
 from trl_padfree.cli import main
 from trl_padfree.plan import (
@@ -29,7 +30,7 @@ from trl_padfree.plan import (
     shape_of_config,
 )
 from trl_padfree.plan.fsdp2 import kept_gathered_params
-from trl_padfree.tiny import make_demo_model, make_model
+from trl_padfree.tiny import make_demo_model
 
 deepspeed_stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
 deepspeed_stage2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
+from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 from trainer_utils import (
     LOSS_TYPES,
     SGD_STEPS_WITH_ACCUMULATION,
@@ -49,7 +50,7 @@ from trl_padfree.prefix_sharing import (
     prompt_tokens_kept,
     shared_prefix_length,
 )
-from trl_padfree.tiny import TINY_CONFIGS, make_model, make_preference_dataset, make_tokenizer
+from trl_padfree.tiny import TINY_CONFIGS
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
 SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)

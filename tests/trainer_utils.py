@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 from transformers import PreTrainedModel
 
 from trl_padfree import DPOConfig, DPOTrainer
-from trl_padfree.tiny import make_model, make_preference_dataset, make_tokenizer
 
 # fp32 tolerances, 3-5x the largest difference measured over every loss type and option (docs/equivalence.md):
 # loss 2e-7 relative, gradients 7e-7 of the largest gradient, metrics 1.1e-7 relative. Losses such as sppo_hard

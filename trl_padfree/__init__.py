@@ -5,7 +5,7 @@ from ._compat import check_trl_version
 check_trl_version()
 
 from .attention import ATTN_IMPLEMENTATION  # noqa: E402  (importing it registers `padfree_varlen` with transformers)
-from .collator import PaddingFreePreferenceCollator, PreferenceCollator, concatenated_inputs  # noqa: E402
+from .collator import PaddingFreePreferenceCollator, concatenated_inputs  # noqa: E402
 from .config import DPOConfig  # noqa: E402
 from .trainer import DPOTrainer  # noqa: E402
 
@@ -14,7 +14,6 @@ __all__ = [
     "DPOConfig",
     "DPOTrainer",
     "PaddingFreePreferenceCollator",
-    "PreferenceCollator",
     "concatenated_inputs",
 ]
 __version__ = "0.1.0"

@@ -16,12 +16,20 @@ import argparse
 import random
 from dataclasses import dataclass
 
-import torch
 from tqdm.auto import tqdm
 
-from .bench import PeakMemory, _device_name, make_batches, make_bench_trainer, timed_step
+from .bench_harness import (
+    StepTimer,
+    bench_device,
+    device_name,
+    format_peak_mb,
+    make_batches,
+    make_bench_trainer,
+    markdown_table,
+)
 from .data import load_demo_tokenizer
-from .token_budget import TokenBudgetBatchSampler, pair_tokens
+from .packing import pair_tokens
+from .token_budget import TokenBudgetBatchSampler
 
 REPEATS = 2
 
@@ -49,7 +57,7 @@ def batching_schemes(
     pairs: list[dict], pairs_per_batch: int, seed: int
 ) -> tuple[list[list[dict]], list[list[dict]], int]:
     """The fixed micro-batches, the token-budget ones, and the budget (the longest fixed row)."""
-    lengths = [pair_tokens(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"]), None) for p in pairs]
+    lengths = [_pair_tokens(pair) for pair in pairs]
     fixed = [
         list(range(start, min(start + pairs_per_batch, len(pairs)))) for start in range(0, len(pairs), pairs_per_batch)
     ]
@@ -59,8 +67,14 @@ def batching_schemes(
     return to_pairs(fixed), to_pairs(budgeted), budget
 
 
-def _row_length(batch: list[dict]) -> int:
-    return sum(pair_tokens(len(p["prompt_ids"]), len(p["chosen_ids"]), len(p["rejected_ids"]), None) for p in batch)
+def _pair_tokens(pair: dict) -> int:
+    # The bench's pairs arrive truncated: no max_length
+    return pair_tokens(len(pair["prompt_ids"]), len(pair["chosen_ids"]), len(pair["rejected_ids"]), None)
+
+
+def row_length(batch: list[dict]) -> int:
+    """Tokens of the packed row a micro-batch of tokenized pairs makes."""
+    return sum(_pair_tokens(pair) for pair in batch)
 
 
 def bench_batching_distribution(distribution: str, trainer, options: argparse.Namespace, device) -> BatchingRow:
@@ -70,28 +84,24 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
     random.Random(options.seed).shuffle(pairs)
     fixed, budgeted, budget = batching_schemes(pairs, options.pairs_per_batch, options.seed)
     schemes = {"fixed": fixed, "budget": budgeted}
-    memory = PeakMemory(device)
-    timed_step(trainer, fixed[0], memory)  # warm-up
-    seconds = dict.fromkeys(schemes, 0.0)
-    peaks: dict[str, float | None] = dict.fromkeys(schemes)
+    timer = StepTimer(device, schemes)
+    timer.warm_up(trainer, fixed[0])
     progress = tqdm(total=REPEATS * (len(fixed) + len(budgeted)), desc=distribution, unit="batch", leave=False)
     for repeat in range(REPEATS):
         for name in schemes if repeat % 2 == 0 else reversed(list(schemes)):
             for batch in schemes[name]:
-                step_seconds, peak = timed_step(trainer, batch, memory)
-                seconds[name] += step_seconds
-                if peak is not None:
-                    peaks[name] = max(peaks[name] or 0.0, peak)
+                timer.step(name, trainer, batch)
                 progress.update()
     progress.close()
-    real_tokens = sum(_row_length(batch) for batch in fixed) * REPEATS
+    seconds, peaks = timer.seconds, timer.peaks
+    real_tokens = sum(row_length(batch) for batch in fixed) * REPEATS
     fill = {
-        name: sum(_row_length(batch) for batch in batches) / (len(batches) * budget)
+        name: sum(row_length(batch) for batch in batches) / (len(batches) * budget)
         for name, batches in schemes.items()
     }
     return BatchingRow(
         distribution=distribution,
-        device=_device_name(device),
+        device=device_name(device),
         model=options.model,
         pairs=len(pairs),
         pairs_per_batch=options.pairs_per_batch,
@@ -109,28 +119,45 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
 
 
 def run_batching_bench(options: argparse.Namespace) -> list[BatchingRow]:
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = bench_device(options.device)
     trainer = make_bench_trainer(options.model, "padfree_varlen", device, dtype)
     return [bench_batching_distribution(name, trainer, options, device) for name in options.distributions]
 
 
+TABLE_COLUMNS = (
+    "distribution",
+    "pairs",
+    "fixed: pairs/batch",
+    "budget tokens",
+    "steps/epoch fixed",
+    "steps/epoch budget",
+    "tokens/s fixed",
+    "tokens/s budget",
+    "speedup",
+    "row fill fixed",
+    "row fill budget",
+    "peak MB fixed",
+    "peak MB budget",
+)
+
+
 def format_batching_table(rows: list[BatchingRow]) -> str:
-    header = (
-        "| distribution | pairs | fixed: pairs/batch | budget tokens | steps/epoch fixed | steps/epoch budget | "
-        "tokens/s fixed | tokens/s budget | speedup | row fill fixed | row fill budget | peak MB fixed | "
-        "peak MB budget |"
-    )
-    lines = [header, "|" + "---|" * 13]
-    for row in rows:
-        peaks = [
-            f"{value:,.0f}" if value is not None else "n/a"
-            for value in (row.fixed_peak_mem_mb, row.budget_peak_mem_mb)
+    cells = (
+        [
+            row.distribution,
+            str(row.pairs),
+            str(row.pairs_per_batch),
+            f"{row.budget_tokens:,}",
+            str(row.fixed_steps_per_epoch),
+            str(row.budget_steps_per_epoch),
+            f"{row.fixed_tokens_per_s:,.0f}",
+            f"{row.budget_tokens_per_s:,.0f}",
+            f"{row.speedup:.2f}x",
+            f"{row.fixed_fill:.2f}",
+            f"{row.budget_fill:.2f}",
+            format_peak_mb(row.fixed_peak_mem_mb),
+            format_peak_mb(row.budget_peak_mem_mb),
         ]
-        lines.append(
-            f"| {row.distribution} | {row.pairs} | {row.pairs_per_batch} | {row.budget_tokens:,} | "
-            f"{row.fixed_steps_per_epoch} | {row.budget_steps_per_epoch} | {row.fixed_tokens_per_s:,.0f} | "
-            f"{row.budget_tokens_per_s:,.0f} | {row.speedup:.2f}x | {row.fixed_fill:.2f} | {row.budget_fill:.2f} | "
-            f"{peaks[0]} | {peaks[1]} |"
-        )
-    return "\n".join(lines)
+        for row in rows
+    )
+    return markdown_table(TABLE_COLUMNS, cells)

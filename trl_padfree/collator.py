@@ -266,7 +266,3 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
             prefix_sharing=self.prefix_sharing,
             prefix_sharing_min_prompt_tokens=self.prefix_sharing_min_prompt_tokens,
         )
-
-
-# The collator's name in TRL before 1.0, kept so older scripts can swap their import
-PreferenceCollator = PaddingFreePreferenceCollator

@@ -1,4 +1,4 @@
-"""Pure tensor functions for packed rows: positions, cumulative lengths, padded views, segment sums.
+"""Pure functions for packed rows: positions, cumulative lengths, padded views, segment sums, a pair's length.
 
 A packed row holds every sequence of a batch back to back, chosen sequences first, then rejected ones,
 then (only with ``pad_to_multiple_of``) one trailing padding segment:
@@ -89,6 +89,14 @@ def segment_sum(values: torch.Tensor, segment_ids: torch.Tensor, num_segments: i
     keep = segment_ids < num_segments
     sums = values.new_zeros(num_segments)
     return sums.index_add(0, segment_ids[keep], values[keep])
+
+
+def pair_tokens(prompt: int, chosen: int, rejected: int, max_length: int | None) -> int:
+    """Tokens a pair adds to an unshared packed row: prompt + chosen and prompt + rejected, each cut to `max_length`
+    as the collator cuts every sequence."""
+    if max_length is None:
+        return 2 * prompt + chosen + rejected
+    return min(prompt + chosen, max_length) + min(prompt + rejected, max_length)
 
 
 def pad_length_to_multiple(length: int, multiple: int | None) -> int:

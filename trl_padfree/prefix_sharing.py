@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .packing import cu_seq_lens_from_lengths, ranges_index
+from .packing import cu_seq_lens_from_lengths, pair_tokens, ranges_index
 
 # The prefix holds the prompt but its last token, which both branches repeat: shorter prompts share nothing
 MIN_SHARED_PROMPT_TOKENS = 2
@@ -62,15 +62,12 @@ def pair_row_tokens(
     min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS,
 ) -> int:
     """Tokens a pair adds to a prefix-sharing row: both truncated sequences, less the shared prefix."""
-    chosen_sequence, rejected_sequence = prompt + chosen, prompt + rejected
-    if max_length is not None:
-        chosen_sequence, rejected_sequence = min(chosen_sequence, max_length), min(rejected_sequence, max_length)
     prefix = shared_prefix_length(
         prompt_tokens_kept(prompt, chosen, max_length, truncation_mode),
         prompt_tokens_kept(prompt, rejected, max_length, truncation_mode),
         min_prompt_tokens,
     )
-    return chosen_sequence + rejected_sequence - prefix
+    return pair_tokens(prompt, chosen, rejected, max_length) - prefix
 
 
 @dataclass
@@ -133,9 +130,7 @@ def sharing_summary(
     shared_pairs = unshared_tokens = shared_tokens = 0
     for prompt, chosen, rejected in pairs:
         shared = pair_row_tokens(prompt, chosen, rejected, max_length, truncation_mode, min_prompt_tokens)
-        unshared = sum(
-            min(prompt + completion, max_length or prompt + completion) for completion in (chosen, rejected)
-        )
+        unshared = pair_tokens(prompt, chosen, rejected, max_length)
         shared_pairs += shared < unshared
         unshared_tokens += unshared
         shared_tokens += shared

@@ -1,16 +1,14 @@
-"""Tiny models, a tokenizer and preference data built locally, with no download: for tests, the demo, benchmarks."""
+"""Tiny models built locally from a config, with no download.
+
+The demo models (`trl-padfree/<size>-<model_type>`, over the shipped tokenizer) are what the demo, the benchmarks, the
+memory planner and the recipes run on; the tests build theirs from the same `TINY_CONFIGS` and `make_model`
+(tests/tiny_fixtures.py).
+"""
 
 from __future__ import annotations
 
-import random
-
 import torch
-from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-
-WORDS = [f"w{index}" for index in range(90)]
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+from transformers import AutoConfig, AutoModelForCausalLM
 
 # One config per demo model type: small enough for a CPU forward in milliseconds, yet with GQA, rotary, sliding
 # windows and learned absolute positions where the architecture has them
@@ -30,16 +28,6 @@ TINY_CONFIGS = {
 }
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over `WORDS`, built in memory."""
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + WORDS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-
-
 def make_model(
     model_type: str = "llama",
     attn_implementation: str = "sdpa",
@@ -48,11 +36,15 @@ def make_model(
     vocab_size: int | None = None,
     **overrides,
 ):
-    """A randomly initialised tiny causal LM of `model_type`, the same weights for the same seed."""
-    tokenizer_vocab = len(SPECIAL_TOKENS) + len(WORDS)
+    """A randomly initialised tiny causal LM of `model_type`, the same weights for the same seed, over `vocab_size`
+    tokens (default: the shipped tokenizer's, `trl_padfree.data`) with pad, bos and eos ids 0, 1 and 2."""
+    if vocab_size is None:
+        from .data import load_demo_tokenizer
+
+        vocab_size = len(load_demo_tokenizer())
     config = AutoConfig.for_model(
         model_type,
-        vocab_size=vocab_size or tokenizer_vocab,
+        vocab_size=vocab_size,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
@@ -62,28 +54,6 @@ def make_model(
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     model.config.name_or_path = f"tiny-{model_type}"
     return model
-
-
-def _sentence(rng: random.Random, length: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(length))
-
-
-def make_preference_dataset(num_pairs: int = 16, seed: int = 0, max_words: int = 40) -> Dataset:
-    """Pairs with awkward lengths: one-word completions, a single long prompt, lengths that differ a lot."""
-    rng = random.Random(seed)
-    rows = []
-    for index in range(num_pairs):
-        prompt_words = max_words if index == 1 else rng.randint(1, max_words // 3)
-        chosen_words = 1 if index % 5 == 0 else rng.randint(1, max_words // 2)
-        rejected_words = 1 if index % 7 == 3 else rng.randint(1, max_words // 2)
-        rows.append(
-            {
-                "prompt": _sentence(rng, prompt_words),
-                "chosen": " " + _sentence(rng, chosen_words),
-                "rejected": " " + _sentence(rng, rejected_words),
-            }
-        )
-    return Dataset.from_list(rows)
 
 
 # Demo models: these architectures at a few sizes, over the shipped tokenizer's vocabulary. Recipes and the CLI
@@ -116,13 +86,10 @@ def demo_model_config(size: str, model_type: str) -> dict:
 
 def make_demo_model(size: str = "tiny", model_type: str = "llama", attn_implementation: str = "sdpa", seed: int = 0):
     """A randomly initialised demo model over the shipped tokenizer's vocabulary (`trl_padfree.data`)."""
-    from .data import load_demo_tokenizer
-
     if model_type not in TINY_CONFIGS:
         raise ValueError(f"Unknown demo model type {model_type!r}; choose one of {sorted(TINY_CONFIGS)}.")
-    vocab_size = len(load_demo_tokenizer())
     overrides = {**TINY_CONFIGS[model_type], **demo_model_config(size, model_type)}
-    model = make_model(model_type, attn_implementation, seed, vocab_size=vocab_size, **overrides)
+    model = make_model(model_type, attn_implementation, seed, **overrides)
     model.config.name_or_path = f"{DEMO_MODEL_PREFIX}{size}-{model_type}"
     return model
 

@@ -25,16 +25,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
+from .packing import pair_tokens
 from .prefix_sharing import pair_row_tokens
-
-
-def pair_tokens(prompt: int, chosen: int, rejected: int, max_length: int | None) -> int:
-    """Tokens a pair adds to the packed row: prompt + chosen and prompt + rejected, each cut to `max_length` as the
-    collator cuts them."""
-    chosen_sequence, rejected_sequence = prompt + chosen, prompt + rejected
-    if max_length is not None:
-        chosen_sequence, rejected_sequence = min(chosen_sequence, max_length), min(rejected_sequence, max_length)
-    return chosen_sequence + rejected_sequence
 
 
 def pair_lengths(
@@ -44,7 +36,7 @@ def pair_lengths(
     prefix_sharing_min_prompt_tokens: int | None = None,
 ) -> list[int]:
     """Row tokens of every pair of a dataset tokenized by TRL (`prompt_ids`, `chosen_ids`, `rejected_ids`):
-    `pair_tokens`, or with prefix sharing (a minimum prompt length given) `prefix_sharing.pair_row_tokens`."""
+    `packing.pair_tokens`, or with prefix sharing (a minimum prompt length given) `prefix_sharing.pair_row_tokens`."""
     missing = {"prompt_ids", "chosen_ids", "rejected_ids"} - set(dataset.column_names)
     if missing:
         raise ValueError(
@@ -157,10 +149,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
         for number in order:
             yield list(self.bins[number])
-
-    def fill_ratio(self) -> float:
-        """Real tokens over budget, across all micro-batches."""
-        return sum(self.lengths) / (len(self.bins) * self.budget)
 
 
 def gather_uneven(gather, pad_across_processes, tensor):

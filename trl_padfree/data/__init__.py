@@ -1,8 +1,8 @@
 """The preference data and tokenizer shipped in the package, for the demo, the recipes and the tests (no download).
 
-The files are written by `python -m trl_padfree.data.generate` (see docs/data.md): English-like chats composed from
-phrase banks, with token lengths modelled on UltraFeedback and Capybara, and a byte-level BPE tokenizer trained on
-them.
+The files are written by tools/generate_data.py in the repository (see docs/data.md): English-like chats composed from
+phrase banks, with token lengths modelled on UltraFeedback and Capybara (`length_models`), and a byte-level BPE
+tokenizer trained on them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Write the shipped demo preference data and its tokenizer, deterministically.
 
-    python -m trl_padfree.data.generate            # rewrites the files next to this module, byte for byte
-    python -m trl_padfree.data.generate --report   # also prints the tables of docs/data.md
+    python -m tools.generate_data            # from the repository root: rewrites trl_padfree/data, byte for byte
+    python -m tools.generate_data --report   # also prints the tables of docs/data.md
 
 The text is composed here from phrase banks (topics with steps, facts and common mistakes; question, follow-up and
 answer templates); nothing is downloaded or copied from a dataset. Only the *lengths* model real preference data:
 a mixture of short single-turn chats (UltraFeedback-like) and long multi-turn ones (Capybara-like), with lognormal
-token lengths fitted to published figures (see `SINGLE_TURN`, `MULTI_TURN` and docs/data.md).
+token lengths fitted to published figures (`trl_padfree.data.length_models`, docs/data.md).
 
 How it runs:
 1. draft pairs, sized by a word count, train a byte-level BPE tokenizer (so it never needs `<unk>`);
@@ -33,8 +33,15 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-OUTPUT_DIR = Path(__file__).resolve().parent
-TRAIN_FILE, TEST_FILE, TOKENIZER_FILE = "preferences_train.jsonl", "preferences_test.jsonl", "tokenizer.json"
+from trl_padfree.data import (
+    DATA_DIR,
+    SPLIT_FILES,
+    TOKENIZER_FILE,
+    length_statistics,
+    load_demo_dataset,
+    load_demo_tokenizer,
+)
+from trl_padfree.data.length_models import MULTI_TURN, SINGLE_TURN, LengthModel
 
 SEED = 1234
 NUM_TRAIN, NUM_TEST = 320, 40
@@ -47,26 +54,6 @@ SEQUENCE_CAP = 1500  # prompt + completion, so the CPU demo stays fast; TRL's ma
 COMPLETION_CAP = 1000  # longer completions are redrawn; prompts are drawn down to fit the sequence cap
 MIN_COMPLETION = 12
 MIN_PROMPT = {"single": 12, "multi": 60}
-
-
-@dataclass(frozen=True)
-class LengthModel:
-    """Lognormal token lengths of one kind of pair, before the caps. Medians in tokens, sigmas of log-length."""
-
-    name: str
-    prompt_median: float
-    prompt_sigma: float
-    chosen_median: float
-    rejected_median: float
-    completion_sigma: float
-
-
-# Fitted so that, before the caps, median(prompt + chosen + rejected) and median(prompt / mean completion) match the
-# prefix-sharing paper (arXiv 2410.20305, table of dataset lengths): UltraFeedback 409 and 0.42, Capybara 1160 and
-# 1.59; Capybara's sigmas also give p95/median of the pair = 3.1, as its packing length 3968 = 1.1 x p95 implies.
-# Chosen is 10% longer than rejected (the length bias of preference data; an estimate). See docs/data.md.
-SINGLE_TURN = LengthModel("single-turn (UltraFeedback-like)", 66, 0.9, 155, 127, 0.7)
-MULTI_TURN = LengthModel("multi-turn (Capybara-like)", 459, 1.1, 284, 232, 0.7)
 
 
 @dataclass(frozen=True)
@@ -860,11 +847,11 @@ def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
     path.write_text("".join(lines), encoding="utf-8", newline="\n")
 
 
-def generate(output_dir: str | Path = OUTPUT_DIR) -> list[Path]:
+def generate(output_dir: str | Path = DATA_DIR) -> list[Path]:
     """Train the tokenizer, generate the pairs sized in its tokens, and write the three files to `output_dir`.
 
     Args:
-        output_dir (`str` or `Path`, *optional*, defaults to this package's folder):
+        output_dir (`str` or `Path`, *optional*, defaults to the package's `trl_padfree/data`):
             Where to write `preferences_train.jsonl`, `preferences_test.jsonl` and `tokenizer.json`.
 
     Returns:
@@ -875,7 +862,7 @@ def generate(output_dir: str | Path = OUTPUT_DIR) -> list[Path]:
     tokenizer = train_tokenizer(draft_texts())
     count = TokenCounter(lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids))
     pairs = make_pairs(NUM_TRAIN + NUM_TEST, SEED, count)
-    paths = [output_dir / TRAIN_FILE, output_dir / TEST_FILE, output_dir / TOKENIZER_FILE]
+    paths = [output_dir / SPLIT_FILES["train"], output_dir / SPLIT_FILES["test"], output_dir / TOKENIZER_FILE]
     _write_jsonl(paths[0], pairs[:NUM_TRAIN])
     _write_jsonl(paths[1], pairs[NUM_TRAIN:])
     tokenizer.save(str(paths[2]), pretty=False)
@@ -940,8 +927,6 @@ def padded_batch_ratio(
 
 def report() -> str:
     """The tables of docs/data.md, measured on the shipped files."""
-    from . import length_statistics, load_demo_dataset, load_demo_tokenizer
-
     dataset, tokenizer = load_demo_dataset(), load_demo_tokenizer()
     lines = ["Length models before the caps (100,000 draws):", ""]
     lines += ["| model | median prompt+chosen+rejected | median prompt / completion | p95 / median of the pair |"]
@@ -978,14 +963,14 @@ def report() -> str:
         for ids in tokenizer([row["prompt"] + row[completion] for row in train], add_special_tokens=False)["input_ids"]
     ]
     lines.append(f"Sequences longer than 1024 tokens (with EOS): {np.mean(np.array(sequences) > 1024):.1%}")
-    sizes = {path.name: path.stat().st_size for path in sorted(OUTPUT_DIR.glob("*.json*"))}
+    sizes = {path.name: path.stat().st_size for path in sorted(DATA_DIR.glob("*.json*"))}
     lines.append(f"File sizes: {sizes}, total {sum(sizes.values()):,} bytes")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", default=str(OUTPUT_DIR), help="where to write the files")
+    parser.add_argument("--output-dir", default=str(DATA_DIR), help="where to write the files")
     parser.add_argument("--report", action="store_true", help="print the tables of docs/data.md (shipped files)")
     args = parser.parse_args(argv)
     for path in generate(args.output_dir):
