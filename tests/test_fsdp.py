@@ -12,7 +12,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from distributed_runs import ROOT, checkout_environment, free_port, launch, script_command, train_in_this_process
+from distributed_runs import (
+    LOSS_ATOL,
+    METRIC_ATOL,
+    METRIC_RTOL,
+    ROOT,
+    assert_same_training,
+    checkout_environment,
+    free_port,
+    launch,
+    script_command,
+    train_in_this_process,
+)
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.checks import check_no_context_parallelism
@@ -21,14 +32,10 @@ from trl_padfree.offload import check_ref_offload
 
 PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model
-# fp32, 2 processes vs 1: the bounds of tests/test_deepspeed.py (measured here: see docs/fsdp.md)
-LOSS_ATOL = 1e-5
+# fp32, 2 processes vs 1: distributed_runs' bounds (measured here: see docs/fsdp.md)
 # bf16 autocast, packed vs padded, both under FSDP2: the bound of tests/test_deepspeed.py; the loss itself is a bf16
 # number (ln 2 comes out as 0.69140625)
 BF16_LOSS_ATOL = 5e-3
-METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
-COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
-                    "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
 
 RUNS = {
     "fsdp2": "padding_free+eval",
@@ -67,13 +74,6 @@ def fsdp2_runs(model_dir, tmp_path_factory):
 def assert_policy_sharded(report: dict) -> None:
     assert report["world_size"] == 2 and report["fsdp_version"] == 2
     assert report["policy_fsdp"]["sharded"], "the policy's parameters are not DTensor shards: FSDP2 did not run"
-
-
-def assert_same_training(report: dict, expected: dict) -> None:
-    assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
-    for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
-        for key in COMPARED_METRICS:
-            assert metrics[key] == pytest.approx(expected_metrics[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
 
 
 def test_fsdp2_padding_free_on_two_processes_matches_single_process_padded_trl(fsdp2_runs, single_process_padded):

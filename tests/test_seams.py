@@ -285,7 +285,7 @@ TRL = [
         },
     ),
     Seam(
-        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "trainer.py",
+        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "reference.py",
         parameters=("config",),
     ),
     Seam(

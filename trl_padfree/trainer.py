@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import inspect
 import logging
 
@@ -12,7 +11,6 @@ import torch
 import trl
 from accelerate.utils import is_peft_model
 from torch.utils.data import DataLoader
-from trl.trainer.utils import get_config_model_id
 
 from .checks import (
     check_attention_switched,
@@ -28,16 +26,10 @@ from .checks import (
 )
 from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
-from .fsdp import check_fsdp_engine, check_reference_sharded_by_layer, planned_fsdp_version, reference_sharded_by_layer
 from .fused_lm_head import fused_lm_head_lookups
-from .offload import (
-    check_ref_offload,
-    check_reference_offloaded,
-    load_offloaded_reference,
-    reference_prepared_by_own_config,
-)
 from .packing import pad_length_to_multiple
 from .prefix_sharing import sharing_summary
+from .reference import ReferencePlacement
 from .row_split import RowSplit
 from .token_budget import TokenBudgetBatching
 
@@ -87,38 +79,25 @@ class DPOTrainer(trl.DPOTrainer):
             check_packing_collator(data_collator)
         if self._padding_free_requested:
             check_no_liger_kernel(bool(getattr(args, "use_liger_kernel", False)))
-        ref_offload = bool(getattr(args, "ref_offload", False))
-        fsdp_version = planned_fsdp_version(args) if args is not None else None
-        if ref_offload:
+        peft_config = None
+        if getattr(args, "ref_offload", False):  # the only setting that reads it before TRL's __init__
             peft_config = _bound_argument("peft_config", model, ref_model, args, data_collator, *more_args, **kwargs)
-            check_ref_offload(args, model, ref_model, peft_config, fsdp_version)
-            if ref_model is None and fsdp_version is None:
-                ref_model = self._load_offloaded_reference(model, args)
+        self._reference, ref_model = ReferencePlacement.before_init(args, model, ref_model, peft_config)
 
         with contextlib.ExitStack() as scopes:
             if self._padding_free_requested:
                 scopes.enter_context(_padding_free_hidden_from_trl(args))
-            if fsdp_version == 2:
-                scopes.enter_context(reference_sharded_by_layer(offload=ref_offload))
-            elif ref_offload:
-                scopes.enter_context(reference_prepared_by_own_config(args))
+            scopes.enter_context(self._reference.preparing(args))
             scopes.enter_context(fused_lm_head_lookups(self))
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
-        check_fsdp_engine(fsdp_version, self.accelerator)
-        if fsdp_version == 2:
-            check_reference_sharded_by_layer(self.ref_model, offload=ref_offload)
-        elif ref_offload:
-            check_reference_offloaded(self.ref_model)
+        self._reference.check(self)
         if self._padding_free_requested:
             self._enable_padding_free()
             self._keep_batches_whole()
         self._row_split = RowSplit.set_up(self)
         self._token_budget = TokenBudgetBatching.set_up(self)
         self._report_prefix_sharing()
-        if ref_offload and args.precompute_ref_log_probs:
-            # Every reference log-prob is in the datasets now: free the reference's CPU shards for training
-            self.ref_model = None
-            gc.collect()
+        self._reference.release_after_precompute(self)
         self._check_datasets_not_empty()
 
     @property
@@ -126,22 +105,6 @@ class DPOTrainer(trl.DPOTrainer):
         """Whether this trainer packs its batches. Its own state: TRL's `self.padding_free`, which TRL 1.16 sets to
         False, stays TRL's, so a padding-free path TRL brings back cannot run alongside this one unnoticed."""
         return self._padding_free_ready
-
-    @staticmethod
-    def _load_offloaded_reference(model, args):
-        # DeepSpeed only (FSDP shards the reference TRL loads in CPU memory). The reference TRL would load (same
-        # checkpoint, init kwargs, dtype and attention as the policy), but built
-        # under the reference's own ZeRO-3 config so its shards land in CPU memory
-        init_kwargs = dict(args.model_init_kwargs or {})
-        init_kwargs["device_map"] = None
-        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        if isinstance(model, str):
-            model_id = model
-        else:
-            model_id = get_config_model_id(model.config)
-            init_kwargs.setdefault("dtype", model.dtype)
-            init_kwargs.setdefault("attn_implementation", model.config._attn_implementation)
-        return load_offloaded_reference(model_id, init_kwargs, args)
 
     def _check_datasets_not_empty(self) -> None:
         # TRL drops examples whose prompt alone fills `max_length`; with none left, torch's sampler fails obscurely
