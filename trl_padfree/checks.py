@@ -285,13 +285,14 @@ def check_no_context_parallelism(cp_size: int) -> None:
 
 
 def check_sequence_parallel_without_stateful_mixers(mixer_classes) -> None:
-    """Ulysses hands each rank a chunk of the row: a mixer that carries state along the row would restart at every
-    chunk boundary, inside sequences."""
+    """Sequence and context parallelism hand each rank a chunk of the row: a mixer that carries state along the row
+    would restart at every chunk boundary, inside sequences."""
     if mixer_classes:
         raise ValueError(
-            f"Sequence parallelism cannot split this model's rows: its {', '.join(mixer_classes)} layers carry state "
-            "along the row, and each rank would start its chunk from no state. Set sp_size=1 (the model trains "
-            "padding-free on one device per row), or use a model without linear-attention or state-space layers."
+            f"Sequence or context parallelism cannot split this model's rows: its {', '.join(mixer_classes)} layers "
+            "carry state along the row, and each rank would start its chunk from no state. Set sp_size=1 and "
+            "context_parallel_size=1 (the model trains padding-free on one device per row), or use a model without "
+            "linear-attention or state-space layers."
         )
 
 
