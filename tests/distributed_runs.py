@@ -2,6 +2,7 @@
 with DeepSpeed on CPU processes, and read back its JSON report."""
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -35,6 +36,18 @@ def assert_same_training(report: dict, expected: dict) -> None:
     for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
         for key in COMPARED_METRICS:
             assert metrics[key] == pytest.approx(expected_metrics[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+
+
+def assert_split_row_training(report: dict, expected: dict) -> None:
+    """A run whose rows were split over ranks (sequence or context parallelism) against one process: sequences really
+    crossed chunk boundaries, the first loss is ln 2, the training is the same, and tokens a row's ranks share are
+    counted once."""
+    assert report["sequences_split_across_ranks"] > 0, "no sequence crossed a chunk boundary: nothing was tested"
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert_same_training(report, expected)
+    for step, metrics in enumerate(report["metrics"]):
+        new_tokens = metrics["num_tokens"] - (report["metrics"][step - 1]["num_tokens"] if step else 0)
+        assert metrics["padfree/real_tokens"] == new_tokens
 
 
 def save_tiny_model(directory: Path) -> Path:

@@ -49,6 +49,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .context_parallel import ContextParallelRow, context_parallel_forward_active
 from .context_parallel import attend as context_parallel_attention
+from .layout_expected import expected_by_attention
 from .packing import cu_seq_lens_from_position_ids, ranges_index
 from .prefix_sharing import SharedPrefixAttention
 
@@ -402,24 +403,16 @@ _SHARED_FORWARD: contextvars.ContextVar[SharedForward | None] = contextvars.Cont
 )
 
 
-@contextlib.contextmanager
 def shared_prefix_expected(shared_prefix: SharedPrefixAttention | None):
     """Around a forward on a prefix-sharing row: attention calls without the layout raise, and so does a forward in
     which no attention call read it (a model whose layers mix tokens without the attention interface)."""
     if shared_prefix is None:
-        yield
-        return
-    forward = SharedForward(shared_prefix)
-    token = _SHARED_FORWARD.set(forward)
-    try:
-        yield
-    finally:
-        _SHARED_FORWARD.reset(token)
-    if forward.attention_calls == 0:
-        raise ValueError(
-            "No attention layer of this model read the prefix-sharing layout, so rejected tokens did not see their "
-            f"prompt. The model does not run its attention through `{ATTN_IMPLEMENTATION}`; set prefix_sharing=False."
-        )
+        return contextlib.nullcontext()
+    unread = (
+        "No attention layer of this model read the prefix-sharing layout, so rejected tokens did not see their "
+        f"prompt. The model does not run its attention through `{ATTN_IMPLEMENTATION}`; set prefix_sharing=False."
+    )
+    return expected_by_attention(_SHARED_FORWARD, SharedForward(shared_prefix), unread)
 
 
 def shared_prefix_attention(query, key, value, shared_prefix: SharedPrefixAttention, **options) -> torch.Tensor:

@@ -23,7 +23,6 @@ The per-token outputs (log-probs, ...) are all-gathered back into the whole row,
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .layout_expected import expected_by_attention
 from .prefix_sharing import SharedPrefixAttention
 from .sequence_parallel import SequenceParallelGroup
 
@@ -190,21 +190,15 @@ def context_parallel_forward_active() -> bool:
     return _CONTEXT_PARALLEL_FORWARD.get() is not None
 
 
-@contextlib.contextmanager
 def context_parallel_forward(row: ContextParallelRow):
     """Around a forward on a chunk: attention without the row raises, and so does a forward in which no attention
     call read it (a model whose layers mix tokens without the attention interface)."""
-    token = _CONTEXT_PARALLEL_FORWARD.set(row)
-    try:
-        yield
-    finally:
-        _CONTEXT_PARALLEL_FORWARD.reset(token)
-    if row.attention_calls == 0:
-        raise ValueError(
-            "No attention layer of this model read the context-parallel row, so each rank attended within its own "
-            "chunk. The model does not run its attention through `padfree_varlen` with transformers' keyword "
-            "arguments; set context_parallel_size=1."
-        )
+    unread = (
+        "No attention layer of this model read the context-parallel row, so each rank attended within its own "
+        "chunk. The model does not run its attention through `padfree_varlen` with transformers' keyword "
+        "arguments; set context_parallel_size=1."
+    )
+    return expected_by_attention(_CONTEXT_PARALLEL_FORWARD, row, unread)
 
 
 # ---- groups ----
