@@ -34,3 +34,51 @@ def test_the_library_imports_no_tooling_or_tests():
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in ("tools", "tests"), f"{module.relative_to(ROOT)} imports {name}"
+
+
+def _imported_modules(path: Path, package: list[str]) -> set[str]:
+    """The package's modules `path` imports at its top level (function-level imports are for what runs later)."""
+    imported = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            if node.module:
+                imported.add(".".join(base + node.module.split(".")))
+            else:  # `from . import a, b`: the submodules
+                imported.update(".".join([*base, alias.name]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trl_padfree"):
+            imported.add(node.module)
+    return imported
+
+
+def test_no_import_cycle_in_the_library():
+    graph = {}
+    for path in (ROOT / "trl_padfree").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        graph[module] = _imported_modules(path, parts[:-1] if is_package else parts[:-1])
+
+    def known(name: str) -> str | None:  # `a.b.name` -> the module `a.b` when `name` is an attribute
+        while name and name not in graph:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {module: {known(name) for name in names} - {None, module} for module, names in graph.items()}
+    state, path = {}, []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(edges[module]):
+            assert state.get(imported) != "open", "import cycle: " + " -> ".join(
+                path[path.index(imported) :] + [imported]
+            )
+            if imported not in state:
+                visit(imported)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)

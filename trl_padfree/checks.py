@@ -8,11 +8,14 @@ tiny twin of it (architecture.py); the rules below turn that measurement into a 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
-from .architecture import Verdict, check_architecture
 from .attention import ATTN_IMPLEMENTATION
+
+if TYPE_CHECKING:
+    from .architecture import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +95,9 @@ def architecture_verdict(
 ) -> Verdict:
     """Whether `model`'s architecture packs exactly on `attn_implementation` (default: the model's own), measured on
     its tiny twin and cached per architecture: the model's weights, dtype and partitioning play no part."""
+    # Imported here: the architecture check runs the packed forward (forward.py), which imports these refusals
+    from .architecture import check_architecture
+
     attn_implementation = attn_implementation or model.config._attn_implementation
     return check_architecture(type(model), model.config, checked_backend(attn_implementation), prefix_sharing)
 
