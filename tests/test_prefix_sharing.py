@@ -121,7 +121,7 @@ def test_pairs_that_cannot_share_keep_their_unshared_segments():
 
 def test_short_prompts_fall_back_to_the_unshared_layout_by_default(caplog):
     assert concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True)["shared_prefix_lens"].tolist() == [0, 0, 0, 0]
-    with caplog.at_level(logging.INFO, logger="trl_padfree.trainer"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.prefix_sharing"):
         trainer = make_trainer(True, prefix_sharing=True)
     pairs = [trainer.train_dataset[index] for index in range(len(trainer.train_dataset))]
     shared = sum(len(pair["prompt_ids"]) >= 8 for pair in pairs)

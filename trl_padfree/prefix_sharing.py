@@ -18,11 +18,14 @@ replace the first call's. `SharedPrefixAttention` holds the gather indices of th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from .packing import cu_seq_lens_from_lengths, pair_tokens, ranges_index
+
+logger = logging.getLogger(__name__)
 
 # The prefix holds the prompt but its last token, which both branches repeat: shorter prompts share nothing
 MIN_SHARED_PROMPT_TOKENS = 2
@@ -135,3 +138,22 @@ def sharing_summary(
         unshared_tokens += unshared
         shared_tokens += shared
     return shared_pairs, 1.0 - shared_tokens / max(unshared_tokens, 1)
+
+
+def log_sharing_summary(dataset, max_length: int | None, truncation_mode: str, min_prompt_tokens: int) -> None:
+    """Say (INFO) how much of a training set TRL tokenized prefix sharing lays out shared; the rest falls back to
+    unshared. Silent for a streamed dataset, which has no columns to read without consuming it."""
+    import datasets
+
+    if not logger.isEnabledFor(logging.INFO) or not isinstance(dataset, datasets.Dataset):
+        return
+    if not {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(dataset.column_names):
+        return
+    columns = (dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])
+    lengths = [(len(prompt), len(chosen), len(rejected)) for prompt, chosen, rejected in zip(*columns, strict=True)]
+    shared_pairs, saved = sharing_summary(lengths, max_length, truncation_mode, min_prompt_tokens)
+    logger.info(
+        f"Prefix sharing: {shared_pairs} of {len(lengths)} training pairs share their prompt, {saved:.1%} fewer row "
+        f"tokens; the other pairs (prompts under {min_prompt_tokens} tokens, or chosen and rejected truncated into "
+        "the prompt differently) are laid out unshared."
+    )

@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import logging
 
-import datasets
 import torch
 import trl
 from accelerate.utils import is_peft_model
@@ -28,7 +27,7 @@ from .collator import PaddingFreePreferenceCollator, is_packed_batch
 from .forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .fused_lm_head import fused_lm_head_lookups
 from .packing import pad_length_to_multiple
-from .prefix_sharing import sharing_summary
+from .prefix_sharing import log_sharing_summary
 from .reference import ReferencePlacement
 from .row_split import RowSplit
 from .token_budget import TokenBudgetBatching
@@ -96,7 +95,11 @@ class DPOTrainer(trl.DPOTrainer):
             self._keep_batches_whole()
         self._row_split = RowSplit.set_up(self)
         self._token_budget = TokenBudgetBatching.set_up(self)
-        self._report_prefix_sharing()
+        if self._padding_free_ready and self.data_collator.prefix_sharing:
+            collator = self.data_collator
+            log_sharing_summary(
+                self.train_dataset, args.max_length, args.truncation_mode, collator.prefix_sharing_min_prompt_tokens
+            )
         self._reference.release_after_precompute(self)
         self._check_datasets_not_empty()
 
@@ -164,31 +167,6 @@ class DPOTrainer(trl.DPOTrainer):
         dataloader_config = self.accelerator.dataloader_config
         check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
         dataloader_config.dispatch_batches = False
-
-    def _report_prefix_sharing(self) -> None:
-        """Say how much of the training set prefix sharing lays out shared (the rest falls back to unshared)."""
-        dataset = self.train_dataset
-        if not (self._padding_free_ready and self.data_collator.prefix_sharing) or not logger.isEnabledFor(
-            logging.INFO
-        ):
-            return
-        # A streaming dataset has no columns to read without consuming it
-        columns = getattr(dataset, "column_names", None) if isinstance(dataset, datasets.Dataset) else None
-        if not columns or not {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(columns):
-            return
-        lengths = [
-            (len(prompt), len(chosen), len(rejected))
-            for prompt, chosen, rejected in zip(
-                dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True
-            )
-        ]
-        minimum = self.data_collator.prefix_sharing_min_prompt_tokens
-        shared_pairs, saved = sharing_summary(lengths, self.args.max_length, self.args.truncation_mode, minimum)
-        logger.info(
-            f"Prefix sharing: {shared_pairs} of {len(lengths)} training pairs share their prompt, {saved:.1%} fewer "
-            f"row tokens; the other pairs (prompts under {minimum} tokens, or chosen and rejected truncated into the "
-            "prompt differently) are laid out unshared."
-        )
 
     def get_train_dataloader(self) -> DataLoader:
         if self._token_budget is not None:
