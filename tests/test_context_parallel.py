@@ -153,8 +153,8 @@ def single_process(six_head_model, tmp_path_factory):
     from distributed_runs import train_in_this_process
 
     output = tmp_path_factory.mktemp("single") / "report.json"
-    options = ("--runs", "trl", "--batch-size", str(PAIRS), "--steps", str(STEPS))
-    return train_in_this_process(six_head_model, output, *options)["trl"]
+    options = ("--runs", "trl+eval", "--batch-size", str(PAIRS), "--steps", str(STEPS))
+    return train_in_this_process(six_head_model, output, *options)["trl+eval"]
 
 
 def launch_context_parallel(model, tmp_path, config: str, runs: str, processes: int, *options: str) -> dict:
@@ -176,13 +176,16 @@ def assert_same_split_training(report: dict, expected: dict, ranks_per_row: int)
 def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
     six_head_model, single_process, tmp_path, processes
 ):
-    reports = launch_context_parallel(
-        six_head_model, tmp_path, "multi_gpu.yaml", "padding_free+cp,padding_free+cp+prefix_sharing", processes
-    )
-    for run in ("padding_free+cp", "padding_free+cp+prefix_sharing"):
+    runs = ("padding_free+cp+eval", "padding_free+cp+prefix_sharing", "padding_free+cp+precompute")
+    reports = launch_context_parallel(six_head_model, tmp_path, "multi_gpu.yaml", ",".join(runs), processes)
+    for run in runs:
         assert_same_split_training(reports[run], single_process, processes)
+    # Evaluation is not split: each rank evaluates whole rows of its own batches, data-parallel
+    for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
+        expected = single_process["eval"][key]
+        assert reports["padding_free+cp+eval"]["eval"][key] == pytest.approx(expected, rel=5e-5, abs=2e-5), key
     if processes == 4:
-        assert reports["padding_free+cp"]["longest_sequence_over_chunk"] > 1, "no sequence spanned three chunks"
+        assert reports["padding_free+cp+eval"]["longest_sequence_over_chunk"] > 1, "no sequence spanned three chunks"
     assert all(
         metrics["padfree/shared_tokens"] > 0 for metrics in reports["padding_free+cp+prefix_sharing"]["metrics"]
     )

@@ -24,6 +24,7 @@ The per-token outputs (log-probs, ...) are all-gathered back into the whole row,
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -49,6 +50,7 @@ class LocalSegments:
     max_length_k: int
     segments: tuple[int, ...]  # the row segment (or shared branch) each local segment is part of
     query_index: torch.Tensor | None = None  # (Q,) chunk positions of the queries; None: the whole chunk, in order
+    replaced: frozenset[int] = frozenset()  # local segments whose outputs prefix sharing's second call replaces
 
 
 def localize(
@@ -119,6 +121,10 @@ class ContextParallelRow:
         bounds = cu_seq_lens.tolist()
         positions = torch.arange(self.row_length, device=cu_seq_lens.device)
         layout = localize(positions, bounds, list(pairwise(bounds)), self.chunk, with_query_index=False)
+        if self.shared_prefix is not None:  # once per forward, not per layer
+            branches = self.shared_prefix.branch_segments
+            replaced = frozenset(index for index, segment in enumerate(layout.segments) if segment in branches)
+            layout = dataclasses.replace(layout, replaced=replaced)
         self._layouts[id(cu_seq_lens)] = (cu_seq_lens, layout)  # held, so the id stays this tensor's
         return layout
 
@@ -149,12 +155,7 @@ def attend(row: ContextParallelRow, query, key, value, cu_seq_lens, varlen_atten
     row.attention_calls += 1
     key, value = row.gather_keys_and_values(key, value)
     local = row.row_segments(cu_seq_lens)
-    skipped = frozenset()
-    if row.shared_prefix is not None:
-        skipped = frozenset(
-            index for index, segment in enumerate(local.segments) if segment in row.shared_prefix.branch_segments
-        )
-    output = _attend_segments(query, key, value, local, varlen_attention, options, skipped)
+    output = _attend_segments(query, key, value, local, varlen_attention, options, local.replaced)
     if row.shared_prefix is not None:
         branches = row.shared_branches()
         if branches.query_index is not None:
