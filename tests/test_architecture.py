@@ -12,6 +12,8 @@ import re
 
 import pytest
 import torch
+from legacy_attention import make_legacy_model
+from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step
 from transformers import AutoConfig
 
@@ -222,14 +224,15 @@ def test_every_decoder_type_gets_a_verdict():
             assert verdict.exact or verdict.reason, model_type
 
 
-GPTJ = dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=512)
+def legacy_model(seed: int):
+    return make_legacy_model(seed, len(make_tokenizer()))
 
 
 def test_auto_picks_the_backend_the_check_finds_exact(caplog):
-    # GPT-J keeps its own attention code (it ignores padfree_varlen) but packs exactly on eager
-    padded = make_trainer(False, model_type="gptj", attn_implementation="eager", model_overrides=GPTJ)
+    # A class that keeps its own attention code (it ignores padfree_varlen) but packs exactly on eager
+    padded = make_trainer(False, attn_implementation="eager", model_factory=legacy_model)
     with caplog.at_level(logging.INFO, logger="trl_padfree.checks"):
-        packed = make_trainer(True, model_type="gptj", attn_implementation="eager", model_overrides=GPTJ)
+        packed = make_trainer(True, attn_implementation="eager", model_factory=legacy_model)
 
     assert packed.model.config._attn_implementation == "eager"
     assert "packs exactly on `eager`" in caplog.text
@@ -238,5 +241,5 @@ def test_auto_picks_the_backend_the_check_finds_exact(caplog):
 
 def test_an_explicit_backend_is_not_second_guessed():
     with pytest.raises(ValueError, match="does not run its attention through.*packed_attn_implementation='eager'"):
-        make_trainer(True, model_type="gptj", attn_implementation="eager", model_overrides=GPTJ,
+        make_trainer(True, attn_implementation="eager", model_factory=legacy_model,
                      packed_attn_implementation="padfree_varlen")  # fmt: skip

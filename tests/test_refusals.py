@@ -6,6 +6,7 @@ from trainer_utils import first_batch, make_trainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from trl_padfree import PaddingFreePreferenceCollator
+from trl_padfree.mixers import CACHE_KWARGS
 from trl_padfree.forward import PACKED_BATCH_KWARG, PackedBatch
 
 BLOOM = dict(hidden_size=32, n_layer=2, n_head=4)
@@ -57,6 +58,17 @@ def test_kv_cache_on_a_packed_forward_is_refused():
     packed_batch = PackedBatch.from_collated(batch)
     with pytest.raises(ValueError, match="KV cache.*use_cache=False"):
         trainer.model(input_ids=batch["input_ids"], use_cache=True, **{PACKED_BATCH_KWARG: packed_batch})
+
+
+@pytest.mark.parametrize("name", CACHE_KWARGS)
+def test_a_live_cache_is_refused_under_every_name_transformers_uses(name):
+    # transformers 5.24 renamed `past_key_values` / `cache_params` to `cache` (the old names deprecated until 5.40)
+    from transformers import DynamicCache
+
+    trainer = make_trainer(True)
+    packed_batch = PackedBatch.from_collated(first_batch(trainer, 2))
+    with pytest.raises(ValueError, match="KV cache.*use_cache=False"):
+        trainer.model(use_cache=False, **{name: DynamicCache(), PACKED_BATCH_KWARG: packed_batch})
 
 
 def test_mismatched_reference_log_probs_are_refused():

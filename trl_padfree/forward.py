@@ -26,7 +26,7 @@ from .checks import (
     check_sequence_parallel_without_stateful_mixers,
 )
 from .context_parallel import CONTEXT_PARALLEL_KWARG, ContextParallelRow, context_parallel_forward
-from .mixers import SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
+from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
 from .packing import padded_view_index, to_padded_view
 from .prefix_sharing import SharedPrefixAttention
 from .sequence_parallel import SequenceParallelGroup
@@ -156,7 +156,7 @@ class PackedBatch:
 
 def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module: torch.nn.Module | None = None):
     """Call `forward` on the packed row in place of the padded inputs TRL built, and return padded views."""
-    if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
+    if kwargs.get("use_cache") or any(kwargs.get(name) is not None for name in CACHE_KWARGS):
         raise ValueError(
             "A packed forward cannot use a KV cache: with a cache, transformers ignores the packed position_ids and "
             "every sequence of the row attends to the ones before it. Call the model with `use_cache=False`."

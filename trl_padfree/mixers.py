@@ -37,7 +37,9 @@ SEGMENTS_KWARG = "padfree_mixer_segments"
 # Keyword arguments of the packed forward that a mixer run on one segment must not see: its fallback kernels refuse
 # boundaries ("can't keep packed sequences apart without ..."), and a segment needs none
 _PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "shared_prefix", "seq_idx")
-_CACHE_KWARGS = ("cache_params", "past_key_values", "past_key_value", "cache_position")
+# Every name transformers gives a model's or layer's cache: 5.24 renamed `past_key_values` and `cache_params` to
+# `cache`, and keeps the old names (deprecated) until 5.40. A packed forward refuses a live cache under any of them.
+CACHE_KWARGS = ("cache", "past_key_values", "cache_params", "past_key_value")
 
 # Mixers whose kernels take sequence boundaries, and the packages (import names) that provide those kernels. The
 # gated delta rule reads `cu_seq_lens_q` (as `cu_seqlens`); causal-conv1d and the Mamba2 scans read `seq_idx`.
@@ -196,7 +198,7 @@ def _segmented_forward(mixer: torch.nn.Module, inner_forward):
                 )
             return inner_forward(*args, **kwargs)
         hidden_states = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
-        if args[1:] or any(kwargs.get(name) is not None for name in _CACHE_KWARGS):
+        if args[1:] or any(kwargs.get(name) is not None for name in CACHE_KWARGS):
             raise ValueError(f"{mixer_class}: a packed forward runs without a cache (use_cache=False).")
         if kwargs.get("attention_mask") is not None:
             raise ValueError(
