@@ -18,11 +18,12 @@ Besides hub names and local paths, `model_name_or_path` takes a demo model built
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_padfree import DPOConfig, DPOTrainer
-from trl_padfree.cli import one_line_errors, one_line_usage_errors
+from trl_padfree.cli import exit_without_finalizing, one_line_errors, one_line_usage_errors
 from trl_padfree.sources import load_preference_dataset, resolve_model
 
 
-def main(script_args: ScriptArguments, training_args: DPOConfig, model_args: ModelConfig) -> None:
+def main(script_args: ScriptArguments, training_args: DPOConfig, model_args: ModelConfig) -> int:
+    """Train and save; returns the number of processes the run used."""
     if script_args.dataset_name is None:
         raise ValueError("Set `dataset_name` (a hub dataset, a local file, or trl-padfree/demo-preferences).")
     # The policy and the reference model are both loaded from these, as in TRL's script
@@ -51,9 +52,13 @@ def main(script_args: ScriptArguments, training_args: DPOConfig, model_args: Mod
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}")
     trainer.end()
+    return trainer.accelerator.num_processes
 
 
 if __name__ == "__main__":
     with one_line_errors("recipes/dpo.py"):
         parser = one_line_usage_errors(TrlParser((ScriptArguments, DPOConfig, ModelConfig)))
-        main(*parser.parse_args_and_config())
+        processes = main(*parser.parse_args_and_config())
+    if processes > 1:
+        # torch's gloo workers may still be releasing the last collectives: see exit_without_finalizing
+        exit_without_finalizing()

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import warnings
+from typing import NoReturn
 
 from . import bench, coverage, demo, plan
 
@@ -29,6 +31,24 @@ def one_line_errors(program: str):
         message = " ".join(str(error).split())  # some library messages span lines
         print(f"{program}: error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def exit_without_finalizing(status: int = 0) -> NoReturn:
+    """End a finished distributed process at once, logs and streams flushed, without Python's interpreter
+    finalization. Call it last, after `trainer.end()`.
+
+    torch.distributed's gloo backend (every CPU launch) runs worker threads that release each finished collective's
+    tensors themselves, and `trainer.end()` (destroy_process_group) does not stop them. On a loaded machine a worker can
+    reach that release only after the main thread has begun finalizing the interpreter, typically on a rank with
+    nothing left to write (ZeRO-3's last parameter gathers, at save time). The release needs the GIL; Python 3.11
+    ends a thread that asks for it during finalization (pthread_exit), the unwinding crosses torch's noexcept C++
+    frame, and the process aborts ("terminate called without an active exception", SIGABRT) after a run that
+    trained and saved. With no finalization there is nothing for a late worker to run into.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

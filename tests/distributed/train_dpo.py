@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 import warnings
 from itertools import pairwise
@@ -32,6 +30,7 @@ from transformers import TrainerCallback
 
 import trl_padfree
 from trl_padfree import DPOConfig, DPOTrainer
+from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
 from trl_padfree.offload import reference_offloaded, zero3_init_config
 from trl_padfree.sequence_parallel import sequence_parallel_size
@@ -339,14 +338,9 @@ def main(argv=None) -> None:
         del trainer
     if is_main_process:
         output.write_text(json.dumps(reports, indent=1))
-    # Seen twice in ~20 CPU launches under DeepSpeed sequence parallelism: a process aborts at interpreter exit,
-    # after training finished ("terminate called without an active exception", a C++ thread still joinable at
-    # teardown). Leave explicitly, so a finished run is not reported as failed (docs/sequence-parallel.md#limits).
+    # torch's gloo workers may still be releasing the last collectives (trl_padfree.cli.exit_without_finalizing)
     if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_without_finalizing()
 
 
 if __name__ == "__main__":
