@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tiny_architectures import make_tiny_model
 from tiny_fixtures import make_tokenizer
-from trainer_utils import GRAD_ATOL, assert_same_step, make_trainer, one_step
+from trainer_utils import GRAD_ATOL, GRAD_ATOL_BY_MODEL, assert_same_step, make_trainer, one_step
 
 from trl_padfree import ATTN_IMPLEMENTATION
 
@@ -30,12 +30,6 @@ MODEL_TYPES = ("qwen3_moe", "gemma4_text", "gpt_oss", "llama4_text", "olmo3")
 # Whose config turns TRL's MoE aux loss on (a nonzero router_aux_loss_coef)
 AUX_LOSS_BY_DEFAULT = ("qwen3_moe", "gpt_oss", "llama4_text")
 
-# fp32, one step, packed vs padded, largest gradient difference over the largest gradient: 2.3e-7 to 4.5e-7, except
-# gemma4_text: 3.2e-6 (2.9e-6 absolute, largest gradient 0.91, the tied embedding; 3.3e-6 with its MoE block). TRL's
-# padded trainer on the same gemma4_text model differs from itself by 1.4e-5 between its sdpa and eager attention:
-# rounding, through six layers with sqrt(hidden)-scaled embeddings and per-layer inputs. Losses: at most 1.2e-7;
-# metrics within trainer_utils' bounds.
-GRAD_ATOL_BY_MODEL = {"gemma4_text": 1e-5}
 
 
 def model_factory(model_type: str, **overrides):

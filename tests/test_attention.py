@@ -43,6 +43,7 @@ from trl_padfree.attention import (
 )
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.forward import PackedBatch
+from trl_padfree.kernels import varlen_kernel
 from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths, segment_ids_from_lengths
 
 SCALING = HEAD_DIM**-0.5
@@ -573,7 +574,7 @@ def test_kernel_plan_falls_back_without_a_way_to_mask_causally():
 
 def test_installed_torch_has_a_known_varlen_signature():
     # Every name the plan passes exists in one of the signatures above; a torch that renames them fails here
-    installed = attention._varlen_kernel_parameters()
+    installed = varlen_kernel().parameters
 
     assert any(signature <= installed for signature in TORCH_SIGNATURES.values())
 

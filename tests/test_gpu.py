@@ -95,6 +95,42 @@ def test_padfree_varlen_kernel_equals_per_sequence_sdpa_in_bf16(model_type, varl
     assert max_error(packed, reference) <= BF16_ATOL
 
 
+@pytest.mark.parametrize("user_disabled", ["nothing", "flash", "cudnn"])
+def test_varlen_runs_on_flash_whatever_the_user_disabled(user_disabled, monkeypatch):
+    # torch >= 2.15 would pick cuDNN for this GQA model (SM90+, bf16, head dim 8); the call must see Flash only, and
+    # keep working when the user has disabled a backend (torch 2.15 raises "No viable backend" otherwise)
+    import functools
+
+    from trl_padfree import kernels
+
+    flags = []
+    real = kernels._torch_varlen_kernel()
+
+    @functools.wraps(real.function)
+    def recording(*args, **kwargs):
+        flags.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()))
+        return real.function(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_torch_varlen_kernel", lambda: kernels.VarlenKernel(recording))
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())
+    try:
+        if user_disabled == "flash":
+            torch.backends.cuda.enable_flash_sdp(False)
+        elif user_disabled == "cudnn":
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        batch = cuda_packed_batch()
+        packed_model = make_model("llama", attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.bfloat16)
+        reference_model = make_model("llama", attn_implementation="sdpa", dtype=torch.bfloat16)
+        packed = packed_log_probs(packed_model.cuda().eval(), batch)
+    finally:
+        torch.backends.cuda.enable_flash_sdp(before[0])
+        torch.backends.cuda.enable_cudnn_sdp(before[1])
+    reference = per_sequence_log_probs(reference_model.cuda().eval(), batch)
+
+    assert flags == [(True, False)] * NUM_LAYERS
+    assert max_error(packed, reference) <= BF16_ATOL
+
+
 @pytest.mark.parametrize("model_type", ["llama", "mistral"])
 def test_flash_attention_2_packed_equals_per_sequence_sdpa_in_bf16(model_type):
     pytest.importorskip("flash_attn")

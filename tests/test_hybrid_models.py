@@ -12,7 +12,6 @@ tested by the `gpu` test at the end.
 """
 
 import functools
-import importlib.util
 import logging
 
 import pytest
@@ -22,19 +21,14 @@ from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step, with_checkpointing
 from transformers import AutoConfig
 
-from trl_padfree import mixers
+from trl_padfree import kernels
 from trl_padfree.architecture import check_architecture
 from trl_padfree.checks import check_sequence_parallel_without_stateful_mixers
 from trl_padfree.collator import concatenated_inputs
 from trl_padfree.coverage import model_class_for
 from trl_padfree.forward import PackedBatch, add_packed_forward
-from trl_padfree.mixers import (
-    MixerSegments,
-    mixer_calls,
-    mixer_classes,
-    packed_kernels_missing,
-    uses_packed_kernels,
-)
+from trl_padfree.kernels import mixer_kernels
+from trl_padfree.mixers import MixerSegments, mixer_calls, mixer_classes, stateful_mixers
 from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths
 
 VOCAB_SIZE = len(make_tokenizer())
@@ -108,7 +102,8 @@ def test_packed_forward_equals_each_sequence_alone(model_type):
         alone.append(reference(input_ids=ids, use_cache=False).logits.log_softmax(-1)[0])
         alone[-1].sum().backward()
 
-    assert all(ran == segmented > 0 for ran, segmented in mixer_calls(model).values())  # each mixer ran per sequence
+    # each mixer ran per sequence (the whole-row kernels run on CUDA, or under stand-ins: tests/test_kernels.py)
+    assert all(calls.ran == calls.segmented > 0 and not calls.whole_row for calls in mixer_calls(model).values())
     torch.testing.assert_close(log_probs[batch.token_valid], torch.cat(alone), atol=FORWARD_ATOL, rtol=0)
     largest = max(parameter.grad.abs().max() for parameter in reference.parameters())
     for (name, packed), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
@@ -154,14 +149,14 @@ def test_bf16_models_train(model_type):
 
 
 def test_the_path_that_runs_is_logged(caplog):
-    mixers._log_path_once.cache_clear()
-    with caplog.at_level(logging.INFO, logger="trl_padfree.mixers"):
+    kernels.log_once.cache_clear()
+    with caplog.at_level(logging.INFO, logger="trl_padfree.kernels"):
         one_step(make_trainer(True, model_factory=model_factory("lfm2")))
 
     assert "Lfm2ShortConv layers run once per sequence of the packed row, state starting fresh (on CPU)" in caplog.text
 
 
-def test_packed_kernels_take_the_row_with_its_boundaries():
+def test_whole_row_kernels_take_the_row_with_its_boundaries():
     seen = []
 
     def mixer_forward(hidden_states, **kwargs):
@@ -171,21 +166,13 @@ def test_packed_kernels_take_the_row_with_its_boundaries():
     segments = MixerSegments.from_lengths([3, 2])
     hidden_states = torch.randn(1, 5, 4)
 
-    per_segment = segments.run(mixer_forward, hidden_states, {}, packed_kernels=False)
+    per_segment = segments.run(mixer_forward, hidden_states, {}, whole_row=False)
     assert [length for length, _ in seen] == [3, 2] and seen[0][1] == {}
     seen.clear()
-    packed = segments.run(mixer_forward, hidden_states, {}, packed_kernels=True)
+    packed = segments.run(mixer_forward, hidden_states, {}, whole_row=True)
     assert [length for length, _ in seen] == [5]
     assert seen[0][1]["seq_idx"].tolist() == [[0, 0, 0, 1, 1]] and seen[0][1]["cu_seq_lens_q"].tolist() == [0, 3, 5]
     torch.testing.assert_close(packed, per_segment)
-
-
-def test_packed_kernels_need_cuda_and_every_package_of_the_mixer():
-    assert packed_kernels_missing("SomeOtherMixer") is None  # its kernels take no boundaries: always per segment
-    installed = {name: importlib.util.find_spec(module) is not None for name, module in [
-        ("causal-conv1d", "causal_conv1d"), ("flash-linear-attention", "fla")]}  # fmt: skip
-    assert packed_kernels_missing("Qwen3_5GatedDeltaNet") == tuple(name for name, ok in installed.items() if not ok)
-    assert not uses_packed_kernels("Qwen3_5GatedDeltaNet", on_cuda=False)
 
 
 def test_a_packed_row_without_segments_is_an_error():
@@ -233,3 +220,7 @@ def test_cuda_packed_forward_equals_each_sequence_alone(model_type):
             for ids in batch.input_ids.split(LENGTHS, dim=1)])  # fmt: skip
 
     torch.testing.assert_close(log_probs, alone, atol=2e-4, rtol=0)  # TF32 and kernel rounding
+    # Where every kernel the mixer calls takes its boundaries (the packages installed), the whole row ran through them
+    for mixer_class in {type(mixer) for mixer in stateful_mixers(model)}:
+        calls = mixer_calls(model)[mixer_class.__name__]
+        assert bool(calls.whole_row) == mixer_kernels(mixer_class).whole_row, mixer_kernels(mixer_class).reason

@@ -309,6 +309,12 @@ TRL = [
 
 TRANSFORMERS = [
     Seam(
+        "transformers", "transformers.integrations.hub_kernels.use_kernel_func_from_hub_with_fallback",
+        "the decorator of every mixer kernel: its wrappers' closures say what a call runs (kernels.resolve_kernel, "
+        "tests/test_seams.py::test_transformers_kernel_wrappers_hold_what_they_resolved); the stand-ins rebuild them "
+        "with it", "kernels.py", parameters=("func_name", "package"),
+    ),
+    Seam(
         "transformers", "transformers.Trainer.get_train_dataloader", "overridden (token-budget and split-row loaders)",
         "trainer.py", parameters=("self",),
     ),
@@ -621,8 +627,16 @@ TORCH = [
         "torch", "torch.nn.attention.varlen.varlen_attn",
         "PyTorch's varlen flash attention: its seven leading arguments passed by position; the keywords after them "
         "are read from its signature at run time (attention.varlen_kernel_plan)",
-        "attention.py",
+        "kernels.py, attention.py",
         parameters=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"),
+    ),
+    Seam(
+        "torch", "torch.nn.attention.sdpa_kernel",
+        "chooses varlen_attn's Flash backend around each call (torch >= 2.15 reads these flags, picking cuDNN first)",
+        "kernels.py", parameters=("backends",),
+    ),
+    Seam(
+        "torch", "torch.nn.attention.SDPBackend.FLASH_ATTENTION", "the backend chosen for varlen_attn", "kernels.py",
     ),
     Seam(
         "torch", "torch.nn.functional.scaled_dot_product_attention",
@@ -810,20 +824,40 @@ def test_trl_fused_lm_head_returns_the_layout_the_packed_forward_maps():
     assert (unshifted[0, :2] == 0).all() and (unshifted[0, 2:] < 0).all()
 
 
-# ---- hybrid models' mixers, by class name ----
+# ---- transformers' mixer kernel wrappers (kernels.py) ----
 
 
-def test_mixer_classes_with_packed_kernels_are_transformers_classes():
-    """mixers.py picks the packed CUDA kernels of a stateful mixer by its class name; a class transformers renamed
-    would silently run per segment (still exact, slower). Read from the modeling files, not imported (seconds)."""
+def test_mixer_kernel_names_are_transformers_kernel_hub_names():
+    """kernels.py knows each whole-row mixer kernel's boundary argument by the name transformers' kernel hub gives it;
+    a renamed kernel would run per segment (still exact, slower). Read from the modeling files (seconds)."""
     import pathlib
 
     import transformers
 
-    from trl_padfree.mixers import PACKED_KERNEL_PACKAGES
+    from trl_padfree.kernels import BOUNDARY_ARGUMENTS, DECODE_ONLY_KERNELS
 
-    defined = set()
+    named = set()
     for path in (pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"):
-        defined.update(re.findall(r"^class (\w+)\(", path.read_text(), flags=re.MULTILINE))
-    missing = sorted(set(PACKED_KERNEL_PACKAGES) - defined)
-    assert not missing, f"transformers no longer defines {missing} (trl_padfree/mixers.py PACKED_KERNEL_PACKAGES)"
+        named.update(re.findall(r'use_kernel_func_from_hub_with_fallback\("(\w+)"', path.read_text()))
+    missing = sorted((set(BOUNDARY_ARGUMENTS) | DECODE_ONLY_KERNELS) - named)
+    assert not missing, f"no transformers model uses the kernels {missing} any more (trl_padfree/kernels.py)"
+
+
+def test_transformers_kernel_wrappers_hold_what_they_resolved():
+    """kernels.resolve_kernel reads a wrapper's closure (`implementation`, `is_new_implementation`, `func_name`,
+    `package`, `torch_function`); the stand-ins rebuild wrappers with transformers' own decorator, which passes on
+    only the keywords the implementation names."""
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+
+    from trl_padfree.kernels import resolve_kernel
+
+    def fallback(x, weight, bias=None, activation=None, **kwargs):
+        return ("fallback", sorted(kwargs))
+
+    wrapper = use_kernel_func_from_hub_with_fallback("causal_conv1d_fn", "no_such_kernel_package")(fallback)
+    resolved = resolve_kernel(wrapper)
+    assert resolved is not None, "transformers' kernel wrapper no longer holds what it resolved in its closure"
+    assert (resolved.name, resolved.package, resolved.implementation, resolved.is_fallback) == (
+        "causal_conv1d_fn", "no_such_kernel_package", fallback, True,
+    )  # fmt: skip
+    assert wrapper(1, 2, unknown=3) == ("fallback", [])  # keywords the implementation does not name are dropped

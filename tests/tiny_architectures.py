@@ -38,6 +38,9 @@ TINY_LAYERS = {
     "gpt_oss": dict(num_hidden_layers=2),
     "llama4_text": dict(num_hidden_layers=4, interleave_moe_layer_step=2),
     "olmo3": dict(num_hidden_layers=4),
+    "gemma3_text": dict(num_hidden_layers=6),  # 5 sliding + 1 full
+    "cohere2": dict(num_hidden_layers=4),  # 3 sliding + 1 full
+    "smollm3": dict(num_hidden_layers=4),  # 3 RoPE + 1 NoPE
     # Hybrids: linear-attention or state-space layers around attention layers, the real checkpoints' kinds of layer
     "qwen3_5_text": dict(num_hidden_layers=4),  # 3 gated delta rule + 1 full attention
     "qwen3_5_moe_text": dict(num_hidden_layers=4),
@@ -54,6 +57,7 @@ TINY_LAYERS = {
         num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]
     ),
 }
+DEFAULT_LAYERS = dict(num_hidden_layers=2)  # every other type: two layers of its one kind
 HYBRID_MODEL_TYPES = (
     "qwen3_5_text",
     "qwen3_5_moe_text",
@@ -71,9 +75,10 @@ _PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
 
 
 def tiny_config(model_type: str, vocab_size: int, **overrides) -> PretrainedConfig:
-    """The default config of `model_type`, shrunk like the packability twin, with `TINY_LAYERS` layers."""
+    """The default config of `model_type`, shrunk like the packability twin, with `TINY_LAYERS` layers (two by
+    default)."""
     values = twin_config(AutoConfig.for_model(model_type)).to_dict()
-    layers = {**TINY_LAYERS[model_type], **overrides}
+    layers = {**TINY_LAYERS.get(model_type, DEFAULT_LAYERS), **overrides}
     count = layers["num_hidden_layers"]
     for name in _PER_LAYER_LISTS:
         if isinstance(values.get(name), list):

@@ -6,11 +6,16 @@ and attention backend, the same layer pattern (`layer_types`, dense/MoE mix, sli
 width shrunk, windows and chunks shrunk below the check's sequence lengths, in float64, with zero-initialised tensors
 given small random values so that a leak cannot hide behind them. On the twin it compares
 
-    packed:     one forward (and backward) of the row  | s1 | s2 | s3 | s4 |  with the packing keyword arguments
+    packed:     one forward (and backward) of the row  | s1 | s2 | s3 | s4 | pad |  built as training builds it
     reference:  each sequence alone, `eager` attention, plain `input_ids`, no packing keyword arguments
 
-log-probs and parameter gradients. The verdict is cached per architecture signature (class, backend, twin config), so
-the real model's dtype and ZeRO-3 partitioning do not matter, and a trainer pays for the check once per process.
+log-probs and parameter gradients, in training mode (forward and backward, as the policy runs) and in eval mode
+(forward, as the reference model runs). The packed side is the training path itself: preference pairs through the
+collator (`concatenated_inputs`), `PackedBatch`, its model keyword arguments and the packed forward
+(`forward.add_packed_forward`), so a change to any of them is checked here too. Under `kernels.stand_in_kernels` the
+packed forward takes its CUDA branches, so the check runs them as well. The verdict is cached per architecture
+signature (class, backend, twin config) and kernels in force, so the real model's dtype and ZeRO-3 partitioning do
+not matter, and a trainer pays for the check once per process.
 """
 
 from __future__ import annotations
@@ -26,14 +31,19 @@ import torch
 from transformers import CONFIG_MAPPING, PretrainedConfig, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import shared_prefix_expected
-from .mixers import SEGMENTS_KWARG, MixerSegments, add_segmented_mixers, mixer_calls, mixer_classes
-from .packing import cu_seq_lens_from_lengths, position_ids_from_lengths
+from .collator import concatenated_inputs
+from .forward import PackedBatch, add_packed_forward
+from .kernels import branch_key, mixer_kernels, pytorch_fallback_kernels
+from .mixers import mixer_calls, mixer_classes, stateful_mixers
 
-# The check's row: a one-token sequence, and sequences longer than the shrunk windows (3) and chunks (4)
-CHECK_LENGTHS = (9, 1, 13, 5)
-# (prompt, chosen, rejected) token counts of the prefix-sharing check
-CHECK_PAIRS = ((6, 3, 4), (3, 5, 2))
+# The check's pairs, (prompt, chosen, rejected) token counts: sequences of 9, 1, 13 and 5 tokens (chosen, then
+# rejected), so one sequence of a single token and others longer than the shrunk windows (3) and chunks (4); the row
+# is padded to a multiple of 8, as sequence and context parallelism pad it, so a padding segment ends it
+CHECK_PAIRS = ((4, 5, 9), (1, 0, 4))
+CHECK_LENGTHS = tuple(pair[0] + pair[side] for side in (1, 2) for pair in CHECK_PAIRS)  # (9, 1, 13, 5)
+CHECK_ROW_MULTIPLE = 8
+# The prefix-sharing check's pairs
+CHECK_SHARED_PAIRS = ((6, 3, 4), (3, 5, 2))
 TWIN_SLIDING_WINDOW = 3
 TWIN_CHUNK_SIZE = 4
 TWIN_VOCAB_SIZE = 64
@@ -116,7 +126,11 @@ _AT_MOST = {  # expert counts: a few experts keep routing real without the size
     "mamba_n_groups": 2,
     "mamba_ngroups": 2,
 }
-_ZEROED = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
+# Randomness in training mode, where the check runs too: dropout and router jitter
+_ZEROED = (
+    "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
+    "router_jitter_noise", "input_jitter_noise", "moe_jitter_eps",
+)  # fmt: skip
 # Derived on the real config from fields shrunk above (Zamba2 derives its attention widths): recomputed by the config
 # class from the shrunk values. Dropped only where they are not fields of the config class (RWKV's, JetMoE's are).
 _DERIVED = ("qk_head_dim", "attention_hidden_size", "attention_head_dim", "kv_channels", "num_query_groups")
@@ -260,7 +274,7 @@ def build_twin(model_class: type, config: PretrainedConfig, attn_implementation:
                 if not parameter.detach().any():  # a zero tensor hides a leak: a gate at 0 passes nothing on
                     parameter.data.normal_(0.0, TWIN_INITIALIZER_RANGE)
         twin.set_attn_implementation(attn_implementation)
-        add_segmented_mixers(twin)  # as the trainer's models get them (mixers.py)
+        add_packed_forward(twin)  # as the trainer's models get it, stateful mixers included (mixers.py)
     except Exception as error:  # any failure here is the twin's, reported with what failed
         raise TwinError(f"{type(error).__name__}: {error}") from error
     return twin
@@ -276,6 +290,8 @@ class PackingErrors:
     attention_calls: int | None  # None: the backend is the model's own eager code, which cannot be counted
     # Stateful mixers (mixers.py) that never received the row's segments: their layers do not pass keywords on
     mixers_without_segments: tuple[str, ...] = ()
+    # Stateful mixers that ran the whole row through their kernels (CUDA, or stand-ins), not once per sequence
+    whole_row_mixers: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -326,83 +342,98 @@ def _relative_gradient_error(packed: list[torch.Tensor], reference: list[torch.T
     return error / (scale or 1.0)
 
 
-def packing_errors(twin: PreTrainedModel, attn_implementation: str, lengths=CHECK_LENGTHS) -> PackingErrors:
-    """Compare the twin's packed forward and backward on `attn_implementation` with each sequence run alone on eager."""
+def _check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[list[int]], PackedBatch]:
+    """Random preference pairs of these token counts, packed by the collator as training packs them, and their
+    sequences alone (chosen ones, then rejected ones: the padded view's order)."""
     vocab_size = twin.config.get_text_config().vocab_size
-    with _private_rng(1):
-        input_ids = torch.randint(vocab_size, (1, sum(lengths)))
-        weights = torch.randn(1, sum(lengths), twin.get_output_embeddings().weight.shape[0], dtype=TWIN_DTYPE)
-    sequences, sequence_weights = input_ids.split(lengths, dim=1), weights.split(lengths, dim=1)
+    keys = ("prompt_ids", "chosen_ids", "rejected_ids")
+    with _private_rng(seed):
+        examples = [
+            {key: torch.randint(vocab_size, (count,)).tolist() for key, count in zip(keys, shape, strict=True)}
+            for shape in pairs
+        ]
+    batch = concatenated_inputs(
+        examples,
+        pad_to_multiple_of=CHECK_ROW_MULTIPLE,
+        prefix_sharing=prefix_sharing,
+        prefix_sharing_min_prompt_tokens=2,
+    )
+    sequences = [example["prompt_ids"] + example[key] for key in keys[1:] for example in examples]
+    return sequences, PackedBatch.from_collated(batch)
 
+
+def _packed_log_probs(twin: PreTrainedModel, packed: PackedBatch) -> torch.Tensor:
+    """The packed forward's log-probs of every token of every sequence, in order `(tokens, vocab)`."""
+    logits = twin(packed_batch=packed, use_cache=False).logits  # the padded view, (sequences, width, vocab)
+    return logits[packed.token_valid].double().log_softmax(-1)
+
+
+def _alone_log_probs(twin: PreTrainedModel, sequences: list[list[int]]) -> list[torch.Tensor]:
+    return [twin(input_ids=torch.tensor([ids]), use_cache=False).logits[0].double().log_softmax(-1) for ids in sequences]
+
+
+def packing_errors(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_PAIRS) -> PackingErrors:
+    """Compare the twin's packed forward (training path, `attn_implementation`) with each sequence run alone on eager:
+    log-probs and gradients in training mode, log-probs in eval mode."""
+    sequences, packed = _check_row(twin, pairs, prefix_sharing=False, seed=1)
+    lengths = [len(ids) for ids in sequences]
+    with _private_rng(1):
+        weights = torch.randn(sum(lengths), twin.get_output_embeddings().weight.shape[0], dtype=TWIN_DTYPE)
+
+    twin.train()
     twin.set_attn_implementation("eager")
     twin.zero_grad(set_to_none=True)
     reference = []
-    for ids, weight in zip(sequences, sequence_weights, strict=True):
-        loss, log_probs = _loss_and_log_probs(twin(input_ids=ids, use_cache=False).logits, weight)
-        loss.backward()
-        reference.append(log_probs)
-    reference_log_probs, reference_gradients = torch.cat(reference, dim=1), _gradients(twin)
+    for log_probs, weight in zip(_alone_log_probs(twin, sequences), weights.split(lengths), strict=True):
+        (log_probs * weight).sum().backward()
+        reference.append(log_probs.detach())
+    reference_log_probs, reference_gradients = torch.cat(reference), _gradients(twin)
 
     twin.set_attn_implementation(attn_implementation)
     twin.zero_grad(set_to_none=True)
-    cu_seq_lens = cu_seq_lens_from_lengths(lengths)
-    packed_kwargs = {
-        "input_ids": input_ids,
-        "position_ids": position_ids_from_lengths(lengths),
-        "cu_seq_lens_q": cu_seq_lens,
-        "cu_seq_lens_k": cu_seq_lens,
-        "max_length_q": max(lengths),
-        "max_length_k": max(lengths),
-        "use_cache": False,
-    }
-    if mixer_classes(twin):
-        packed_kwargs[SEGMENTS_KWARG] = MixerSegments.from_lengths(list(lengths))
-    mixer_calls_before = mixer_calls(twin)
+    calls_before = mixer_calls(twin)
     with _counting_attention_calls(attn_implementation) as calls:
-        loss, packed_log_probs = _loss_and_log_probs(twin(**packed_kwargs).logits, weights)
-    loss.backward()
+        packed_log_probs = _packed_log_probs(twin, packed)
+    (packed_log_probs * weights).sum().backward()
     packed_gradients = _gradients(twin)
     twin.zero_grad(set_to_none=True)
+    calls_after = mixer_calls(twin)
     # Mixers that ran in the packed forward without their segments (a model's audio or vision tower may not run)
     unreached = tuple(
         name
-        for name, (ran, segmented) in mixer_calls(twin).items()
-        if ran > mixer_calls_before[name][0] and segmented == mixer_calls_before[name][1]
+        for name, after in calls_after.items()
+        if after.ran > calls_before[name].ran and after.segmented == calls_before[name].segmented
     )
+    whole_row = tuple(name for name, after in calls_after.items() if after.whole_row > calls_before[name].whole_row)
+    log_prob_error = float((packed_log_probs.detach() - reference_log_probs).abs().max())
+
+    twin.eval()  # the reference model's forward
+    with torch.no_grad():
+        packed_eval = _packed_log_probs(twin, packed)
+        twin.set_attn_implementation("eager")
+        alone_eval = torch.cat(_alone_log_probs(twin, sequences))
+        twin.set_attn_implementation(attn_implementation)
+    log_prob_error = max(log_prob_error, float((packed_eval - alone_eval).abs().max()))
 
     return PackingErrors(
-        log_probs=float((packed_log_probs - reference_log_probs).abs().max()),
+        log_probs=log_prob_error,
         gradients=_relative_gradient_error(packed_gradients, reference_gradients),
         attention_calls=None if calls is None else calls[0],
         mixers_without_segments=unreached,
+        whole_row_mixers=whole_row,
     )
 
 
-def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, shapes=CHECK_PAIRS) -> float:
-    """Max abs log-prob difference between one prefix-sharing forward of random pairs `(prompt, chosen, rejected)` on
+def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_SHARED_PAIRS) -> float:
+    """Max abs log-prob difference between one prefix-sharing forward (training path) of random pairs on
     `attn_implementation` and each sequence alone on eager."""
-    from .collator import concatenated_inputs
-    from .forward import PackedBatch
-
-    vocab_size = twin.config.get_text_config().vocab_size
-    with _private_rng(2):
-        pairs = [
-            {key: torch.randint(vocab_size, (count,)).tolist() for key, count in zip(("prompt_ids", "chosen_ids", "rejected_ids"), shape, strict=True)}
-            for shape in shapes
-        ]
-    batch = concatenated_inputs(pairs, prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
-    packed = PackedBatch.from_collated(batch)
+    sequences, packed = _check_row(twin, pairs, prefix_sharing=True, seed=2)
+    twin.eval()
     with torch.no_grad():
         twin.set_attn_implementation(attn_implementation)
-        with shared_prefix_expected(packed.shared_prefix):
-            segments = {SEGMENTS_KWARG: MixerSegments.of_packed_batch(packed)} if mixer_classes(twin) else {}
-            logits = twin(**packed.model_kwargs(), **segments).logits.double().log_softmax(-1)
-        shared = packed.padded(logits)[packed.token_valid]
+        shared = _packed_log_probs(twin, packed)
         twin.set_attn_implementation("eager")
-        sequences = [pair["prompt_ids"] + pair[key] for key in ("chosen_ids", "rejected_ids") for pair in pairs]
-        separate = torch.cat(
-            [twin(input_ids=torch.tensor([ids]), use_cache=False).logits.float().log_softmax(-1)[0] for ids in sequences]
-        )
+        separate = torch.cat(_alone_log_probs(twin, sequences))
         twin.set_attn_implementation(attn_implementation)
     return float((shared - separate).abs().max())
 
@@ -455,7 +486,7 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
         return verdict(
             f"packed sequences see each other: on a tiny float64 twin the packed log-probs differ from each sequence "
             f"alone by {errors.log_probs:.2g} and the gradients by {errors.gradients:.2g} of their largest "
-            f"(tolerance {LOG_PROB_TOLERANCE:g})", errors,
+            f"(tolerance {LOG_PROB_TOLERANCE:g}){_whole_row_kernels(twin, errors.whole_row_mixers)}", errors,
         )
     if not prefix_sharing:
         return verdict(None, errors)
@@ -471,7 +502,21 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
     return verdict(None, errors, shared_error)
 
 
-_VERDICTS: dict[tuple[str, bool], Verdict] = {}
+def _whole_row_kernels(twin: PreTrainedModel, mixer_class_names: tuple[str, ...]) -> str:
+    """What a leak's reason adds when stateful mixers ran the whole row through their kernels."""
+    if not mixer_class_names:
+        return ""
+    classes = {type(mixer) for mixer in stateful_mixers(twin) if type(mixer).__name__ in mixer_class_names}
+    kernels = {kernel for mixer_class in classes for kernel in mixer_kernels(mixer_class).kernels}
+    described = ", ".join(sorted(kernel.described for kernel in kernels if kernel.boundary))
+    distributions = ", ".join(sorted({kernel.distribution for kernel in kernels if kernel.boundary}))
+    return (
+        f"; its {', '.join(mixer_class_names)} layers ran the whole row through {described}, which did not keep the "
+        f"sequences apart: uninstall {distributions} (the layers then run once per sequence)"
+    )
+
+
+_VERDICTS: dict[tuple, Verdict] = {}
 
 
 def check_architecture(
@@ -480,13 +525,14 @@ def check_architecture(
     """The verdict for `model_class` built from `config` on `attn_implementation`, measured once per process per
     architecture signature."""
     try:
-        key = (architecture_signature(model_class, config, attn_implementation), prefix_sharing)
+        key = (architecture_signature(model_class, config, attn_implementation), prefix_sharing, branch_key())
     except Exception as error:
         return Verdict(
             config.model_type, model_class.__name__, attn_implementation, False,
             f"its tiny twin could not be built ({type(error).__name__}: {error})", None, None, 0.0,
         )
     if key not in _VERDICTS:
-        with _one_thread():
+        # The twin is on the CPU: mixer kernels installed for the GPU would get its tensors (kernels.py)
+        with _one_thread(), pytorch_fallback_kernels():
             _VERDICTS[key] = _measure(model_class, config, attn_implementation, prefix_sharing)
     return _VERDICTS[key]

@@ -1,11 +1,11 @@
 """`padfree_varlen`: a packing-aware attention registered with transformers' `AttentionInterface`.
 
 Each sequence of a packed row attends only to itself, causally, read from `cu_seq_lens_q`:
-- CUDA, fp16/bf16: PyTorch's own varlen flash attention (`torch.nn.attention.varlen.varlen_attn`), so no
-  flash-attn package is needed. Its keyword arguments differ between torch releases: `varlen_kernel_plan` reads what
-  the installed one accepts. A layer the kernel cannot compute (logit softcapping, attention sinks, dropout, or a
-  sliding window or custom scale the installed torch cannot pass) runs the per-segment path instead, and says so once
-  in an INFO line on the `trl_padfree.attention` logger.
+- CUDA, fp16/bf16, SM80+: PyTorch's own varlen attention (`torch.nn.attention.varlen.varlen_attn`) on its Flash
+  backend, chosen explicitly (kernels.py), so no flash-attn package is needed. Its keyword arguments differ between
+  torch releases: `varlen_kernel_plan` reads what the installed one accepts. A layer the kernel cannot compute (logit
+  softcapping, attention sinks, dropout, or a sliding window or custom scale the installed torch cannot pass) runs
+  the per-segment path instead, and says so once in an INFO line on the `trl_padfree.attention` logger.
 - Elsewhere (CPU, or fp32 on CUDA): one `scaled_dot_product_attention` per segment, or the same softmax attention
   written out (`explicit_attention`) for layers that softcap their logits or have attention sinks. Its cost grows with
   the sum of the squared sequence lengths, not with the square of the row as the dense block-diagonal sdpa/eager mask
@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 import logging
 import math
 import weakref
@@ -49,6 +48,15 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .context_parallel import ContextParallelRow, context_parallel_forward_active
 from .context_parallel import attend as context_parallel_attention
+from .kernels import (
+    FLASH_MIN_CAPABILITY,
+    VARLEN_DTYPES,
+    VarlenKernel,
+    flash_backend,
+    log_varlen_backend,
+    takes_cuda_branch,
+    varlen_kernel,
+)
 from .layout_expected import expected_by_attention
 from .packing import cu_seq_lens_from_position_ids, ranges_index
 from .prefix_sharing import SharedPrefixAttention
@@ -260,19 +268,26 @@ def varlen_kernel_plan(
     softcap: float | None = None,
     sinks: bool = False,
     dropout: float = 0.0,
+    dtypes: Collection[torch.dtype] = VARLEN_DTYPES,
+    capability: tuple[int, int] = FLASH_MIN_CAPABILITY,
 ) -> VarlenKernelPlan:
-    """The call of a `varlen_attn` that takes the keyword `parameters` for a layer with these needs.
+    """The call of a `varlen_attn` that takes the keyword `parameters` for a layer with these needs, on a GPU of
+    compute `capability`; `dtypes`: the inputs the kernel computes in.
 
     By name, as torch releases differ: 2.10 takes `is_causal` only; 2.11 `scale` and `window_size`; 2.12 adds
-    `enable_gqa`. Without `enable_gqa`, grouped key/value heads are expanded; without `scale`, only the default
-    `1/sqrt(head_dim)` runs; without `window_size`, no sliding window.
+    `enable_gqa` (2.13 to 2.15 take the same). Without `enable_gqa`, grouped key/value heads are expanded; without
+    `scale`, only the default `1/sqrt(head_dim)` runs; without `window_size`, no sliding window.
     """
 
     def fall_back(reason: str) -> VarlenKernelPlan:
         return VarlenKernelPlan(fallback=reason)
 
-    if dtype not in (torch.float16, torch.bfloat16):
-        return fall_back(f"{dtype} inputs (the kernel takes fp16/bf16)")
+    if tuple(capability) < FLASH_MIN_CAPABILITY:
+        major, minor = capability
+        return fall_back(f"a GPU of compute capability {major}.{minor} (the Flash kernel needs 8.0 or newer)")
+    if dtype not in dtypes:
+        takes = "/".join(str(each).removeprefix("torch.") for each in dtypes)
+        return fall_back(f"{dtype} inputs (the kernel takes {takes})")
     if softcap is not None:
         return fall_back("attention logit softcapping")
     if sinks:
@@ -300,16 +315,9 @@ def varlen_kernel_plan(
     return VarlenKernelPlan(options, expand_heads=grouped and "enable_gqa" not in parameters)
 
 
-@functools.cache
-def _varlen_kernel_parameters() -> frozenset[str]:
-    from torch.nn.attention.varlen import varlen_attn
-
-    return frozenset(inspect.signature(varlen_attn).parameters)
-
-
-def _kernel_plan(query, key, scaling, sliding_window, dropout, softcap=None, sinks=None) -> VarlenKernelPlan:
+def _kernel_plan(kernel: VarlenKernel, query, key, scaling, sliding_window, dropout, softcap=None, sinks=None):
     return varlen_kernel_plan(
-        _varlen_kernel_parameters(),
+        kernel.parameters,
         dtype=query.dtype,
         grouped=query.shape[1] != key.shape[1],
         head_dim=query.shape[-1],
@@ -318,6 +326,8 @@ def _kernel_plan(query, key, scaling, sliding_window, dropout, softcap=None, sin
         softcap=softcap,
         sinks=sinks is not None,
         dropout=dropout,
+        dtypes=kernel.dtypes,
+        capability=kernel.device_capability(query.device),
     )
 
 
@@ -332,26 +342,30 @@ def torch_varlen_attention(
     scaling: float | None,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """PyTorch's varlen flash attention (CUDA), called as the installed torch accepts. Inputs `(1, heads, T, dim)`;
-    returns `(1, T_q, heads, dim)`."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    plan = _kernel_plan(query, key, scaling, sliding_window, dropout=0.0)
+    """PyTorch's varlen attention (CUDA) on its Flash backend, called as the installed torch accepts. Inputs
+    `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`."""
+    kernel = varlen_kernel()
+    plan = _kernel_plan(kernel, query, key, scaling, sliding_window, dropout=0.0)
     if plan.fallback is not None:
         raise ValueError(f"torch's varlen_attn cannot compute this attention: {plan.fallback}.")
     if plan.expand_heads:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    output = varlen_attn(
-        query[0].transpose(0, 1),
-        key[0].transpose(0, 1),
-        value[0].transpose(0, 1),
-        cu_seq_lens_q.to(device=query.device, dtype=torch.int32),
-        cu_seq_lens_k.to(device=query.device, dtype=torch.int32),
-        max_length_q,
-        max_length_k,
-        **plan.options,
-    )
+    boundaries_q = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
+    # Self-attention passes one tensor for both, as torch's kernels expect of it
+    same = cu_seq_lens_k is cu_seq_lens_q
+    boundaries_k = boundaries_q if same else cu_seq_lens_k.to(device=query.device, dtype=torch.int32)
+    with flash_backend():
+        output = kernel.function(
+            query[0].transpose(0, 1),
+            key[0].transpose(0, 1),
+            value[0].transpose(0, 1),
+            boundaries_q,
+            boundaries_k,
+            max_length_q,
+            max_length_k,
+            **plan.options,
+        )
     return output.unsqueeze(0)
 
 
@@ -362,10 +376,10 @@ def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length
     `options`: `scaling`, `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `skip_segments`.
     """
     skip_segments = options.pop("skip_segments", frozenset())
-    if query.is_cuda:
-        plan = _kernel_plan(query, key, **options)
+    if takes_cuda_branch(query):
+        plan = _kernel_plan(varlen_kernel(), query, key, **options)
         if plan.fallback is None:
-            _log_path_once(f"`{ATTN_IMPLEMENTATION}` attention runs torch's varlen flash attention kernel (CUDA).")
+            log_varlen_backend()
             if max_length_q is None:
                 max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
                 max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())

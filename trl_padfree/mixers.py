@@ -11,26 +11,25 @@ a packed row that state would run from one sequence into the next:
 Each such mixer (a module owning a depthwise causal `Conv1d`) gets a forward that, when the packed forward hands it
 `MixerSegments`, keeps the sequences apart one of two ways:
 
-- **packed kernels** (CUDA, with the mixer's kernel packages installed: causal-conv1d, flash-linear-attention,
-  mamba-ssm): one call on the whole row with the boundaries those kernels take, `seq_idx` (segment index per token)
-  and `cu_seqlens`. transformers hands its mixers' keyword arguments on to their kernels.
-- **per segment** (everywhere else, and what CI tests): the mixer runs once per sequence, its state starting fresh.
+- **whole row** (CUDA): one call on the whole row with the boundaries its kernels take, `seq_idx` (segment index per
+  token) and `cu_seqlens`; transformers hands its mixers' keyword arguments on to their kernels. Only when every
+  kernel function the mixer's forward calls, as transformers resolved it, names its boundary argument (kernels.py):
+  transformers' PyTorch fallbacks, or a function that swallows keywords, run per segment instead.
+- **per segment** (CPU, and CUDA without such kernels): the mixer runs once per sequence, its state starting fresh.
 
 With prefix sharing a rejected branch has no prompt of its own on the row; its mixers read the prompt's tokens
 (`gather_index`) in front of the branch, so their state at the branch is the one the prompt leaves, and only the
-branch's outputs are kept. Which path runs is logged once per mixer class (`trl_padfree.mixers` logger).
+branch's outputs are kept. Which path runs, and why, is logged once per mixer class (`trl_padfree.kernels` logger).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import logging
 from dataclasses import dataclass
 
 import torch
 
-logger = logging.getLogger(__name__)
+from .kernels import MixerKernels, branch_key, log_once, mixer_kernels, takes_cuda_branch
 
 # The keyword argument the packed forward adds for models with stateful mixers; transformers passes it down to them
 SEGMENTS_KWARG = "padfree_mixer_segments"
@@ -40,29 +39,6 @@ _PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length
 # Every name transformers gives a model's or layer's cache: 5.24 renamed `past_key_values` and `cache_params` to
 # `cache`, and keeps the old names (deprecated) until 5.40. A packed forward refuses a live cache under any of them.
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params", "past_key_value")
-
-# Mixers whose kernels take sequence boundaries, and the packages (import names) that provide those kernels. The
-# gated delta rule reads `cu_seq_lens_q` (as `cu_seqlens`); causal-conv1d and the Mamba2 scans read `seq_idx`.
-_GATED_DELTA = ("causal_conv1d", "fla")
-_SHORT_CONV = ("causal_conv1d",)
-_MAMBA2 = ("causal_conv1d", "mamba_ssm")
-PACKED_KERNEL_PACKAGES = {
-    "Qwen3_5GatedDeltaNet": _GATED_DELTA,
-    "Qwen3_5MoeGatedDeltaNet": _GATED_DELTA,
-    "Qwen3NextGatedDeltaNet": _GATED_DELTA,
-    "OlmoHybridGatedDeltaNet": _GATED_DELTA,
-    "Lfm2ShortConv": _SHORT_CONV,
-    "Lfm2MoeShortConv": _SHORT_CONV,
-    "Lfm3ShortConv": _SHORT_CONV,
-    "NemotronHMamba2Mixer": _MAMBA2,
-    "FalconH1Mixer": _MAMBA2,
-    "BambaMixer": _MAMBA2,
-    "Zamba2MambaMixer": _MAMBA2,
-    "GraniteMoeHybridMambaLayer": _MAMBA2,
-}
-# pip distribution names, for the advice
-_DISTRIBUTIONS = {"causal_conv1d": "causal-conv1d", "fla": "flash-linear-attention", "mamba_ssm": "mamba-ssm"}
-
 
 @dataclass
 class MixerSegments:
@@ -114,10 +90,11 @@ class MixerSegments:
         lengths = packed.seq_lens.tolist() + [packed.row_length - packed.real_row_tokens]
         return cls.from_lengths(lengths, gather_index, output_index, device)
 
-    def run(self, mixer_forward, hidden_states: torch.Tensor, kwargs: dict, packed_kernels: bool) -> torch.Tensor:
-        """`mixer_forward` on `hidden_states` (1, T, hidden) with every sequence kept apart."""
+    def run(self, mixer_forward, hidden_states: torch.Tensor, kwargs: dict, whole_row: bool) -> torch.Tensor:
+        """`mixer_forward` on `hidden_states` (1, T, hidden) with every sequence kept apart: in one call given the
+        boundaries (`whole_row`), or once per sequence."""
         mixer_row = hidden_states if self.gather_index is None else hidden_states[:, self.gather_index]
-        if packed_kernels:
+        if whole_row:
             kernel_kwargs = {"cu_seq_lens_q": self.cu_seqlens, "seq_idx": self.seq_idx}
             outputs = mixer_forward(mixer_row, **kwargs, **kernel_kwargs)
         else:
@@ -143,19 +120,10 @@ def _is_causal_depthwise_conv(module: torch.nn.Module) -> bool:
     )
 
 
-@functools.cache  # asked by every mixer call on CUDA: look the packages up once
-def packed_kernels_missing(mixer_class: str) -> tuple[str, ...] | None:
-    """The packages the packed kernels of `mixer_class` need that are not installed (() when all are); None when its
-    kernels take no boundaries, so it always runs per segment."""
-    packages = PACKED_KERNEL_PACKAGES.get(mixer_class)
-    if packages is None:
-        return None
-    return tuple(_DISTRIBUTIONS[name] for name in packages if importlib.util.find_spec(name) is None)
-
-
-def uses_packed_kernels(mixer_class: str, on_cuda: bool) -> bool:
-    """Whether `mixer_class` runs on the whole row with `seq_idx`/`cu_seqlens` (else once per segment)."""
-    return on_cuda and packed_kernels_missing(mixer_class) == ()
+@functools.cache
+def _kernels_of(mixer_class: type, kernels_in_force: object) -> MixerKernels:
+    # Read at a class's first packed forward, once per set of kernels in force (stand-ins change them)
+    return mixer_kernels(mixer_class)
 
 
 def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
@@ -165,7 +133,7 @@ def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
         if not getattr(mixer, "_padfree_segmented", False):
             mixer.forward = _segmented_forward(mixer, mixer.forward)
             mixer._padfree_segmented = True
-            mixer._padfree_calls = mixer._padfree_segmented_calls = 0
+            mixer._padfree_calls = mixer._padfree_segmented_calls = mixer._padfree_whole_row_calls = 0
     return mixer_classes(model)
 
 
@@ -173,13 +141,26 @@ def mixer_classes(model: torch.nn.Module) -> list[str]:
     return sorted({type(mixer).__name__ for mixer in stateful_mixers(model)})
 
 
-def mixer_calls(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """Per mixer class: how many times its mixers ran, and how many of those with segments (the architecture check
-    asserts that every mixer a packed forward runs gets them)."""
-    calls: dict[str, tuple[int, int]] = {}
+@dataclass(frozen=True)
+class MixerCalls:
+    """How often a mixer class's layers ran: in all, with the row's segments, and of those on the whole row."""
+
+    ran: int = 0
+    segmented: int = 0
+    whole_row: int = 0
+
+
+def mixer_calls(model: torch.nn.Module) -> dict[str, MixerCalls]:
+    """Per mixer class, how its mixers ran (the architecture check asserts that every mixer a packed forward runs gets
+    its segments, and names the whole-row kernels of a leak)."""
+    calls: dict[str, MixerCalls] = {}
     for mixer in stateful_mixers(model):
-        ran, segmented = calls.get(type(mixer).__name__, (0, 0))
-        calls[type(mixer).__name__] = (ran + mixer._padfree_calls, segmented + mixer._padfree_segmented_calls)
+        seen = calls.get(type(mixer).__name__, MixerCalls())
+        calls[type(mixer).__name__] = MixerCalls(
+            seen.ran + mixer._padfree_calls,
+            seen.segmented + mixer._padfree_segmented_calls,
+            seen.whole_row + mixer._padfree_whole_row_calls,
+        )
     return calls
 
 
@@ -206,27 +187,15 @@ def _segmented_forward(mixer: torch.nn.Module, inner_forward):
             )
         for name in _PACKING_KWARGS:
             kwargs.pop(name, None)
-        packed_kernels = uses_packed_kernels(mixer_class, hidden_states.is_cuda)
-        _log_path_once(mixer_class, packed_kernels, hidden_states.is_cuda)
+        if takes_cuda_branch(hidden_states):
+            kernels = _kernels_of(type(mixer), branch_key())
+            whole_row = kernels.whole_row
+            log_once(kernels.describe())
+        else:
+            whole_row = False
+            log_once(f"{mixer_class} layers run once per sequence of the packed row, state starting fresh (on CPU).")
         mixer._padfree_segmented_calls += 1
-        return segments.run(inner_forward, hidden_states, kwargs, packed_kernels)
+        mixer._padfree_whole_row_calls += whole_row
+        return segments.run(inner_forward, hidden_states, kwargs, whole_row)
 
     return forward
-
-
-@functools.cache
-def _log_path_once(mixer_class: str, packed_kernels: bool, on_cuda: bool) -> None:
-    if packed_kernels:
-        packages = ", ".join(_DISTRIBUTIONS[name] for name in PACKED_KERNEL_PACKAGES[mixer_class])
-        logger.info(
-            f"{mixer_class} layers run on the packed row, their kernels ({packages}) given seq_idx/cu_seqlens."
-        )
-        return
-    missing = packed_kernels_missing(mixer_class)
-    if missing is None:
-        why = "its kernels take no sequence boundaries"
-    elif not on_cuda:
-        why = "on CPU"
-    else:
-        why = f"install {', '.join(missing)} for the packed kernels"
-    logger.info(f"{mixer_class} layers run once per sequence of the packed row, state starting fresh ({why}).")
