@@ -58,7 +58,9 @@ def make_legacy_model(seed: int, vocab_size: int, **overrides) -> LegacyLlamaFor
 
     from trl_padfree.tiny import TINY_CONFIGS
 
-    config = LlamaConfig(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2, **TINY_CONFIGS["llama"])
+    config = LlamaConfig(
+        vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2, **TINY_CONFIGS["llama"]
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return LegacyLlamaForCausalLM(config)
