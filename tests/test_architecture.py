@@ -151,6 +151,16 @@ def test_the_reference_is_independent_of_padfree_varlen(monkeypatch):
     assert errors.log_probs > 100 * LOG_PROB_TOLERANCE
 
 
+def test_twins_have_no_randomness_in_training_mode():
+    # The check runs the twin in training mode too: a dropout left on would make a packed run differ from the
+    # sequences alone by chance (Seed-OSS's residual_dropout, BioGPT's hidden_dropout_prob did, before)
+    for model_type in ("seed_oss", "biogpt", "gpt2", "mixtral"):
+        values = twin_config(AutoConfig.for_model(model_type)).to_dict()
+        randomness = {name: value for name, value in values.items() if ("dropout" in name or "pdrop" in name
+                      or "jitter" in name) and isinstance(value, float)}  # fmt: skip
+        assert randomness and not any(randomness.values()), (model_type, randomness)
+
+
 def test_twins_keep_the_layer_pattern_and_cross_windows_and_chunks():
     config = AutoConfig.for_model("llama4_text")
     twin = twin_config(config)

@@ -126,11 +126,13 @@ _AT_MOST = {  # expert counts: a few experts keep routing real without the size
     "mamba_n_groups": 2,
     "mamba_ngroups": 2,
 }
-# Randomness in training mode, where the check runs too: dropout and router jitter
-_ZEROED = (
-    "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
-    "router_jitter_noise", "input_jitter_noise", "moe_jitter_eps",
-)  # fmt: skip
+
+
+def _is_randomness(name: str) -> bool:
+    """Config fields of randomness in training mode, where the check runs too: every dropout probability (configs
+    spell them `attention_dropout`, `residual_dropout`, `hidden_dropout_prob`, `resid_pdrop`, `layerdrop`...), stochastic
+    depth, and router jitter. Zeroed on the twin: a random mask differs between the packed and the separate runs."""
+    return "dropout" in name or "jitter" in name or name.endswith(("pdrop", "layerdrop")) or name == "drop_path_rate"
 # Derived on the real config from fields shrunk above (Zamba2 derives its attention widths): recomputed by the config
 # class from the shrunk values. Dropped only where they are not fields of the config class (RWKV's, JetMoE's are).
 _DERIVED = ("qk_head_dim", "attention_hidden_size", "attention_head_dim", "kv_channels", "num_query_groups")
@@ -169,8 +171,8 @@ def _shrink(values: dict) -> dict:
         shrunk["head_dim"] = shrunk["qk_rope_head_dim"]  # multi-head latent attention rotates only this part
     if isinstance(shrunk.get("initializer_range"), float):
         shrunk["initializer_range"] = TWIN_INITIALIZER_RANGE
-    for name in _ZEROED:
-        if isinstance(shrunk.get(name), float):
+    for name, value in list(shrunk.items()):
+        if isinstance(value, float) and _is_randomness(name):
             shrunk[name] = 0.0
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if shrunk.get(name) is not None:

@@ -48,7 +48,7 @@ def resolve_attn_implementation(requested: str, current: str | None, prefix_shar
 def choose_packed_attention(model: torch.nn.Module, requested: str, prefix_sharing: bool = False) -> str:
     """The attention `model` runs packed rows with: `resolve_attn_implementation`, except that `auto` moves on to
     `sdpa`, then `eager`, for an architecture the check finds exact on those but not on `padfree_varlen` (classes
-    that keep their own attention code, such as GPT-J or CodeGen). The choice is logged; nothing inexact is chosen:
+    that keep their own attention code, such as GPT-Neo). The choice is logged; nothing inexact is chosen:
     `check_packable` still decides."""
     resolved = resolve_attn_implementation(requested, model.config._attn_implementation, prefix_sharing)
     if requested != "auto" or prefix_sharing or resolved != ATTN_IMPLEMENTATION:
