@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trl_padfree.kernels import VarlenKernel
+from trl_padfree.modeling.kernels import VarlenKernel
 
 # What the stand-ins were given, in call order (tests clear it)
 CALLS: list[KernelCall] = []

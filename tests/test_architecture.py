@@ -17,24 +17,22 @@ from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step
 from transformers import AutoConfig
 
-from trl_padfree import architecture
-from trl_padfree.architecture import (
+from trl_padfree.cli import main
+from trl_padfree.cli.models import check_model_type, decoder_model_types, model_class_for
+from trl_padfree.modeling import packability as architecture
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
+from trl_padfree.modeling.packability import (
     GRADIENT_TOLERANCE,
     LOG_PROB_TOLERANCE,
+    architecture_verdict,
     build_twin,
     check_architecture,
+    check_packable,
     packing_errors,
     twin_config,
 )
-from trl_padfree.attention import ATTN_IMPLEMENTATION
-from trl_padfree.checks import (
-    architecture_verdict,
-    check_packable,
-    check_packed_row_length,
-    packed_row_limit,
-)
-from trl_padfree.cli import main
-from trl_padfree.coverage import check_model_type, decoder_model_types, model_class_for
+from trl_padfree.modeling.packed_forward import packed_row_limit
+from trl_padfree.refusals import check_packed_row_length
 
 # The families users train, every one exact on padfree_varlen (docs/models-and-backends.md has them all)
 POPULAR_TYPES = (
@@ -144,7 +142,7 @@ def test_the_reference_is_independent_of_padfree_varlen(monkeypatch):
     # Llama 4's chunked layers attend across chunk boundaries and the eager reference tells
     twin = build_twin(*model_class_for(AutoConfig.for_model("llama4_text")), ATTN_IMPLEMENTATION)
     assert packing_errors(twin, ATTN_IMPLEMENTATION).exact
-    monkeypatch.setattr("trl_padfree.attention.attention_chunk_size", lambda module: None)
+    monkeypatch.setattr("trl_padfree.modeling.attention.interface.attention_chunk_size", lambda module: None)
 
     errors = packing_errors(twin, ATTN_IMPLEMENTATION)
 
@@ -193,9 +191,9 @@ def test_llama4_rows_longer_than_its_temperature_tuning_floor_are_refused():
     limit = packed_row_limit(config)
     assert limit == config.floor_scale - 1
 
-    check_packed_row_length(config, limit)  # does not raise
+    check_packed_row_length(config.model_type, limit, limit)  # does not raise
     with pytest.raises(ValueError, match="max_tokens_per_batch"):
-        check_packed_row_length(config, limit + 1)
+        check_packed_row_length(config.model_type, limit + 1, limit)
     assert packed_row_limit(AutoConfig.for_model("llama")) is None
 
 
@@ -241,7 +239,7 @@ def legacy_model(seed: int):
 def test_auto_picks_the_backend_the_check_finds_exact(caplog):
     # A class that keeps its own attention code (it ignores padfree_varlen) but packs exactly on eager
     padded = make_trainer(False, attn_implementation="eager", model_factory=legacy_model)
-    with caplog.at_level(logging.INFO, logger="trl_padfree.checks"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.packability"):
         packed = make_trainer(True, attn_implementation="eager", model_factory=legacy_model)
 
     assert packed.model.config._attn_implementation == "eager"

@@ -33,18 +33,20 @@ from test_models import (
 )
 from tiny_fixtures import make_model
 
-from trl_padfree import attention
-from trl_padfree.attention import (
-    ATTN_IMPLEMENTATION,
-    attention_chunk_size,
+from trl_padfree.modeling.attention import rows
+from trl_padfree.modeling.attention import varlen as attention
+from trl_padfree.modeling.attention.interface import attention_chunk_size, padfree_varlen_attention
+from trl_padfree.modeling.attention.varlen import varlen_kernel_plan
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
+from trl_padfree.modeling.kernels import varlen_kernel
+from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.layout import (
     chunked_cu_seq_lens,
-    padfree_varlen_attention,
-    varlen_kernel_plan,
+    cu_seq_lens_from_lengths,
+    position_ids_from_lengths,
+    segment_ids_from_lengths,
 )
-from trl_padfree.collator import concatenated_inputs
-from trl_padfree.forward import PackedBatch
-from trl_padfree.kernels import varlen_kernel
-from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths, segment_ids_from_lengths
 
 SCALING = HEAD_DIM**-0.5
 CHUNK_SIZE = 4
@@ -307,9 +309,7 @@ def test_chunked_layer_refuses_a_prefix_sharing_row():
             key,
             value,
             module=chunked_layer(),
-            cu_seq_lens_q=packed.cu_seq_lens,
-            max_length_q=packed.max_length,
-            shared_prefix=packed.shared_prefix,
+            packed_row=packed.row(),
         )
 
 
@@ -634,9 +634,9 @@ def test_cuda_falls_back_to_per_segment_attention_and_says_why_once(
     query, key, value = random_qkv()
     sinks = random_sinks() if with_sinks else None
     boundaries = cuda_boundaries(ATTENTION_LENGTHS)
-    attention._log_path_once.cache_clear()
+    attention._log_fallback_once.cache_clear()
 
-    with caplog.at_level(logging.INFO, logger="trl_padfree.attention"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.attention.varlen"):
         for _ in range(2):
             output, _ = call_padfree_varlen(
                 *(tensor.cuda().bfloat16() for tensor in (query, key, value)),
@@ -653,23 +653,23 @@ def test_cuda_falls_back_to_per_segment_attention_and_says_why_once(
 
 
 def test_chunk_boundaries_are_cut_once_per_forward(monkeypatch):
-    # Every chunked layer of a forward gets the same cu_seq_lens: one host sync, not one per layer
+    # Every chunked layer of a packed forward reads the same row: one host sync, not one per layer
     calls = []
-    cut = attention.chunked_cu_seq_lens
-    monkeypatch.setattr(attention, "chunked_cu_seq_lens", lambda *args: calls.append(args) or cut(*args))
+    cut = rows.chunked_cu_seq_lens
+    monkeypatch.setattr(rows, "chunked_cu_seq_lens", lambda *args: calls.append(args) or cut(*args))
     model = make_llama4()
+    add_packed_forward(model)
     lengths = [9, 1, 6]
-    cu_seq_lens = cu_seq_lens_from_lengths(lengths)
+    packed = PackedBatch(
+        input_ids=torch.arange(sum(lengths)).unsqueeze(0) % 50,
+        position_ids=position_ids_from_lengths(lengths),
+        completion_mask=torch.ones(1, sum(lengths), dtype=torch.long),
+        cu_seq_lens=cu_seq_lens_from_lengths(lengths),
+        max_length=max(lengths),
+        seq_lens=torch.tensor(lengths),
+    )
     with torch.no_grad():
-        model(
-            input_ids=torch.arange(sum(lengths)).unsqueeze(0) % 50,
-            position_ids=position_ids_from_lengths(lengths),
-            cu_seq_lens_q=cu_seq_lens,
-            cu_seq_lens_k=cu_seq_lens,
-            max_length_q=max(lengths),
-            max_length_k=max(lengths),
-            use_cache=False,
-        )
+        model(packed_batch=packed, use_cache=False)
 
     assert len(calls) == 1
     assert sum(t == "chunked_attention" for t in model.config.layer_types) > 1

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from trl_padfree.bench import PREFIX_SHARING, ROW_KEYS
-from trl_padfree.bench_harness import DISTRIBUTIONS, make_batches
 from trl_padfree.cli import main
+from trl_padfree.cli.bench import DISTRIBUTIONS, PREFIX_SHARING, ROW_KEYS
+from trl_padfree.cli.bench.harness import make_batches
 
 
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
@@ -65,7 +65,7 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
 
 
 def test_batching_schemes_hold_the_same_pairs_and_budget_rows_fit_the_fixed_peak():
-    from trl_padfree.bench_budget import batching_schemes, row_length
+    from trl_padfree.cli.bench.budget import batching_schemes, row_length
 
     pairs = make_batches("capybara", 1, 40, 1024, 2048, seed=2)[0]
     fixed, budgeted, budget = batching_schemes(pairs, pairs_per_batch=4, seed=0)

@@ -5,10 +5,11 @@ keys and values. The multi-process runs over gloo are further down."""
 import pytest
 import torch
 
-from trl_padfree.attention import padfree_varlen_attention
-from trl_padfree.context_parallel import ContextParallelRow, context_parallel_forward, localize
-from trl_padfree.prefix_sharing import SharedPrefixAttention
-from trl_padfree.sequence_parallel import SequenceParallelGroup
+from trl_padfree.modeling.attention.interface import padfree_varlen_attention
+from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
+from trl_padfree.packing.prefix_sharing import SharedPrefixAttention
+from trl_padfree.parallel.context import ContextParallelRow, localize
+from trl_padfree.parallel.groups import RowGroup
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8
 # Segments of a 24-token row: one straddles the first boundaries, one is longer than a chunk of 4 or 6, the last is
@@ -33,18 +34,19 @@ def attention_by_chunks(ranks: int, query, key, value, shared_prefix=None, modul
     length = ROW // ranks
     outputs = []
     for rank in range(ranks):
-        row = ContextParallelRow(SequenceParallelGroup(None, rank, ranks), ROW, CU_SEQ_LENS, shared_prefix)
+        row = ContextParallelRow(
+            CU_SEQ_LENS, None, group=RowGroup(None, rank, ranks), row_length=ROW, shared_prefix=shared_prefix
+        )
         row.gather_keys_and_values = lambda chunk_key, chunk_value: (key, value)
         chunk = slice(rank * length, (rank + 1) * length)
-        with context_parallel_forward(row):
+        with row_in_flight(row):
             output, _ = padfree_varlen_attention(
                 module or Layer(),
                 query[:, :, chunk],
                 key[:, :, chunk],
                 value[:, :, chunk],
                 None,
-                cu_seq_lens_q=CU_SEQ_LENS,
-                context_parallel=row,
+                packed_row=row,
                 **options,
             )
         outputs.append(output)
@@ -90,7 +92,7 @@ def test_a_rejected_branch_reads_its_prefix_from_another_rank():
     )
     query, key, value = row_tensors(3)
     expected, _ = padfree_varlen_attention(
-        Layer(), query, key, value, None, cu_seq_lens_q=CU_SEQ_LENS, shared_prefix=shared
+        Layer(), query, key, value, None, packed_row=SharedPrefixRow(CU_SEQ_LENS, None, shared=shared)
     )
     for ranks in (2, 4, 6):
         chunks = attention_by_chunks(ranks, query, key, value, shared_prefix=shared)
@@ -112,16 +114,16 @@ def test_localize_keeps_the_keys_up_to_the_chunks_last_query():
 
 
 def test_attention_without_the_row_during_a_context_parallel_forward_is_an_error():
-    row = ContextParallelRow(SequenceParallelGroup(None, 0, 2), ROW, CU_SEQ_LENS)
+    row = ContextParallelRow(CU_SEQ_LENS, None, group=RowGroup(None, 0, 2), row_length=ROW)
     query, key, value = row_tensors()
-    with pytest.raises(ValueError, match="did not receive the context-parallel row"), context_parallel_forward(row):
+    with pytest.raises(ValueError, match="did not receive the context-parallel row"), row_in_flight(row):
         padfree_varlen_attention(Layer(), query, key, value, None, cu_seq_lens_q=CU_SEQ_LENS)
 
 
 def test_a_forward_in_which_no_attention_read_the_row_is_an_error():
-    row = ContextParallelRow(SequenceParallelGroup(None, 0, 2), ROW, CU_SEQ_LENS)
+    row = ContextParallelRow(CU_SEQ_LENS, None, group=RowGroup(None, 0, 2), row_length=ROW)
     with pytest.raises(ValueError, match="No attention layer of this model read the context-parallel row"):
-        with context_parallel_forward(row):
+        with row_in_flight(row):
             pass
 
 
@@ -261,10 +263,11 @@ def test_a_group_larger_than_the_processes_is_refused_by_the_trainer(tmp_path):
 
 
 def test_other_attention_and_moe_auxiliary_loss_are_refused():
-    from trl_padfree.checks import check_context_parallel_setup
+    from trl_padfree.refusals import check_context_parallel_attention, check_split_rows_without_moe_aux_loss
 
     with pytest.raises(ValueError, match="runs in the `padfree_varlen` attention.*this model runs 'sdpa'"):
-        check_context_parallel_setup(2, 4, "sdpa", aux_loss_enabled=False)
+        check_context_parallel_attention("sdpa")
     with pytest.raises(ValueError, match="Mixture-of-Experts auxiliary loss"):
-        check_context_parallel_setup(2, 4, "padfree_varlen", aux_loss_enabled=True)
-    check_context_parallel_setup(4, 8, "padfree_varlen", aux_loss_enabled=False)
+        check_split_rows_without_moe_aux_loss("Context parallelism", "context_parallel_size=1", aux_loss_enabled=True)
+    check_context_parallel_attention("padfree_varlen")
+    check_split_rows_without_moe_aux_loss("Context parallelism", "context_parallel_size=1", aux_loss_enabled=False)

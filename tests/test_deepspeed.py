@@ -26,7 +26,7 @@ from distributed_runs import (  # noqa: E402
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
 from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
-from trl_padfree.offload import (  # noqa: E402
+from trl_padfree.placement.deepspeed import (  # noqa: E402
     check_ref_offload,
     check_reference_offloaded,
     reference_deepspeed_config,

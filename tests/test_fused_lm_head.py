@@ -9,7 +9,11 @@ from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 from trainer_utils import first_batch, make_trainer, one_step
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-from trl_padfree.fused_lm_head import check_fused_lm_head_lookups, fused_lm_head_lookups, prepare_for_fused_lm_head
+from trl_padfree.modeling.fused_lm_head import (
+    check_fused_lm_head_lookups,
+    fused_lm_head_lookups,
+    prepare_for_fused_lm_head,
+)
 
 # Small but every feature switched on: Llama4 has a dense layer with RoPE and chunked attention (chunks shorter than
 # most sequences) and a MoE layer without RoPE; Granite has a Mamba2 layer, an attention layer and a logits scaling

@@ -20,10 +20,11 @@ from test_models import (
 )
 from tiny_fixtures import make_model
 
-from trl_padfree import attention
-from trl_padfree.attention import ATTN_IMPLEMENTATION
-from trl_padfree.collator import concatenated_inputs
-from trl_padfree.packing import cu_seq_lens_from_lengths
+from trl_padfree.modeling.attention import interface, varlen
+from trl_padfree.modeling.attention.rows import SharedPrefixRow
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,13 +46,13 @@ def cuda_packed_batch():
 def varlen_kernel_calls(monkeypatch):
     """Spy on the CUDA kernel path of `padfree_varlen`: the sliding window of every call."""
     calls = []
-    kernel = attention.torch_varlen_attention
+    kernel = varlen.torch_varlen_attention
 
     def spy(*args, sliding_window, **kwargs):
         calls.append(sliding_window)
         return kernel(*args, sliding_window=sliding_window, **kwargs)
 
-    monkeypatch.setattr(attention, "torch_varlen_attention", spy)
+    monkeypatch.setattr(varlen, "torch_varlen_attention", spy)
     return calls
 
 
@@ -60,7 +61,7 @@ def test_torch_varlen_kernel_equals_block_diagonal_attention(sliding_window, var
     query, key, value = (tensor.cuda() for tensor in random_qkv())
     cu_seq_lens = cu_seq_lens_from_lengths(ATTENTION_LENGTHS).cuda()
 
-    output, _ = attention.padfree_varlen_attention(
+    output, _ = interface.padfree_varlen_attention(
         torch.nn.Module(),
         query.bfloat16(),
         key.bfloat16(),
@@ -101,7 +102,7 @@ def test_varlen_runs_on_flash_whatever_the_user_disabled(user_disabled, monkeypa
     # keep working when the user has disabled a backend (torch 2.15 raises "No viable backend" otherwise)
     import functools
 
-    from trl_padfree import kernels
+    from trl_padfree.modeling import kernels
 
     flags = []
     real = kernels._torch_varlen_kernel()
@@ -153,21 +154,21 @@ def test_shared_prefix_kernel_calls_equal_dense_attention_with_the_layout_mask(s
     from test_prefix_sharing import EXAMPLES as SHARING_EXAMPLES
     from test_prefix_sharing import SHARE, dense_attention, layout_mask
 
-    from trl_padfree.forward import PackedBatch
+    from trl_padfree.modeling.packed_forward import PackedBatch
 
     batch = concatenated_inputs(SHARING_EXAMPLES, **SHARE, pad_to_multiple_of=8)
     packed = PackedBatch.from_collated(batch)
     generator = torch.Generator().manual_seed(0)
     shapes = [(1, NUM_HEADS, packed.row_length, HEAD_DIM)] + [(1, NUM_KV_HEADS, packed.row_length, HEAD_DIM)] * 2
     query, key, value = (torch.randn(shape, generator=generator) for shape in shapes)
-    output, _ = attention.padfree_varlen_attention(
+    output, _ = interface.padfree_varlen_attention(
         torch.nn.Module(),
         *(tensor.cuda().bfloat16() for tensor in (query, key, value)),
         None,
         sliding_window=sliding_window,
-        cu_seq_lens_q=packed.cu_seq_lens.cuda(),
-        max_length_q=packed.max_length,
-        shared_prefix=packed.shared_prefix.to(torch.device("cuda")),
+        packed_row=SharedPrefixRow(
+            packed.cu_seq_lens.cuda(), packed.max_length, shared=packed.shared_prefix.to(torch.device("cuda"))
+        ),
     )
     assert varlen_kernel_calls == [sliding_window] * 2  # the row's segments, then the rejected branches
     expected = dense_attention(query, key, value, layout_mask(batch, sliding_window))
@@ -179,7 +180,7 @@ def test_shared_prefix_forward_equals_per_sequence_sdpa_in_bf16(model_type, varl
     from test_prefix_sharing import EXAMPLES as SHARING_EXAMPLES
     from test_prefix_sharing import SHARE
 
-    from trl_padfree.forward import PackedBatch
+    from trl_padfree.modeling.packed_forward import PackedBatch
 
     def log_probs(model, batch):
         packed = PackedBatch.from_collated(batch)

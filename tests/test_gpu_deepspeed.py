@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_padfree.bench_harness import make_bench_model
+from trl_padfree.cli.bench.harness import make_bench_model
 from trl_padfree.data import load_demo_tokenizer
 
 pytestmark = [

@@ -21,15 +21,17 @@ from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step, with_checkpointing
 from transformers import AutoConfig
 
-from trl_padfree import kernels
-from trl_padfree.architecture import check_architecture
-from trl_padfree.checks import check_sequence_parallel_without_stateful_mixers
-from trl_padfree.collator import concatenated_inputs
-from trl_padfree.coverage import model_class_for
-from trl_padfree.forward import PackedBatch, add_packed_forward
-from trl_padfree.kernels import mixer_kernels
-from trl_padfree.mixers import MixerSegments, mixer_calls, mixer_classes, stateful_mixers
-from trl_padfree.packing import cu_seq_lens_from_lengths, position_ids_from_lengths
+from trl_padfree.cli.models import model_class_for
+from trl_padfree.modeling import kernels
+from trl_padfree.modeling.kernels import mixer_kernels
+from trl_padfree.modeling.mixers import MixerSegments, mixer_calls, mixer_classes, stateful_mixers
+from trl_padfree.modeling.packability import check_architecture
+from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.layout import cu_seq_lens_from_lengths, position_ids_from_lengths
+from trl_padfree.refusals import (
+    check_split_rows_without_stateful_mixers as check_sequence_parallel_without_stateful_mixers,
+)
 
 VOCAB_SIZE = len(make_tokenizer())
 # One-token, odd and longer sequences (the Mamba2 scans of the tiny models run in chunks of 8)
@@ -150,7 +152,7 @@ def test_bf16_models_train(model_type):
 
 def test_the_path_that_runs_is_logged(caplog):
     kernels.log_once.cache_clear()
-    with caplog.at_level(logging.INFO, logger="trl_padfree.kernels"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.kernels"):
         one_step(make_trainer(True, model_factory=model_factory("lfm2")))
 
     assert "Lfm2ShortConv layers run once per sequence of the packed row, state starting fresh (on CPU)" in caplog.text

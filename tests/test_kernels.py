@@ -37,11 +37,15 @@ from tiny_fixtures import make_tokenizer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from trainer_utils import GRAD_ATOL, GRAD_ATOL_BY_MODEL, assert_same_step, make_trainer, one_step
 
-from trl_padfree import ATTN_IMPLEMENTATION, attention, kernels
-from trl_padfree.architecture import check_architecture
-from trl_padfree.kernels import VarlenKernel, mixer_kernels, stand_in_kernels
-from trl_padfree.mixers import mixer_calls, stateful_mixers
-from trl_padfree.packing import cu_seq_lens_from_lengths
+from trl_padfree import ATTN_IMPLEMENTATION
+from trl_padfree.integrations.transformers import kernel_wrapper, rewrapped
+from trl_padfree.modeling import kernels
+from trl_padfree.modeling.attention import interface as attention
+from trl_padfree.modeling.attention import varlen
+from trl_padfree.modeling.kernels import VarlenKernel, mixer_kernels, stand_in_kernels
+from trl_padfree.modeling.mixers import mixer_calls, stateful_mixers
+from trl_padfree.modeling.packability import check_architecture
+from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
 VOCAB_SIZE = len(make_tokenizer())
 HEAD_DIM = 8  # of the tiny Llama: hidden 32, 4 heads, 2 key-value heads
@@ -57,7 +61,7 @@ SINK_FAMILIES = ("gpt_oss",)
 def fresh_records():
     CALLS.clear()
     kernels.log_once.cache_clear()
-    attention._log_path_once.cache_clear()
+    varlen._log_fallback_once.cache_clear()
     yield
     CALLS.clear()
 
@@ -108,7 +112,7 @@ def test_every_varlen_signature_trains_one_step_equal_to_padded_trl(version):
 def test_sliding_windows_reach_the_kernel_that_takes_them(version, caplog):
     padded = one_step(make_trainer(False, model_type="mistral"))  # sliding window 6, shorter than many sequences
 
-    with caplog.at_level(logging.INFO, logger="trl_padfree.attention"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.attention.varlen"):
         packed = packed_step_under(stand_in_kernels(varlen=varlen_stand_in(version)), model_type="mistral")
 
     assert_same_step(padded, packed)
@@ -144,7 +148,7 @@ def test_torch_2_15_would_pick_cudnn_and_flash_is_chosen_explicitly(caplog):
              9, 9, window_size=(-1, 0), enable_gqa=True)  # fmt: skip
     assert calls_of("varlen_attn")[-1].details["backend"] == "cudnn"
 
-    with stand_in_kernels(varlen=varlen_stand_in("2.15")), caplog.at_level(logging.INFO, logger="trl_padfree.kernels"):
+    with stand_in_kernels(varlen=varlen_stand_in("2.15")), caplog.at_level(logging.INFO, logger="trl_padfree.modeling.kernels"):
         direct_attention(query, key, value, [5, 1, 9])
     assert calls_of("varlen_attn")[-1].details["backend"] == "flash"
     assert "on its Flash backend, chosen explicitly" in caplog.text
@@ -180,7 +184,7 @@ def test_the_explicit_backend_keeps_working_whatever_the_user_disabled(user_sett
 def test_gpus_older_than_sm80_run_per_segment_and_say_so(caplog):
     query, key, value = bf16_row()
     turing = VarlenKernel(VARLEN_SIGNATURES["2.15"], dtypes=STAND_IN_DTYPES, capability=(7, 5))
-    with stand_in_kernels(varlen=turing), caplog.at_level(logging.INFO, logger="trl_padfree.attention"):
+    with stand_in_kernels(varlen=turing), caplog.at_level(logging.INFO, logger="trl_padfree.modeling.attention.varlen"):
         direct_attention(query, key, value, [5, 1, 9])
 
     assert not calls_of("varlen_attn")
@@ -258,7 +262,7 @@ def test_a_conv_kernel_that_swallows_keywords_runs_per_sequence(caplog):
     padded = one_step(make_trainer(False, model_factory=factory("lfm2")))
     swallowing = {**MIXER_STAND_INS, "causal_conv1d_fn": keyword_swallowing_causal_conv1d_stand_in}
 
-    with caplog.at_level(logging.INFO, logger="trl_padfree.kernels"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.kernels"):
         make_trainer(True, model_factory=factory("lfm2"))
         with stand_in_kernels(varlen=varlen_stand_in(), mixer_kernels=swallowing):
             trainer = make_trainer(True, model_factory=factory("lfm2"))
@@ -272,13 +276,13 @@ def test_a_conv_kernel_that_swallows_keywords_runs_per_sequence(caplog):
 def test_lfm3s_width_7_conv_which_the_kernel_rejects_is_refused_with_its_error():
     from transformers import AutoConfig
 
-    from trl_padfree.coverage import model_class_for
+    from trl_padfree.cli.models import model_class_for
 
     model_class, config = model_class_for(AutoConfig.for_model("lfm3"))  # imports its module
     with all_stand_ins():
         verdict = check_architecture(model_class, config, ATTN_IMPLEMENTATION)
 
-    conv = kernels.resolve_kernel(vars(sys.modules[model_class.__module__])["causal_conv1d_fn"])
+    conv = kernel_wrapper(vars(sys.modules[model_class.__module__])["causal_conv1d_fn"])
     if conv is None:  # transformers 5.23: LFM3's convolution is PyTorch code of its own, which runs per sequence
         assert verdict.exact, verdict.reason
     else:  # 5.24: it calls the causal-conv1d kernel with its width of 7, which the kernel rejects
@@ -298,7 +302,7 @@ def test_the_check_runs_the_twin_on_pytorch_fallbacks_when_gpu_kernels_are_insta
         raise AssertionError("unreachable on this machine")
 
     monkeypatch.setattr(
-        modeling_lfm2, "causal_conv1d_fn", kernels._rewrapped(modeling_lfm2.causal_conv1d_fn, cuda_only)
+        modeling_lfm2, "causal_conv1d_fn", rewrapped(modeling_lfm2.causal_conv1d_fn, cuda_only)
     )
     assert mixer_kernels(modeling_lfm2.Lfm2ShortConv).whole_row  # what a GPU run picks
 
@@ -306,6 +310,6 @@ def test_the_check_runs_the_twin_on_pytorch_fallbacks_when_gpu_kernels_are_insta
     verdict = check_architecture(model_class, config, ATTN_IMPLEMENTATION)
 
     assert verdict.exact, verdict.reason
-    assert modeling_lfm2.causal_conv1d_fn is not None and kernels.resolve_kernel(
+    assert modeling_lfm2.causal_conv1d_fn is not None and kernel_wrapper(
         modeling_lfm2.causal_conv1d_fn
     ).implementation is cuda_only  # restored after the check

@@ -14,15 +14,12 @@ import pytest
 import torch
 from tiny_fixtures import make_model
 
-from trl_padfree.attention import ATTN_IMPLEMENTATION
-from trl_padfree.checks import (
-    PACKING_AWARE_ATTENTION,
-    check_attn_implementation,
-    check_packable,
-    resolve_attn_implementation,
-)
-from trl_padfree.collator import concatenated_inputs
-from trl_padfree.packing import segment_ids_from_lengths
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
+from trl_padfree.modeling.backends import PACKING_AWARE as PACKING_AWARE_ATTENTION
+from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.layout import segment_ids_from_lengths
+from trl_padfree.refusals import check_attn_implementation
 from trl_padfree.tiny import TINY_CONFIGS
 
 TINY_MODEL_TYPES = tuple(TINY_CONFIGS)
@@ -149,13 +146,13 @@ def test_check_packable_refuses_flex_attention():
 
 @pytest.mark.parametrize("attn_implementation", PACKING_AWARE_ATTENTION)
 def test_check_attn_implementation_accepts_the_packing_aware_ones(attn_implementation):
-    check_attn_implementation(attn_implementation)
+    check_attn_implementation(attn_implementation, PACKING_AWARE_ATTENTION)
 
 
 @pytest.mark.parametrize("attn_implementation", ["flex_attention", "paged_attention", None])
 def test_check_attn_implementation_refuses_the_others(attn_implementation):
     with pytest.raises(ValueError, match="not known to keep packed sequences apart"):
-        check_attn_implementation(attn_implementation)
+        check_attn_implementation(attn_implementation, PACKING_AWARE_ATTENTION)
 
 
 @pytest.mark.parametrize(

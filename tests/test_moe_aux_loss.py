@@ -31,8 +31,8 @@ from trainer_utils import (
 )
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-from trl_padfree.collator import PaddingFreePreferenceCollator
-from trl_padfree.forward import PackedBatch
+from trl_padfree.modeling.packed_forward import PackedBatch
+from trl_padfree.packing.collator import PaddingFreePreferenceCollator
 
 AUX_LOSS_COEF = 0.05  # 50x the configs' default, so the aux term moves the loss by ~0.1
 MODEL_TYPES = ["qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe"]

@@ -11,7 +11,7 @@ Most tests use the same awkward row: three sequences of lengths 3, 1 and 2, then
 import pytest
 import torch
 
-from trl_padfree.packing import (
+from trl_padfree.packing.layout import (
     cu_seq_lens_from_lengths,
     cu_seq_lens_from_position_ids,
     pad_length_to_multiple,

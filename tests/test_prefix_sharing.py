@@ -31,25 +31,16 @@ from trainer_utils import (
     with_checkpointing,
 )
 
-from trl_padfree import (
-    ATTN_IMPLEMENTATION,
-    DPOConfig,
-    DPOTrainer,
-    PaddingFreePreferenceCollator,
-    architecture,
-    attention,
-)
-from trl_padfree.attention import padfree_varlen_attention, per_segment_attention, shared_prefix_expected
-from trl_padfree.checks import check_packable, resolve_attn_implementation
-from trl_padfree.collator import concatenated_inputs
-from trl_padfree.forward import PackedBatch, run_packed
-from trl_padfree.packing import cu_seq_lens_from_lengths, ranges_index
-from trl_padfree.prefix_sharing import (
-    SharedPrefixAttention,
-    pair_row_tokens,
-    prompt_tokens_kept,
-    shared_prefix_length,
-)
+from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, DPOTrainer, PaddingFreePreferenceCollator
+from trl_padfree.modeling import packability as architecture
+from trl_padfree.modeling.attention.interface import padfree_varlen_attention
+from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
+from trl_padfree.modeling.attention.segments import per_segment_attention
+from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
+from trl_padfree.modeling.packed_forward import PackedBatch, run_packed
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.layout import cu_seq_lens_from_lengths, kept_prompt_and_completion, ranges_index
+from trl_padfree.packing.prefix_sharing import SharedPrefixAttention, pair_row_tokens, shared_prefix_length
 from trl_padfree.tiny import TINY_CONFIGS
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
@@ -121,7 +112,7 @@ def test_pairs_that_cannot_share_keep_their_unshared_segments():
 
 def test_short_prompts_fall_back_to_the_unshared_layout_by_default(caplog):
     assert concatenated_inputs(HAND_EXAMPLES, prefix_sharing=True)["shared_prefix_lens"].tolist() == [0, 0, 0, 0]
-    with caplog.at_level(logging.INFO, logger="trl_padfree.prefix_sharing"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.packing.prefix_sharing"):
         trainer = make_trainer(True, prefix_sharing=True)
     pairs = [trainer.train_dataset[index] for index in range(len(trainer.train_dataset))]
     shared = sum(len(pair["prompt_ids"]) >= 8 for pair in pairs)
@@ -136,10 +127,10 @@ def test_shared_prefix_length_rules():
     assert shared_prefix_length(5, 4, 2) == 0  # truncated differently
     assert shared_prefix_length(1, 1, 2) == 0  # nothing before the last prompt token
     assert shared_prefix_length(5, 5, 6) == 0
-    assert prompt_tokens_kept(10, 5, None, "keep_start") == 10
-    assert prompt_tokens_kept(10, 5, 8, "keep_start") == 8
-    assert prompt_tokens_kept(10, 5, 12, "keep_end") == 7
-    assert prompt_tokens_kept(10, 5, 4, "keep_end") == 0
+    assert kept_prompt_and_completion(10, 5, None, "keep_start")[0] == 10
+    assert kept_prompt_and_completion(10, 5, 8, "keep_start")[0] == 8
+    assert kept_prompt_and_completion(10, 5, 12, "keep_end")[0] == 7
+    assert kept_prompt_and_completion(10, 5, 4, "keep_end")[0] == 0
 
 
 @pytest.mark.parametrize("truncation_mode", ["keep_start", "keep_end"])
@@ -214,9 +205,7 @@ def test_shared_attention_equals_dense_attention_with_the_layout_mask(sliding_wi
         value,
         None,
         sliding_window=sliding_window,
-        cu_seq_lens_q=packed.cu_seq_lens,
-        max_length_q=packed.max_length,
-        shared_prefix=packed.shared_prefix,
+        packed_row=packed.row(),
     )
     expected = dense_attention(query, key, value, layout_mask(batch, sliding_window))
     torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
@@ -255,7 +244,7 @@ def test_shared_prefix_attention_indices():
 def test_attention_without_the_layout_during_a_shared_forward_is_an_error():
     packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
     query = key = value = torch.zeros(1, HEADS, packed.row_length, HEAD_DIM)
-    with pytest.raises(ValueError, match="did not receive"), shared_prefix_expected(packed.shared_prefix):
+    with pytest.raises(ValueError, match="did not receive"), row_in_flight(packed.row()):
         padfree_varlen_attention(torch.nn.Module(), query, key, value, None, cu_seq_lens_q=packed.cu_seq_lens)
 
 
@@ -344,11 +333,9 @@ def test_keep_end_truncation_mixes_shared_and_unshared_pairs():
 def test_gradient_checkpointing_recomputes_with_the_layout(use_reentrant, monkeypatch):
     # The layout reaches the attention as a keyword argument, so the backward's recomputation sees it too
     branch_calls = []
-    second_call = attention.shared_prefix_attention
+    attend = SharedPrefixRow.attend
     monkeypatch.setattr(
-        attention,
-        "shared_prefix_attention",
-        lambda *args, **kwargs: branch_calls.append(1) or second_call(*args, **kwargs),
+        SharedPrefixRow, "attend", lambda *args, **kwargs: branch_calls.append(1) or attend(*args, **kwargs)
     )
     padded = one_step(with_checkpointing(make_trainer(False), use_reentrant))
     shared = one_step(with_checkpointing(make_trainer(True, **SHARE), use_reentrant))
@@ -446,8 +433,12 @@ def test_prefix_sharing_refuses_attentions_that_cannot_read_the_layout(attn_impl
 
 
 def test_sequence_parallel_shared_row_is_an_error():
+    from trl_padfree.parallel.groups import RowGroup
+    from trl_padfree.parallel.row_split import SplitRowRun
+
     packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
-    packed.sequence_parallel = object()
+    ulysses = RowGroup(None, 0, 2)
+    packed.split = SplitRowRun(row=ulysses, ulysses=ulysses, context=None)
     model = make_model("llama", attn_implementation=ATTN_IMPLEMENTATION)
     with pytest.raises(ValueError, match="sequence parallelism"):
         run_packed(model.forward, packed, {}, model)

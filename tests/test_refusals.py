@@ -6,8 +6,8 @@ from trainer_utils import first_batch, make_trainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from trl_padfree import PaddingFreePreferenceCollator
-from trl_padfree.forward import PACKED_BATCH_KWARG, PackedBatch
-from trl_padfree.mixers import CACHE_KWARGS
+from trl_padfree.modeling.mixers import CACHE_KWARGS
+from trl_padfree.modeling.packed_forward import PACKED_BATCH_KWARG, PackedBatch
 
 BLOOM = dict(hidden_size=32, n_layer=2, n_head=4)
 OPT = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32)

@@ -29,10 +29,12 @@ from typing import Any
 
 import pytest
 
-from trl_padfree.attention import CHUNKED_LAYER_TYPE
-from trl_padfree.checks import FLASH_VARLEN
+from trl_padfree.modeling.attention.interface import CHUNKED_LAYER_TYPE
+from trl_padfree.modeling.backends import FLASH_VARLEN
+from trl_padfree.packing.token_budget import (
+    PER_PAIR_METRICS,  # TRL's metrics that token-budget batching reweighs by pairs
+)
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
-from trl_padfree.token_budget import PER_PAIR_METRICS  # TRL's metrics that token-budget batching reweighs by pairs
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,7 @@ TRL = [
 TRANSFORMERS = [
     Seam(
         "transformers", "transformers.integrations.hub_kernels.use_kernel_func_from_hub_with_fallback",
-        "the decorator of every mixer kernel: its wrappers' closures say what a call runs (kernels.resolve_kernel, "
+        "the decorator of every mixer kernel: its wrappers' closures say what a call runs (integrations.transformers.kernel_wrapper, "
         "tests/test_seams.py::test_transformers_kernel_wrappers_hold_what_they_resolved); the stand-ins rebuild them "
         "with it", "kernels.py", parameters=("func_name", "package"),
     ),
@@ -834,7 +836,7 @@ def test_mixer_kernel_names_are_transformers_kernel_hub_names():
 
     import transformers
 
-    from trl_padfree.kernels import BOUNDARY_ARGUMENTS, DECODE_ONLY_KERNELS
+    from trl_padfree.modeling.kernels import BOUNDARY_ARGUMENTS, DECODE_ONLY_KERNELS
 
     named = set()
     for path in (pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"):
@@ -844,18 +846,18 @@ def test_mixer_kernel_names_are_transformers_kernel_hub_names():
 
 
 def test_transformers_kernel_wrappers_hold_what_they_resolved():
-    """kernels.resolve_kernel reads a wrapper's closure (`implementation`, `is_new_implementation`, `func_name`,
+    """integrations.transformers.kernel_wrapper reads a wrapper's closure (`implementation`, `is_new_implementation`, `func_name`,
     `package`, `torch_function`); the stand-ins rebuild wrappers with transformers' own decorator, which passes on
     only the keywords the implementation names."""
     from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
 
-    from trl_padfree.kernels import resolve_kernel
+    from trl_padfree.integrations.transformers import kernel_wrapper
 
     def fallback(x, weight, bias=None, activation=None, **kwargs):
         return ("fallback", sorted(kwargs))
 
     wrapper = use_kernel_func_from_hub_with_fallback("causal_conv1d_fn", "no_such_kernel_package")(fallback)
-    resolved = resolve_kernel(wrapper)
+    resolved = kernel_wrapper(wrapper)
     assert resolved is not None, "transformers' kernel wrapper no longer holds what it resolved in its closure"
     assert (resolved.name, resolved.package, resolved.implementation, resolved.is_fallback) == (
         "causal_conv1d_fn", "no_such_kernel_package", fallback, True,

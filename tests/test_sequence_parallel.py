@@ -20,7 +20,9 @@ from distributed_runs import (  # noqa: E402
     train_in_this_process,
 )
 
-from trl_padfree.sequence_parallel import check_sequence_parallel  # noqa: E402
+from trl_padfree.modeling.backends import EXACT_UNDER_ULYSSES  # noqa: E402
+from trl_padfree.parallel.ulysses import check_ulysses_model  # noqa: E402
+from trl_padfree.refusals import check_ulysses_without_dropout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = 2  # per micro-batch: with sequence parallelism every rank of the group shares it
@@ -98,6 +100,12 @@ def test_sequence_parallel_4(sequence_parallel_launch, single_process):
 # Refusals
 
 
+def check_sequence_parallel(config, attn_implementation: str, sp_size: int) -> None:
+    """The model's side of Ulysses' refusals, as the trainer applies them (parallel/row_split.py)."""
+    check_ulysses_model(config, attn_implementation, sp_size, EXACT_UNDER_ULYSSES)
+    check_ulysses_without_dropout(True, getattr(config.get_text_config(), "attention_dropout", 0.0))
+
+
 def tiny_config(**overrides):
     config = AutoConfig.for_model("llama", num_attention_heads=4, num_key_value_heads=2, hidden_size=64, **overrides)
     return config
@@ -149,9 +157,9 @@ def test_sequence_parallel_size_comes_from_the_accelerate_config(tmp_path, monke
 def test_sequence_parallel_refuses_a_second_setup_in_one_process(monkeypatch):
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
-    from trl_padfree.sequence_parallel import check_no_sequence_parallel_groups_yet
+    from trl_padfree.parallel.ulysses import check_groups_not_created
 
-    check_no_sequence_parallel_groups_yet()
+    check_groups_not_created()
     monkeypatch.setattr(parallel_state_sp, "_SEQUENCE_PARALLEL_GROUP", object())  # as an earlier trainer leaves it
     with pytest.raises(RuntimeError, match="Run each sequence-parallel training in its own `accelerate launch`"):
-        check_no_sequence_parallel_groups_yet()
+        check_groups_not_created()

@@ -12,9 +12,9 @@ from trainer_utils import make_trainer, train_losses
 from transformers import TrainerCallback
 
 from trl_padfree import DPOConfig
-from trl_padfree.bench_harness import shipped_lengths
-from trl_padfree.packing import pair_tokens
-from trl_padfree.token_budget import TokenBudgetBatchSampler, pack_window, split_to_multiple
+from trl_padfree.cli.bench.harness import shipped_lengths
+from trl_padfree.packing.layout import pair_tokens
+from trl_padfree.packing.token_budget import TokenBudgetBatchSampler, pack_window, split_to_multiple
 
 _rng = random.Random(0)
 LENGTHS = [_rng.randint(20, 700) for _ in range(500)]  # tokens per pair

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from trl_padfree.architecture import twin_config
+from trl_padfree.modeling.packability import twin_config
 
 INITIALIZER_RANGE = 0.02
 TINY_LAYERS = {

@@ -4,9 +4,9 @@ from ._compat import check_trl_version
 
 check_trl_version()
 
-from .attention import ATTN_IMPLEMENTATION  # noqa: E402  (importing it registers `padfree_varlen` with transformers)
-from .collator import PaddingFreePreferenceCollator, concatenated_inputs  # noqa: E402
 from .config import DPOConfig  # noqa: E402
+from .modeling.attention import ATTN_IMPLEMENTATION  # noqa: E402  (importing it registers `padfree_varlen`)
+from .packing.collator import PaddingFreePreferenceCollator, concatenated_inputs  # noqa: E402
 from .trainer import DPOTrainer  # noqa: E402
 
 __all__ = [

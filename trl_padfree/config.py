@@ -7,8 +7,17 @@ from dataclasses import dataclass, field
 
 import trl
 
-from .checks import check_context_parallel_config, check_prefix_sharing_without_sequence_parallel
-from .fsdp import planned_fsdp_version
+from .modeling.backends import PACKING_AWARE
+from .placement.fsdp2 import planned_fsdp_version
+from .refusals import (
+    check_at_least_one,
+    check_context_parallel_config,
+    check_positive,
+    check_prefix_sharing_config,
+    check_prefix_sharing_without_sequence_parallel,
+    check_sequence_parallel_not_under_fsdp,
+    check_sequence_parallel_sizes_agree,
+)
 
 
 @dataclass
@@ -65,7 +74,7 @@ class DPOConfig(trl.DPOConfig):
 
         context_parallel_size (`int`, *optional*, defaults to `1`):
             Split each packed row over this many processes with all-gather context parallelism
-            (trl_padfree/context_parallel.py): each keeps a contiguous chunk of the row with all attention heads and
+            (trl_padfree/parallel/context.py): each keeps a contiguous chunk of the row with all attention heads and
             all-gathers the row's keys and values in every attention layer. No head-count limit (Ulysses needs the
             heads to divide by its size), any engine (DDP, DeepSpeed ZeRO, FSDP2). Needs `padding_free=True`, the
             `padfree_varlen` attention, and a number of processes it divides; groups are consecutive ranks. With
@@ -87,7 +96,7 @@ class DPOConfig(trl.DPOConfig):
         default="auto",
         metadata={
             "help": "Attention for packed rows: 'auto' (flash varlen if the model uses it, else 'padfree_varlen'), "
-            "'keep', 'padfree_varlen', 'flash_attention_2', 'flash_attention_3', 'sdpa' or 'eager'."
+            f"'keep', or one of {', '.join(repr(name) for name in PACKING_AWARE)}."
         },
     )
     max_tokens_per_batch: int | None = field(
@@ -136,29 +145,15 @@ class DPOConfig(trl.DPOConfig):
     )
 
     def __post_init__(self):
-        if self.sequence_parallel_size < 1:
-            raise ValueError(f"sequence_parallel_size must be at least 1, got {self.sequence_parallel_size}.")
+        check_at_least_one("sequence_parallel_size", self.sequence_parallel_size)
         check_context_parallel_config(self.context_parallel_size, self.padding_free)
-        if self.max_tokens_per_batch is not None and self.max_tokens_per_batch < 1:
-            raise ValueError(f"max_tokens_per_batch must be positive, got {self.max_tokens_per_batch}.")
-        if self.prefix_sharing and not self.padding_free:
-            raise ValueError(
-                "prefix_sharing=True needs padding_free=True: the shared layout is a packed row. Set padding_free=True."
-            )
-        if self.prefix_sharing_min_prompt_tokens < 2:
-            raise ValueError(
-                "prefix_sharing_min_prompt_tokens must be at least 2 (the prefix is the prompt but its last token), "
-                f"got {self.prefix_sharing_min_prompt_tokens}."
-            )
-        if self.token_budget_window < 1:
-            raise ValueError(f"token_budget_window must be positive, got {self.token_budget_window}.")
+        if self.max_tokens_per_batch is not None:
+            check_positive("max_tokens_per_batch", self.max_tokens_per_batch)
+        check_prefix_sharing_config(self.prefix_sharing, self.padding_free, self.prefix_sharing_min_prompt_tokens)
+        check_positive("token_budget_window", self.token_budget_window)
         launched_size = _sequence_parallel_size_from_accelerate_launch()
+        check_sequence_parallel_sizes_agree(self.sequence_parallel_size, launched_size)
         if launched_size > 1:
-            if self.sequence_parallel_size not in (1, launched_size):
-                raise ValueError(
-                    f"sequence_parallel_size={self.sequence_parallel_size} disagrees with the accelerate config's "
-                    f"parallelism_config_sp_size={launched_size}. Set one of them."
-                )
             self.sequence_parallel_size = launched_size
         check_prefix_sharing_without_sequence_parallel(self.prefix_sharing, self.sequence_parallel_size > 1)
         if self.sequence_parallel_size > 1 and self.parallelism_config is None:
@@ -166,21 +161,13 @@ class DPOConfig(trl.DPOConfig):
             from accelerate.utils import DeepSpeedSequenceParallelConfig
 
             # accelerate accepts only transformers' built-in kernels here; the trainer hands DeepSpeed the model's
-            # packing-aware attention instead (sequence_parallel.py)
+            # packing-aware attention instead (parallel/row_split.py)
             handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation="sdpa")
             self.parallelism_config = ParallelismConfig(
                 sp_backend="deepspeed", sp_size=self.sequence_parallel_size, sp_handler=handler
             )
         super().__post_init__()
-        fsdp_version = planned_fsdp_version(self)
-        if self.sequence_parallel_size > 1 and fsdp_version is not None:
-            # accelerate itself refuses this later, with an error about dp_shard_size that names neither option
-            raise ValueError(
-                f"sequence_parallel_size={self.sequence_parallel_size} is not supported under FSDP (fsdp_version "
-                f"{fsdp_version}): sequence parallelism runs on DeepSpeed Ulysses. Launch with a DeepSpeed config "
-                "(recipes/accelerate_configs/zero3_sp2.yaml; ZeRO-3 shards the policy as FSDP2 does), or set "
-                "sequence_parallel_size=1."
-            )
+        check_sequence_parallel_not_under_fsdp(self.sequence_parallel_size, planned_fsdp_version(self))
 
 
 def _sequence_parallel_size_from_accelerate_launch() -> int:

@@ -16,7 +16,7 @@ import torch
 from datasets import DatasetDict, load_dataset
 
 from .data import DEMO_DATASET_NAME, load_demo_dataset, load_demo_tokenizer
-from .offload import zero3_init_config
+from .placement.deepspeed import zero3_init_config
 from .tiny import is_demo_model_name, make_demo_model, parse_demo_model_name
 
 DATA_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

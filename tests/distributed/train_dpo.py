@@ -32,8 +32,8 @@ import trl_padfree
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
-from trl_padfree.offload import reference_offloaded, zero3_init_config
-from trl_padfree.sequence_parallel import sequence_parallel_size
+from trl_padfree.parallel.ulysses import sequence_parallel_size
+from trl_padfree.placement.deepspeed import reference_offloaded, zero3_init_config
 
 # TRL 1.16 still calls transformers 5's deprecated gradient checkpointing names
 warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)

@@ -23,9 +23,7 @@ from dataclasses import dataclass
 # TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`) projects [tokens, vocabulary] tiles of these sizes at a
 # time (4096 x 32768 in TRL 1.16), so the full logits never exist. Read from TRL, so the estimate follows the installed
 # release; tests/test_seams.py checks that TRL still tiles by them
-from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE as LOGITS_TILE_TOKENS
-from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as LOGITS_TILE_VOCAB
-
+from ..integrations.trl import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
 from . import context_parallel, fsdp2
 from .shapes import ModelShape
 from .units import BYTES_PER_PARAM, GiB

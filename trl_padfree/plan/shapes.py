@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..integrations.transformers import no_split_modules
 from ..tiny import is_demo_model_name, make_demo_model, parse_demo_model_name
 from .units import parse_count
 
@@ -121,5 +122,5 @@ def shape_of_model(name: str, model: torch.nn.Module) -> ModelShape:
 def fsdp_layer_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules accelerate's TRANSFORMER_BASED_WRAP gives an FSDP unit each: those whose class the model names in
     `_no_split_modules` (the decoder layers, and a vision tower's blocks where there is one)."""
-    wrapped = set(getattr(model, "_no_split_modules", None) or ())
+    wrapped = set(no_split_modules(model))
     return [module for module in model.modules() if type(module).__name__ in wrapped]

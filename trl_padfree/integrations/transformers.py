@@ -1,0 +1,205 @@
+"""transformers' private names trl-padfree relies on (tests/test_seams.py lists and checks each):
+
+- a model's attention backend, `config._attn_implementation`, and its experts backend, `_experts_implementation`;
+- `ALL_ATTENTION_FUNCTIONS`, whose entry for a backend the architecture check counts calls of;
+- the mixer kernel wrappers of `integrations.hub_kernels.use_kernel_func_from_hub_with_fallback`, whose closure says
+  what a call runs, and which stand-ins and PyTorch fallbacks are swapped into;
+- the module-level weak reference to the DeepSpeed config `from_pretrained` builds under;
+- the auto-model name mappings (`trl-padfree models`) and `_no_split_modules` (the planner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from . import swapped, swapped_item
+
+# ---- attention backends ----
+
+
+def attn_implementation(model) -> str | None:
+    """The attention backend `model` (or a config) runs."""
+    config = getattr(model, "config", model)
+    return config._attn_implementation
+
+
+def set_config_implementations(config, attn_implementation: str, experts_implementation: str | None = None) -> None:
+    """Set a config's attention backend (and its experts backend, where the config has one) before a model is built
+    from it."""
+    config._attn_implementation = attn_implementation
+    if experts_implementation is not None and hasattr(config, "_experts_implementation"):
+        config._experts_implementation = experts_implementation
+
+
+def register_attention(name: str, attention: Callable, mask: Callable) -> None:
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, mask)
+
+
+class AttentionCalls:
+    calls = 0
+
+
+@contextlib.contextmanager
+def attention_calls_counted(attn_implementation: str) -> Iterator[AttentionCalls | None]:
+    """Count the calls of a registered attention function (to see that a model really runs it); None for a backend
+    that is the model's own code (eager), which cannot be counted."""
+    if attn_implementation not in ALL_ATTENTION_FUNCTIONS:
+        yield None
+        return
+    function, counter = ALL_ATTENTION_FUNCTIONS[attn_implementation], AttentionCalls()
+
+    @functools.wraps(function)
+    def counted(*args, **kwargs):
+        counter.calls += 1
+        return function(*args, **kwargs)
+
+    with swapped_item(ALL_ATTENTION_FUNCTIONS, attn_implementation, counted):
+        yield counter
+
+
+# ---- mixer kernels: transformers' kernel-hub wrappers ----
+#
+# Each mixer kernel is a module-level PyTorch function decorated with `use_kernel_func_from_hub_with_fallback(
+# func_name, package)`, which resolves at import the package's implementation (or the PyTorch function) and returns a
+# wrapper that passes on only the keywords the implementation names. The wrapper's closure holds what it resolved.
+
+_WRAPPER_CLOSURE = ("implementation", "is_new_implementation", "func_name", "package", "torch_function")
+
+
+@dataclass(frozen=True)
+class KernelWrapper:
+    """What a transformers kernel wrapper resolved."""
+
+    name: str  # transformers' kernel-hub name (`causal_conv1d_fn`, ...)
+    package: str  # the import package it looks for the kernel in
+    implementation: Callable  # what a call runs
+    is_fallback: bool  # transformers' own PyTorch function (the package is not installed)
+    torch_function: Callable  # that PyTorch function
+
+
+def kernel_wrapper(function) -> KernelWrapper | None:
+    """What `function` resolves to, if it is a transformers kernel wrapper; else None."""
+    if not isinstance(function, types.FunctionType) or function.__closure__ is None:
+        return None
+    cells = (cell.cell_contents for cell in function.__closure__)
+    closure = dict(zip(function.__code__.co_freevars, cells, strict=True))
+    if not set(_WRAPPER_CLOSURE) <= set(closure):
+        return None
+    return KernelWrapper(
+        name=closure["func_name"],
+        package=closure["package"],
+        implementation=closure["implementation"],
+        is_fallback=not closure["is_new_implementation"],
+        torch_function=closure["torch_function"],
+    )
+
+
+def rewrapped(wrapper, implementation: Callable):
+    """A wrapper like `wrapper`, built by transformers' own decorator, that resolves to `implementation`: the decorator
+    imports the kernel's package, here a module holding only that function."""
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+
+    resolved = kernel_wrapper(wrapper)
+    package = types.ModuleType(resolved.package)
+    setattr(package, resolved.name, implementation)
+    previous = sys.modules.get(resolved.package)
+    sys.modules[resolved.package] = package
+    try:
+        rebuilt = use_kernel_func_from_hub_with_fallback(resolved.name, resolved.package)(resolved.torch_function)
+    finally:
+        if previous is None:
+            del sys.modules[resolved.package]
+        else:
+            sys.modules[resolved.package] = previous
+    if kernel_wrapper(rebuilt).implementation is not implementation:
+        raise RuntimeError(f"transformers did not resolve `{resolved.name}` to the function it was given")
+    return rebuilt
+
+
+def kernel_wrappers_called(cls: type) -> tuple[KernelWrapper, ...]:
+    """The kernel wrappers `cls.forward` calls: module-level names of its module that are wrappers."""
+    import inspect
+
+    code = getattr(inspect.unwrap(cls.forward), "__code__", None)
+    module = sys.modules.get(cls.__module__)
+    if module is None or code is None:
+        return ()
+    resolved = (kernel_wrapper(getattr(module, name, None)) for name in code.co_names)
+    return tuple(wrapper for wrapper in resolved if wrapper is not None)
+
+
+@contextlib.contextmanager
+def kernel_wrappers_replaced(replacement: Callable[[KernelWrapper, dict[str, Callable]], Callable | None]):
+    """Every imported transformers model module's kernel wrappers resolved to `replacement(wrapper, fallbacks)`
+    (given what the wrapper resolved and that module's PyTorch fallbacks by hub name; None keeps it), restored on
+    exit."""
+    with contextlib.ExitStack() as swaps:
+        for module in [module for name, module in list(sys.modules.items()) if name.startswith("transformers.models.")]:
+            wrappers = {}
+            for attribute, value in list(vars(module).items()):
+                resolved = kernel_wrapper(value)
+                if resolved is not None:
+                    wrappers[attribute] = (value, resolved)
+            fallbacks = {resolved.name: resolved.torch_function for _, resolved in wrappers.values()}
+            for attribute, (wrapper, resolved) in wrappers.items():
+                implementation = replacement(resolved, fallbacks)
+                if implementation is not None:
+                    swaps.enter_context(swapped(module, attribute, rewrapped(wrapper, implementation)))
+        yield
+
+
+# ---- the DeepSpeed config transformers builds models under ----
+
+
+@contextlib.contextmanager
+def deepspeed_config_restored() -> Iterator[None]:
+    """Building a transformers DeepSpeed config registers it globally (a module-level weak reference that every new
+    `HfDeepSpeedConfig` overwrites): put the previous one back after the block."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    previous_ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    previous = previous_ref() if previous_ref is not None else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            hf_deepspeed.set_hf_deepspeed_config(previous)
+        else:
+            hf_deepspeed.unset_hf_deepspeed_config()
+
+
+# ---- model names and structure ----
+
+
+def causal_lm_class_names() -> dict[str, str]:
+    """Model type -> the class `AutoModelForCausalLM` builds."""
+    from transformers.models.auto import modeling_auto
+
+    return dict(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def not_decoder_only_types() -> set[str]:
+    """Types AutoModelForCausalLM maps that are not decoder-only LMs: encoders used as decoders, and decoders of
+    encoder-decoder models."""
+    from transformers.models.auto import modeling_auto
+
+    return (
+        set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+        | set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+        | set(modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
+    )
+
+
+def no_split_modules(model) -> list[str]:
+    """The layer classes transformers (and accelerate's FSDP2 wrap policy) keep whole: the decoder layers."""
+    return list(getattr(model, "_no_split_modules", None) or [])

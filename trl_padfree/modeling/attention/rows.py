@@ -1,0 +1,136 @@
+"""How a packed row's tokens attend: one object per kind of row, handed to every attention layer as the `packed_row`
+keyword (transformers passes a model's keyword arguments down to its attention functions).
+
+    PackedRow           each segment attends to itself: the plain packed row
+    SharedPrefixRow     prefix sharing (packing/prefix_sharing.py): the row's segments, then each rejected branch
+                        against its prompt and itself, whose outputs replace the first call's
+    ContextParallelRow  (parallel/context.py) this rank's chunk of the row against the row's gathered keys
+
+The registered attention (interface.py) validates a call, asks the row for its segments as the layer cuts them
+(chunked layers cut finer, once per forward) and lets the row attend: no attention code knows which kind of row it
+has, and a new kind of row edits none of it.
+
+A row that must be read (prefix sharing, context parallelism) is in flight while its forward runs (`row_in_flight`):
+an attention call that did not receive it raises, and so does a forward in which no attention call read it (a model
+whose attention does not take transformers' keyword arguments, or that mixes tokens elsewhere). The plain row needs
+neither: a layer that reads `cu_seq_lens` itself keeps sequences apart as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ...packing.layout import chunked_cu_seq_lens
+from ...packing.prefix_sharing import SharedPrefixAttention
+from ...refusals import (
+    refuse_layout_not_read,
+    refuse_layout_not_received,
+    refuse_prefix_sharing_with_chunked_layers,
+)
+from .varlen import varlen_attention
+
+PACKED_ROW_KWARG = "packed_row"
+
+
+@dataclass
+class PackedRow:
+    """A packed row whose segments each attend to themselves, causally."""
+
+    cu_seq_lens: torch.Tensor  # int32, the padding segment included
+    max_length: int | None  # the longest segment; None: read from the boundaries when a kernel needs it
+    attention_calls: int = field(default=0, compare=False)
+    _chunked: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    # Set on rows that every attention call must read: their name, what a layer without them would do, the way out
+    layout: ClassVar[str | None] = None
+    consequence: ClassVar[str] = ""
+    way_out: ClassVar[str] = ""
+
+    def segments(self, chunk_size: int | None) -> tuple[torch.Tensor, int | None]:
+        """The row's segments as a layer cuts them: a chunked layer (Llama 4's local layers) cuts each segment every
+        `chunk_size` tokens from its start, computed once per forward (one host sync), not per layer."""
+        if chunk_size is None:
+            return self.cu_seq_lens, self.max_length
+        if chunk_size not in self._chunked:
+            self._chunked[chunk_size] = chunked_cu_seq_lens(self.cu_seq_lens, chunk_size)
+        # Still the longest segment: a segment longer than a chunk leaves a whole chunk
+        max_length = None if self.max_length is None else min(self.max_length, chunk_size)
+        return self._chunked[chunk_size], max_length
+
+    def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
+        """`(1, T_q, heads, dim)` for `(1, heads, T, dim)` inputs; `options`: scaling, sliding_window, dropout,
+        softcap, sinks."""
+        self.attention_calls += 1
+        return varlen_attention(query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+
+
+@dataclass
+class SharedPrefixRow(PackedRow):
+    """A prefix-sharing row: the row's segments as usual, then every rejected branch again against its gathered
+    prefix and branch keys (`shared`), whose outputs replace the first call's for those tokens."""
+
+    shared: SharedPrefixAttention | None = None
+
+    layout: ClassVar[str] = "prefix-sharing layout"
+    consequence: ClassVar[str] = "rejected tokens would not see their prompt"
+    way_out: ClassVar[str] = "prefix_sharing=False"
+
+    def segments(self, chunk_size: int | None) -> tuple[torch.Tensor, int | None]:
+        if chunk_size is not None:
+            refuse_prefix_sharing_with_chunked_layers()
+        return super().segments(None)
+
+    def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
+        self.attention_calls += 1
+        shared = self.shared
+        # The first call lets each rejected branch attend to itself only: skip those segments, then replace them
+        output = varlen_attention(
+            query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
+            skip_segments=shared.branch_segments, **options,
+        )  # fmt: skip
+        branches = varlen_attention(
+            query[:, :, shared.query_index],
+            key[:, :, shared.key_index],
+            value[:, :, shared.key_index],
+            shared.cu_seq_lens_q,
+            shared.cu_seq_lens_k,
+            shared.max_length_q,
+            shared.max_length_k,
+            **options,
+        )
+        return output.index_copy(1, shared.query_index, branches)
+
+
+# The row of the forward in flight, when every attention call must read it
+_ROW_IN_FLIGHT: contextvars.ContextVar[PackedRow | None] = contextvars.ContextVar(
+    "trl_padfree_row_in_flight", default=None
+)
+
+
+@contextlib.contextmanager
+def row_in_flight(row: PackedRow) -> Iterator[None]:
+    """Around a forward on `row`: if it must be read, attention calls without it raise, and so does a forward in which
+    no attention call read it."""
+    if row.layout is None:
+        yield
+        return
+    token = _ROW_IN_FLIGHT.set(row)
+    try:
+        yield
+    finally:
+        _ROW_IN_FLIGHT.reset(token)
+    if row.attention_calls == 0:
+        refuse_layout_not_read(row.layout, row.consequence, row.way_out)
+
+
+def check_row_received(row: PackedRow | None) -> None:
+    """An attention call's row is the one in flight (if one is)."""
+    in_flight = _ROW_IN_FLIGHT.get()
+    if in_flight is not None and row is not in_flight:
+        refuse_layout_not_received(in_flight.layout, PACKED_ROW_KWARG, in_flight.consequence, in_flight.way_out)

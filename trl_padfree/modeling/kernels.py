@@ -1,0 +1,273 @@
+"""The CUDA kernels that keep a packed row's sequences apart, each chosen explicitly and logged, and how tests run
+those branches on a machine without CUDA.
+
+Two kinds of kernels run a whole packed row on CUDA:
+
+- attention: torch's `varlen_attn` (`padfree_varlen`, attention.py). torch 2.15 picks its backend itself, cuDNN
+  before Flash for causal self-attention (SM90+, bf16/fp16, head dim <= 128, grouped heads too), and honours
+  `sdpa_kernel`'s backend flags ("No viable backend" when the one it picks is disabled). Every call here runs on the
+  Flash backend, chosen with `sdpa_kernel`: the one the GPU tests cover, whatever backends the user disabled. Flash
+  needs SM80 or newer; older GPUs run the exact per-segment attention instead.
+- stateful mixers of hybrid models (mixers.py): the functions transformers resolves when it imports a model's module
+  (causal-conv1d, flash-linear-attention, mamba-ssm, or its own PyTorch fallbacks). A mixer runs its whole row through
+  them only when every such function its forward calls takes the argument that keeps sequences apart (`seq_idx`,
+  `cu_seqlens`), read from the resolved function itself: a function that swallows keywords (`**kwargs`), or
+  transformers' PyTorch fallback, runs the mixer once per sequence instead.
+
+Both choices are logged once per process (INFO, `trl_padfree.modeling.kernels`).
+
+`stand_in_kernels(...)` makes the packed forward take its CUDA branches on CPU tensors, with stand-in functions of the
+kernels' real signatures in place of the real ones (tests/stand_in_kernels.py): so the branches that only run on a GPU
+are exercised by the CPU test suite, and the architecture check (architecture.py) runs them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..integrations.transformers import KernelWrapper, kernel_wrappers_called, kernel_wrappers_replaced
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def log_once(message: str) -> None:
+    # Kernels run in every layer of every step: say which one runs once per process, not per call
+    logger.info(message)
+
+
+# ---- attention: torch's varlen kernel ----
+
+# The real kernel's inputs: torch's varlen flash attention computes in half precision only
+VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+# Flash attention needs Ampere (SM80) or newer
+FLASH_MIN_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class VarlenKernel:
+    """A `varlen_attn` to call: torch's, or a stand-in with the signature of some torch release."""
+
+    function: Callable
+    dtypes: tuple[torch.dtype, ...] = VARLEN_DTYPES
+    capability: tuple[int, int] | None = None  # of the GPU a stand-in plays; None: ask the device
+
+    @functools.cached_property
+    def parameters(self) -> frozenset[str]:
+        # By name: torch releases differ in what `varlen_attn` takes (attention.varlen_kernel_plan)
+        return frozenset(inspect.signature(self.function).parameters)
+
+    def device_capability(self, device: torch.device) -> tuple[int, int]:
+        return self.capability if self.capability is not None else torch.cuda.get_device_capability(device)
+
+
+@functools.cache
+def _torch_varlen_kernel() -> VarlenKernel:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return VarlenKernel(varlen_attn)
+
+
+def varlen_kernel() -> VarlenKernel:
+    """The `varlen_attn` packed attention calls on its CUDA branch: torch's, or the stand-in in force."""
+    stand_ins = _STAND_INS.get()
+    if stand_ins is not None and stand_ins.varlen is not None:
+        return stand_ins.varlen
+    return _torch_varlen_kernel()
+
+
+@contextlib.contextmanager
+def flash_backend() -> Iterator[None]:
+    """Around a `varlen_attn` call: its Flash backend, chosen explicitly. torch >= 2.15 reads these flags (and would
+    pick cuDNN first); earlier releases run Flash for causal attention whatever the flags say."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        yield
+
+
+def log_varlen_backend() -> None:
+    log_once(
+        f"`padfree_varlen` attention runs torch {torch.__version__}'s varlen attention kernel on its Flash backend, "
+        "chosen explicitly (torch >= 2.15 would pick cuDNN for causal bf16/fp16 layers on SM90+; Flash is the "
+        "backend the GPU tests cover)."
+    )
+
+
+# ---- which branch a tensor takes ----
+
+
+def takes_cuda_branch(tensor: torch.Tensor) -> bool:
+    """Whether work on `tensor` takes the CUDA branch (kernels): on CUDA, or on CPU under `stand_in_kernels`."""
+    return tensor.is_cuda or _STAND_INS.get() is not None
+
+
+# ---- stateful mixers: the whole-row kernels transformers resolved ----
+
+# The mixer kernels that run a whole row, by the name transformers' kernel hub gives them, and the argument each needs
+# to keep the row's sequences apart. Kernels that only decode with a cache are not listed: a packed forward has none.
+BOUNDARY_ARGUMENTS = {
+    "causal_conv1d_fn": "seq_idx",
+    "chunk_gated_delta_rule": "cu_seqlens",
+    "mamba_chunk_scan_combined": "seq_idx",
+    "mamba_split_conv1d_scan_combined": "seq_idx",
+}
+DECODE_ONLY_KERNELS = frozenset({"causal_conv1d_update", "fused_recurrent_gated_delta_rule", "selective_state_update"})
+# pip distributions of the kernels' import packages, for advice
+DISTRIBUTIONS = {"causal_conv1d": "causal-conv1d", "fla": "flash-linear-attention", "mamba_ssm": "mamba-ssm"}
+
+
+@dataclass(frozen=True)
+class ResolvedKernel:
+    """One kernel function a mixer's forward calls, as transformers resolved it when it imported the model."""
+
+    wrapper: KernelWrapper
+
+    @property
+    def name(self) -> str:
+        return self.wrapper.name  # transformers' kernel-hub name (`causal_conv1d_fn`, ...)
+
+    @property
+    def boundary(self) -> str | None:
+        return BOUNDARY_ARGUMENTS.get(self.name)
+
+    @property
+    def takes_boundary(self) -> bool:
+        """Whether the implementation names its boundary argument: a function that only swallows extra keywords
+        (`**kwargs`) would get it and ignore it, and transformers filters keywords by the implementation's names."""
+        if self.boundary is None:
+            return False
+        try:
+            return self.boundary in inspect.signature(self.wrapper.implementation).parameters
+        except (TypeError, ValueError):  # a builtin without a signature
+            return False
+
+    @property
+    def described(self) -> str:
+        implementation = self.wrapper.implementation
+        where = getattr(implementation, "__module__", None) or self.wrapper.package
+        return f"`{self.name}` ({where}.{getattr(implementation, '__qualname__', '?')})"
+
+    @property
+    def distribution(self) -> str:
+        return DISTRIBUTIONS.get(self.wrapper.package, self.wrapper.package)
+
+
+@dataclass(frozen=True)
+class MixerKernels:
+    """Whether a mixer class runs its whole packed row through its kernels, decided from what they accept."""
+
+    mixer_class: str
+    kernels: tuple[ResolvedKernel, ...]
+    whole_row: bool
+    reason: str
+
+    def describe(self) -> str:
+        if self.whole_row:
+            return f"{self.mixer_class} layers run the whole packed row through their kernels ({self.reason})."
+        return (
+            f"{self.mixer_class} layers run once per sequence of the packed row, state starting fresh ({self.reason})."
+        )
+
+
+def mixer_kernels(mixer_class: type) -> MixerKernels:
+    """The kernels `mixer_class.forward` calls and whether they can run a whole packed row, read from the functions
+    transformers resolved (so from the stand-ins under `stand_in_kernels`)."""
+    return _decide(mixer_class.__name__, kernel_functions_called(mixer_class))
+
+
+def _decide(mixer_class: str, kernels: tuple[ResolvedKernel, ...]) -> MixerKernels:
+    row_kernels = [kernel for kernel in kernels if kernel.name not in DECODE_ONLY_KERNELS]
+
+    def per_segment(reason: str) -> MixerKernels:
+        return MixerKernels(mixer_class, kernels, False, reason)
+
+    if not row_kernels:
+        return per_segment("its forward calls no kernel that takes sequence boundaries")
+    unknown = [kernel.name for kernel in row_kernels if kernel.boundary is None]
+    if unknown:
+        return per_segment(f"trl-padfree does not know how {', '.join(unknown)} keeps sequences apart")
+    fallbacks = [kernel for kernel in row_kernels if kernel.wrapper.is_fallback]
+    if fallbacks:
+        missing = sorted({kernel.distribution for kernel in fallbacks})
+        return per_segment(f"transformers runs its PyTorch fallbacks; install {', '.join(missing)} for the kernels")
+    refusing = [kernel for kernel in row_kernels if not kernel.takes_boundary]
+    if refusing:
+        return per_segment("; ".join(f"{kernel.described} takes no `{kernel.boundary}`" for kernel in refusing))
+    taken = ", ".join(f"{kernel.described} given `{kernel.boundary}`" for kernel in row_kernels)
+    return MixerKernels(mixer_class, kernels, True, taken)
+
+
+def kernel_functions_called(mixer_class: type) -> tuple[ResolvedKernel, ...]:
+    """The transformers kernel functions (module-level names wrapped by its kernel hub) that `mixer_class.forward`
+    calls, resolved."""
+    return tuple(ResolvedKernel(wrapper) for wrapper in kernel_wrappers_called(mixer_class))
+
+
+@contextlib.contextmanager
+def pytorch_fallback_kernels() -> Iterator[None]:
+    """transformers' own PyTorch fallbacks in place of every mixer kernel a package provides, for work on CPU tensors
+    (the architecture check's twin): a kernel package installed for the GPU would be handed CPU tensors. Under
+    `stand_in_kernels`, which are CPU functions, the stand-ins stay."""
+    if _STAND_INS.get() is not None:
+        yield
+        return
+
+    def fallback(wrapper: KernelWrapper, fallbacks: dict[str, Callable]) -> Callable | None:
+        return None if wrapper.is_fallback else fallbacks[wrapper.name]
+
+    with kernel_wrappers_replaced(fallback):
+        yield
+
+
+# ---- stand-ins ----
+
+
+# Makes a mixer kernel's stand-in from one model module's PyTorch fallbacks (by hub name), which compute the reference
+StandInFactory = Callable[[dict[str, Callable]], Callable]
+
+
+@dataclass(frozen=True)
+class StandIns:
+    varlen: VarlenKernel | None = None
+    mixer_kernels: tuple[tuple[str, StandInFactory], ...] = ()
+
+
+_STAND_INS: contextvars.ContextVar[StandIns | None] = contextvars.ContextVar("trl_padfree_stand_ins", default=None)
+
+
+def branch_key() -> object:
+    """What the kernels in force are, for caches of decisions that depend on them (the architecture check)."""
+    return _STAND_INS.get()
+
+
+@contextlib.contextmanager
+def stand_in_kernels(varlen: VarlenKernel | None = None, mixer_kernels: dict[str, StandInFactory] | None = None):
+    """Run the packed forward's CUDA branches on CPU tensors, with stand-ins in place of the CUDA kernels: `varlen`
+    for torch's `varlen_attn`, and for each mixer kernel named in `mixer_kernels` (by transformers' kernel-hub name,
+    e.g. `causal_conv1d_fn`), the function its factory makes from each imported transformers model module's PyTorch
+    fallbacks, which that module's kernel wrapper then resolves to. Build the models (import their modules) before
+    entering. For tests: the stand-ins compute the reference result and record what they were given."""
+    mixer_kernels = mixer_kernels or {}
+    unknown = set(mixer_kernels) - set(BOUNDARY_ARGUMENTS) - DECODE_ONLY_KERNELS
+    if unknown:
+        raise ValueError(f"No transformers mixer kernel is named {sorted(unknown)}.")
+    token = _STAND_INS.set(StandIns(varlen, tuple(sorted(mixer_kernels.items()))))
+
+    def stand_in(wrapper: KernelWrapper, fallbacks: dict[str, Callable]) -> Callable | None:
+        factory = mixer_kernels.get(wrapper.name)
+        return None if factory is None else factory(fallbacks)
+
+    try:
+        with kernel_wrappers_replaced(stand_in):
+            yield
+    finally:
+        _STAND_INS.reset(token)

@@ -1,0 +1,221 @@
+"""Run a model on a packed row, and hand back its per-token outputs as a right-padded view.
+
+TRL's loss code (every loss type, `ld_alpha`, WPO weights, the metrics) reads per-token outputs of shape
+`(2 * batch, len - 1)`, one row per sequence. Rather than re-implement it, the model runs once on the packed row and
+its per-token outputs (log-probs, entropy, ...: a few scalars per token, never hidden states) are gathered into that
+layout, zero where a row has no token, exactly as the padded forward leaves them. So the loss and metrics are TRL's
+own code on the same numbers; only the forward differs.
+
+    packed log-probs   | a1 a2 a3 a4 x | b1 b2 x | ...      (x: scores the next segment's first token, unused)
+    padded view        [[a1 a2 a3 a4], [b1 b2 0 0], ...]
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..integrations.transformers import attn_implementation
+from ..packing.layout import padded_view_index, to_padded_view
+from ..packing.prefix_sharing import SharedPrefixAttention
+from ..refusals import check_no_cache, check_packed_row_length, check_prefix_sharing_attention
+from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
+from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
+
+PACKED_BATCH_KWARG = "packed_batch"
+
+
+class SplitRun(Protocol):
+    """A packed row shared by several ranks, each running its chunk (parallel/row_split.py marks a training batch with
+    one): runs the model on this rank's chunk and returns the whole row's per-token outputs, padded views."""
+
+    size: int  # ranks that share the row
+
+    def run(self, forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module) -> Any: ...
+
+
+@dataclass
+class PackedBatch:
+    """One packed row and the index maps that turn its per-token outputs into padded views."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T)
+    completion_mask: torch.Tensor  # (1, T)
+    cu_seq_lens: torch.Tensor  # (segments + 1,) int32, the padding segment included
+    max_length: int
+    seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
+    # Prefix sharing (prefix_sharing.py): per sequence, row start of its own tokens and of the prefix it reads first
+    seq_starts: torch.Tensor | None = None
+    shared_prefix_starts: torch.Tensor | None = None
+    shared_prefix_lens: torch.Tensor | None = None
+    # Set on a training batch whose row several ranks share (sequence or context parallelism, parallel/row_split.py)
+    split: SplitRun | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        starts = self.seq_starts if self.seq_starts is not None else self.cu_seq_lens[: len(self.seq_lens)].long()
+        prefix = (self.shared_prefix_starts, self.shared_prefix_lens)
+        self.width = int(self.seq_lens.max())
+        self.token_index, self.token_valid = padded_view_index(starts, self.seq_lens, self.width, *prefix)
+        # Shifted outputs: cell (i, j) scores token j + 1 of sequence i, computed at the packed position of token j.
+        # (With prefix sharing, a rejected sequence's last prefix cell reads the output that scores the chosen
+        # branch's first token: the same prompt token, never scored.)
+        self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1, *prefix)
+        self.shared_prefix = None
+        if self.shared_prefix_lens is not None and bool((self.shared_prefix_lens > 0).any()):
+            reads_prefix = self.shared_prefix_lens > 0
+            self.shared_prefix = SharedPrefixAttention.from_branches(
+                branch_starts=starts[reads_prefix],
+                branch_lens=(self.seq_lens - self.shared_prefix_lens)[reads_prefix],
+                prefix_starts=self.shared_prefix_starts[reads_prefix],
+                prefix_lens=self.shared_prefix_lens[reads_prefix],
+                cu_seq_lens=self.cu_seq_lens,
+            ).to(self.input_ids.device)
+
+    @classmethod
+    def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:
+        return cls(
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            completion_mask=batch["completion_mask"],
+            cu_seq_lens=batch["cu_seq_lens_q"],
+            max_length=int(batch["max_length_q"]),
+            seq_lens=batch["seq_lens"],
+            seq_starts=batch.get("seq_starts"),
+            shared_prefix_starts=batch.get("shared_prefix_starts"),
+            shared_prefix_lens=batch.get("shared_prefix_lens"),
+        )
+
+    @property
+    def real_row_tokens(self) -> int:
+        """Tokens of the row before its padding segment (every pair lays out two segments, shared or not)."""
+        return int(self.cu_seq_lens[len(self.seq_lens)])
+
+    @property
+    def row_length(self) -> int:
+        return self.input_ids.shape[1]
+
+    def labels(self) -> torch.Tensor:
+        # Score completion tokens only, and never the first token of a segment: the fused LM head shifts labels, so
+        # that token would be scored from the last token of the previous sequence
+        labels = self.input_ids.masked_fill(self.completion_mask == 0, -100)
+        return labels.masked_fill(self.position_ids == 0, -100)
+
+    def shift_labels(self) -> torch.Tensor:
+        """`labels()` shifted left by one (position i scores token i + 1), for a forward on a chunk of the row."""
+        labels = self.labels()
+        return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+
+    def padded(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
+        """`(1, T, ...)` -> `(sequences, width, ...)`."""
+        return to_padded_view(packed[0], self.token_index, self.token_valid, fill_value)
+
+    def padded_shifted(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
+        """`(1, T - 1, ...)` next-token outputs -> `(sequences, width - 1, ...)`."""
+        return to_padded_view(packed[0], self.shifted_index, self.shifted_valid, fill_value)
+
+    def padded_inputs(self, pad_token_id: int) -> dict[str, torch.Tensor]:
+        """The padded `input_ids`/`attention_mask`/`completion_mask` TRL's loss code reads (never fed to a model)."""
+        return {
+            "input_ids": self.padded(self.input_ids, pad_token_id),
+            "attention_mask": self.token_valid.long(),
+            "completion_mask": self.padded(self.completion_mask),
+        }
+
+    def row(self) -> PackedRow:
+        """How this row attends (modeling/attention/rows.py): each segment to itself, or with prefix sharing each
+        rejected branch to its prompt too."""
+        if self.shared_prefix is not None:
+            return SharedPrefixRow(self.cu_seq_lens, self.max_length, shared=self.shared_prefix)
+        return PackedRow(self.cu_seq_lens, self.max_length)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
+        # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer). `packed_row` reaches
+        # `padfree_varlen` through transformers' keyword arguments
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "cu_seq_lens_q": self.cu_seq_lens,
+            "cu_seq_lens_k": self.cu_seq_lens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+            "use_cache": False,
+            PACKED_ROW_KWARG: self.row(),
+        }
+
+    def to_padded_outputs(self, outputs):
+        """Replace every per-token field of a model output by its padded view, in place."""
+        for key in list(outputs.keys()):
+            value = outputs[key]
+            if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[0] != 1:
+                continue
+            if value.shape[1] == self.row_length:
+                outputs[key] = self.padded(value)
+            elif value.shape[1] == self.row_length - 1:
+                outputs[key] = self.padded_shifted(value)
+        return outputs
+
+
+def packed_row_limit(config) -> int | None:
+    """The longest packed row that stays exact for this architecture, or None when any length does.
+
+    Llama 4's NoPE layers scale queries by their index in the row ("attention temperature tuning"), not by their
+    position in their sequence: the scale is 1 for indices below `floor_scale - 1` (8191), so rows up to that length
+    equal each sequence alone. The architecture check's short sequences cannot see this.
+    """
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    floor_scale = getattr(text_config, "floor_scale", None)
+    if getattr(text_config, "attn_temperature_tuning", False) and floor_scale:
+        return int(floor_scale) - 1
+    return None
+
+
+def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module: torch.nn.Module | None = None):
+    """Call `forward` on the packed row in place of the padded inputs TRL built, and return padded views."""
+    check_no_cache(bool(kwargs.get("use_cache")) or any(kwargs.get(name) is not None for name in CACHE_KWARGS))
+    # TRL built these for its padded layout; the packed row replaces them
+    for key in ("input_ids", "attention_mask", "position_ids", "inputs_embeds"):
+        kwargs.pop(key, None)
+    config = getattr(module, "config", None)
+    if config is not None and (limit := packed_row_limit(config)) is not None:
+        check_packed_row_length(config.get_text_config().model_type, packed_batch.row_length, limit)
+    if packed_batch.shared_prefix is not None:
+        # Any other attention would read the rejected branches as sequences of their own, without their prompt
+        check_prefix_sharing_attention(attn_implementation(module) if config is not None else None)
+    if packed_batch.split is not None:
+        return packed_batch.split.run(forward, packed_batch, kwargs, module)
+    if getattr(module, "_padfree_stateful_mixers", ()):  # hybrid models: their mixers restart at every sequence
+        kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
+    if kwargs.get("labels") is not None:
+        kwargs["labels"] = packed_batch.labels()
+    model_kwargs = packed_batch.model_kwargs()
+    with row_in_flight(model_kwargs[PACKED_ROW_KWARG]):
+        outputs = forward(**{**kwargs, **model_kwargs})
+    return packed_batch.to_padded_outputs(outputs)
+
+
+def add_packed_forward(model: torch.nn.Module) -> None:
+    """Let `model(..., packed_batch=PackedBatch)` run on the packed row and return padded per-token outputs.
+
+    Wraps `model.forward` the way TRL's `add_fused_lm_head` does, on the same module, so every caller inside TRL
+    (policy, reference model, adapter-disabled reference, precompute) goes through it. The model's stateful mixers
+    (hybrid models, mixers.py) learn to keep the row's sequences apart. Idempotent.
+    """
+    if getattr(model, "_padfree_packed_forward", False):
+        return
+    model._padfree_stateful_mixers = tuple(add_segmented_mixers(model))
+    inner_forward = model.forward
+
+    @functools.wraps(inner_forward)
+    def forward(*args, packed_batch: PackedBatch | None = None, **kwargs):
+        if packed_batch is None:
+            return inner_forward(*args, **kwargs)
+        if args:
+            raise TypeError("A packed forward takes keyword arguments only.")
+        return run_packed(inner_forward, packed_batch, kwargs, model)
+
+    model.forward = forward
+    model._padfree_packed_forward = True

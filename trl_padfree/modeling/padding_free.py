@@ -1,0 +1,204 @@
+"""`PaddingFree`: padding-free training as one feature of the trainer, in the phases `ReferencePlacement` has:
+
+    before TRL's __init__   refuse what cannot pack before anything is built (a collator that does not pack, Liger)
+    around it               hide `padding_free` from TRL, which would switch it off
+    enable                  resolve the plan once (the packing collator, each model's attention checked on its
+                            architecture, prefix sharing, the row multiple) and give every model the packed forward:
+                            after TRL's __init__, or earlier at TRL's reference precompute, which runs inside it
+    after it                keep accelerate's dispatcher from slicing packed batches; report prefix sharing
+
+Then, per batch: the padded-layout inputs TRL's loss reads (`padded_inputs`) and the packing metrics (`log_metrics`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import is_peft_model
+
+from ..integrations.transformers import attn_implementation
+from ..integrations.trl import padding_free_hidden
+from ..packing.collator import PaddingFreePreferenceCollator
+from ..packing.layout import pad_length_to_multiple
+from ..packing.prefix_sharing import log_sharing_summary
+from ..refusals import (
+    check_attention_switched,
+    check_batches_not_dispatched,
+    check_moe_aux_loss_without_row_padding,
+    check_no_liger_kernel,
+    check_not_prompt_learning,
+    check_packed_batch_expected,
+    check_packing_collator,
+    check_prefix_sharing_without_moe_aux_loss,
+    refuse_vision_datasets,
+)
+from .packability import check_packable, choose_packed_attention
+from .packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
+
+
+@dataclass(frozen=True)
+class PackingPlan:
+    """What padding-free training resolved for a trainer, once."""
+
+    attention: tuple[tuple[str, str], ...]  # (model class, backend) of the policy, then the reference
+    prefix_sharing: bool
+    # What TRL's padded collator pads each sequence to: the padded side of the padding-saved metrics
+    padded_pad_to_multiple_of: int | None
+
+
+class PaddingFree:
+    def __init__(self, requested: bool):
+        self.requested = requested
+        self.plan: PackingPlan | None = None
+
+    @classmethod
+    def before_init(cls, args, data_collator) -> PaddingFree:
+        """What `args` asks for, refusing before anything is built what cannot pack."""
+        feature = cls(bool(args is not None and args.padding_free))
+        if feature.requested:
+            if data_collator is not None:
+                packs = isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free
+                check_packing_collator(type(data_collator).__name__, packs)
+            check_no_liger_kernel(bool(getattr(args, "use_liger_kernel", False)))
+        return feature
+
+    def around_init(self, args):
+        """Around TRL's `__init__`: `padding_free` hidden from it (TRL 1.16 switches it off, with a warning)."""
+        return padding_free_hidden(args) if self.requested else contextlib.nullcontext()
+
+    @property
+    def enabled(self) -> bool:
+        return self.plan is not None
+
+    def enable(self, trainer) -> None:
+        """The plan, resolved once: the packing collator, each model's attention, the packed forward on every model."""
+        if not self.requested or self.enabled:
+            return
+        if trainer.is_vision_dataset:
+            refuse_vision_datasets()
+        collator = _packing_collator(trainer.data_collator, trainer.args)
+        check_moe_aux_loss_without_row_padding(trainer.aux_loss_enabled, collator.pad_to_multiple_of)
+        check_prefix_sharing_without_moe_aux_loss(collator.prefix_sharing, trainer.aux_loss_enabled)
+        trainer.data_collator = collator
+        requested = getattr(trainer.args, "packed_attn_implementation", "auto")
+        # Prefix sharing and context parallelism run in `padfree_varlen`: 'auto' picks it for them
+        needs_padfree_varlen = collator.prefix_sharing or getattr(trainer.args, "context_parallel_size", 1) > 1
+        attention = []
+        for model in _models(trainer):
+            backend = choose_packed_attention(model, requested, needs_padfree_varlen)
+            check_packable(model, collator.prefix_sharing, backend)
+            if backend != attn_implementation(model):
+                model.set_attn_implementation(backend)
+                check_attention_switched(type(model).__name__, backend, attn_implementation(model))
+            add_packed_forward(model)
+            attention.append((type(model).__name__, backend))
+        self.plan = PackingPlan(tuple(attention), collator.prefix_sharing, collator.pad_to_multiple_of)
+
+    def after_init(self, trainer) -> None:
+        """After TRL's `__init__`: enabled; each process builds its own packed rows (accelerate's dispatcher, its
+        default for streamed datasets, would slice them); how much of the training set prefix sharing shares."""
+        if not self.requested:
+            return
+        self.enable(trainer)
+        dataloader_config = trainer.accelerator.dataloader_config
+        check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
+        dataloader_config.dispatch_batches = False
+        collator = trainer.data_collator
+        if collator.prefix_sharing:
+            log_sharing_summary(
+                trainer.train_dataset, trainer.args.max_length, trainer.args.truncation_mode,
+                collator.prefix_sharing_min_prompt_tokens,
+            )  # fmt: skip
+
+    def pad_rows_to(self, trainer, ranks_per_row: int) -> None:
+        """Rows a multiple of the ranks that share each one (sequence and context parallelism)."""
+        collator = trainer.data_collator
+        multiple = math.lcm(collator.pad_to_multiple_of or 1, ranks_per_row)
+        trainer.data_collator = dataclasses.replace(collator, pad_to_multiple_of=multiple)
+
+    def padded_inputs(self, trainer, inputs: dict) -> dict:
+        """The padded-layout inputs TRL's loss code reads, carrying the packed row the forward really runs on."""
+        check_packed_batch_expected(self.enabled)
+        packed_batch = PackedBatch.from_collated(inputs)
+        # A processor pads with its tokenizer, as TRL's collator does
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        padded = packed_batch.padded_inputs(tokenizer.pad_token_id)
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if key in inputs:
+                padded[key] = inputs[key]
+        padded[PACKED_BATCH_KWARG] = packed_batch
+        return padded
+
+    def log_metrics(self, trainer, packed_batch: PackedBatch, budget: int | None) -> None:
+        """What packing saved on this micro-batch, next to TRL's metrics (so every `report_to` sees them).
+
+        `padfree/real_tokens` and `padfree/padded_tokens` are summed over processes: the tokens of the batch's
+        sequences, and the tokens TRL's padded collator would have made of them (2 x pairs x longest). With prefix
+        sharing, `padfree/shared_tokens` (summed) are the prompt tokens computed once instead of twice, and
+        `padfree/shared_pairs` the fraction of pairs laid out shared. With token-budget batching (`budget`),
+        `padfree/pairs_per_micro_batch` and `padfree/budget_fill` (row tokens / budget) are averaged over processes.
+        """
+        totals, processes = _summed_over_processes(trainer.accelerator, _counts(packed_batch, self.plan), packed_batch)
+        metrics = trainer.logged_metrics("train" if trainer.model.training else "eval")
+        metrics["padfree/real_tokens"].append(totals["real_tokens"])
+        metrics["padfree/padded_tokens"].append(totals["padded_tokens"])
+        metrics["padfree/padding_removed"].append(1.0 - totals["real_tokens"] / totals["padded_tokens"])
+        metrics["padfree/row_length"].append(totals["row_length"] / processes)
+        if packed_batch.shared_prefix_lens is not None:  # a prefix-sharing collator made the row
+            metrics["padfree/shared_tokens"].append(totals["real_tokens"] - totals["row_tokens"])
+            metrics["padfree/shared_pairs"].append(totals["shared_pairs"] / totals["pairs"])
+        if budget is not None and trainer.model.training:
+            metrics["padfree/pairs_per_micro_batch"].append(totals["pairs"] / processes)
+            metrics["padfree/budget_fill"].append(totals["row_tokens"] / processes / budget)
+
+
+def _packing_collator(collator, args) -> PaddingFreePreferenceCollator:
+    """The padding-free twin of TRL's collator (or the one passed in), with the config's prefix sharing."""
+    if not isinstance(collator, PaddingFreePreferenceCollator):
+        collator = PaddingFreePreferenceCollator.from_padded(collator)
+    if getattr(args, "prefix_sharing", False):  # set in the config, or on a collator passed in
+        collator = dataclasses.replace(
+            collator, prefix_sharing=True, prefix_sharing_min_prompt_tokens=args.prefix_sharing_min_prompt_tokens
+        )
+    return collator
+
+
+def _models(trainer) -> list[torch.nn.Module]:
+    """The policy (its base model under PEFT) and the reference model, unwrapped."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    if is_peft_model(policy):
+        check_not_prompt_learning(policy.peft_config[policy.active_adapter].is_prompt_learning)
+        policy = policy.get_base_model()
+    models = [policy]
+    if trainer.ref_model is not None:
+        models.append(trainer.accelerator.unwrap_model(trainer.ref_model))
+    return models
+
+
+def _counts(packed_batch: PackedBatch, plan: PackingPlan) -> dict[str, float]:
+    sequences = len(packed_batch.seq_lens)
+    padded_width = pad_length_to_multiple(packed_batch.width, plan.padded_pad_to_multiple_of)
+    shared = 0 if packed_batch.shared_prefix_lens is None else int((packed_batch.shared_prefix_lens > 0).sum())
+    return {
+        "real_tokens": packed_batch.seq_lens.sum().item(),
+        "padded_tokens": sequences * padded_width,
+        "row_length": packed_batch.row_length,
+        "pairs": sequences // 2,
+        "row_tokens": packed_batch.real_row_tokens,
+        "shared_pairs": shared,
+    }
+
+
+def _summed_over_processes(accelerator, counts: dict[str, float], packed_batch: PackedBatch):
+    """`counts` summed over processes, by name, and how many processes (rows) they came from. Every rank of a split
+    row holds the same row: counted once."""
+    names = sorted(counts)
+    values = torch.tensor([counts[name] for name in names], dtype=torch.float64, device=accelerator.device)
+    gathered = accelerator.gather(values).view(-1, len(names))
+    if packed_batch.split is not None:
+        gathered = gathered[:: packed_batch.split.size]
+    return dict(zip(names, gathered.sum(0).tolist(), strict=True)), len(gathered)

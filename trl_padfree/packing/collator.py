@@ -1,0 +1,275 @@
+"""Preference collator that flattens a batch into one packed row, and the packed builder behind it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..integrations.trl import DataCollatorForPreference
+from ..refusals import (
+    check_examples,
+    check_no_empty_sequence,
+    check_reference_log_probs,
+    check_truncation_mode,
+)
+from .layout import cu_seq_lens_from_lengths, kept_slice, pad_length_to_multiple, position_ids_from_lengths
+from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
+
+REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
+def _validate_examples(examples: list[dict[str, Any]]) -> None:
+    missing = [
+        (index, [column for column in REQUIRED_COLUMNS if column not in example], list(example))
+        for index, example in enumerate(examples)
+        if not set(REQUIRED_COLUMNS) <= set(example)
+    ]
+    check_examples(len(examples), missing)
+    has_ref = [[column in example for column in REF_COLUMNS] for example in examples]
+    paired = all(flags == has_ref[0] for flags in has_ref) and has_ref[0][0] == has_ref[0][1]
+    non_finite = None
+    if paired and has_ref[0][0]:
+        values = [(example["ref_chosen_logps"], example["ref_rejected_logps"]) for example in examples]
+        non_finite = next(
+            ((index, pair) for index, pair in enumerate(values) if not all(map(_is_finite_number, pair))), None
+        )
+    check_reference_log_probs(paired, non_finite)
+
+
+def _is_finite_number(value) -> bool:
+    # Python floats, numpy scalars and 0-d tensors all arrive here, depending on the dataset's format
+    if isinstance(value, (str, bytes)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _leading_zeros(mask: list[int]) -> int:
+    return next((index for index, flag in enumerate(mask) if flag), len(mask))
+
+
+@dataclass
+class _Sequences:
+    """Every sequence of the batch, truncated as TRL's collator truncates it, with its completion mask."""
+
+    chosen: list[list[int]]
+    rejected: list[list[int]]
+    chosen_masks: list[list[int]]
+    rejected_masks: list[list[int]]
+
+    @classmethod
+    def of(cls, examples: list[dict[str, Any]], max_length: int | None, truncation_mode: str) -> _Sequences:
+        if max_length is not None:
+            check_truncation_mode(truncation_mode)
+        sides = {"chosen": ([], []), "rejected": ([], [])}
+        for example in examples:
+            prompt = list(example["prompt_ids"])
+            for side, (tokens, masks) in sides.items():
+                completion = list(example[f"{side}_ids"])
+                kept = kept_slice(len(prompt) + len(completion), max_length, truncation_mode)
+                tokens.append((prompt + completion)[kept])
+                masks.append(([0] * len(prompt) + [1] * len(completion))[kept])
+        sequences = cls(sides["chosen"][0], sides["rejected"][0], sides["chosen"][1], sides["rejected"][1])
+        check_no_empty_sequence(min(len(tokens) for tokens in sequences.chosen + sequences.rejected))
+        return sequences
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(tokens) for tokens in self.chosen + self.rejected]
+
+
+@dataclass
+class _RowLayout:
+    """The row's segments, and where each sequence of the batch (chosen ones, then rejected ones) reads its tokens."""
+
+    segments: list[tuple[list[int], list[int], int]]  # tokens, completion mask, position of the first token
+    seq_starts: list[int]  # row start of each sequence's own tokens
+    prefix_starts: list[int]  # row start of the shared prefix it reads first (prefix sharing)
+    prefix_lens: list[int]  # tokens of that prefix, 0 if none
+
+
+def _lay_out(sequences: _Sequences, prefix_sharing: bool, min_prompt_tokens: int) -> _RowLayout:
+    chosen, rejected = sequences.chosen, sequences.rejected
+    chosen_masks, rejected_masks = sequences.chosen_masks, sequences.rejected_masks
+    num_pairs = len(chosen)
+    if not prefix_sharing:  # TRL's order: every chosen sequence, then every rejected one
+        pieces = zip(chosen + rejected, chosen_masks + rejected_masks, strict=True)
+        segments = [(tokens, mask, 0) for tokens, mask in pieces]
+        seq_starts = [0] + list(itertools.accumulate(len(tokens) for tokens, _, _ in segments))[:-1]
+        return _RowLayout(segments, seq_starts, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
+
+    # Pair by pair: [prefix + chosen branch] then [rejected branch], the rejected sequence reading the prefix first
+    layout = _RowLayout([], [0] * 2 * num_pairs, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
+    offset = 0
+    for pair in range(num_pairs):
+        prefix = shared_prefix_length(
+            _leading_zeros(chosen_masks[pair]), _leading_zeros(rejected_masks[pair]), min_prompt_tokens
+        )
+        layout.segments.append((chosen[pair], chosen_masks[pair], 0))
+        layout.seq_starts[pair] = offset
+        offset += len(chosen[pair])
+        layout.segments.append((rejected[pair][prefix:], rejected_masks[pair][prefix:], prefix))
+        layout.seq_starts[num_pairs + pair] = offset
+        layout.prefix_starts[num_pairs + pair] = layout.seq_starts[pair]
+        layout.prefix_lens[num_pairs + pair] = prefix
+        offset += len(rejected[pair]) - prefix
+    return layout
+
+
+def concatenated_inputs(
+    examples: list[dict[str, Any]],
+    pad_token_id: int = 0,
+    max_length: int | None = None,
+    truncation_mode: str = "keep_start",
+    pad_to_multiple_of: int | None = None,
+    return_attention_mask: bool = False,
+    prefix_sharing: bool = False,
+    prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS,
+) -> dict[str, Any]:
+    """Pack the chosen and rejected sequences of a batch into one row, with no padding between them.
+
+    Order is the one of TRL's padded batch: every `prompt + chosen` sequence, then every `prompt + rejected` sequence.
+    With `pad_to_multiple_of`, the row ends with one padding segment (positions restarting at 0, completion mask 0):
+    kernels see it as a separate segment, so no real token attends to it, and it is not a sequence of the batch.
+
+    With `prefix_sharing`, pairs are laid out one after another, each as `[prefix + chosen branch]` and `[rejected
+    branch]` segments whose rejected branch reads the prefix (see `trl_padfree.prefix_sharing`); a pair whose
+    truncated sequences do not start with the same prompt tokens, or whose prompt is shorter than
+    `prefix_sharing_min_prompt_tokens`, keeps its two unshared segments.
+
+    Args:
+        examples: dicts with `prompt_ids`, `chosen_ids`, `rejected_ids` (lists of token ids) and optionally both
+            `ref_chosen_logps` and `ref_rejected_logps`.
+        pad_token_id: token used for the trailing padding segment.
+        max_length: per-sequence truncation length, as in TRL's collator.
+        truncation_mode: `"keep_start"` or `"keep_end"`, as in TRL's collator.
+        pad_to_multiple_of: pad the row (not each sequence) to a multiple of this length.
+        return_attention_mask: also return `attention_mask` (1 on real tokens, 0 on the padding segment). It is for
+            callers that want it; transformers treats a row with a mask as one sequence, so never pass it to a model.
+        prefix_sharing: compute each pair's prompt once (needs the `padfree_varlen` attention).
+        prefix_sharing_min_prompt_tokens: share only prompts of at least this many tokens (at least 2).
+
+    Returns:
+        A dict with `input_ids`, `position_ids`, `completion_mask` of shape `(1, total_length)`; `seq_lens` (one
+        length per sequence, chosen then rejected); `cu_seq_lens_q`/`cu_seq_lens_k` (int32 segment boundaries,
+        padding segment included) and `max_length_q`/`max_length_k` for varlen kernels; and the reference log-probs
+        when the examples carry them. With `prefix_sharing`, also `seq_starts`, `shared_prefix_starts` and
+        `shared_prefix_lens` (per sequence: row start of its own tokens, and of the prefix it reads first).
+    """
+    _validate_examples(examples)
+    sequences = _Sequences.of(examples, max_length, truncation_mode)
+    layout = _lay_out(sequences, prefix_sharing, prefix_sharing_min_prompt_tokens)
+    output = _packed_row(layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
+    output["seq_lens"] = torch.tensor(sequences.lengths, dtype=torch.long)
+    if prefix_sharing:
+        output["seq_starts"] = torch.tensor(layout.seq_starts, dtype=torch.long)
+        output["shared_prefix_starts"] = torch.tensor(layout.prefix_starts, dtype=torch.long)
+        output["shared_prefix_lens"] = torch.tensor(layout.prefix_lens, dtype=torch.long)
+    if REF_COLUMNS[0] in examples[0]:
+        for column in REF_COLUMNS:
+            output[column] = torch.tensor([example[column] for example in examples])
+    return output
+
+
+def _packed_row(
+    layout: _RowLayout, pad_token_id: int, pad_to_multiple_of: int | None, return_attention_mask: bool
+) -> dict[str, Any]:
+    """The row's tensors from its segments, then one padding segment up to `pad_to_multiple_of`."""
+    real_length = sum(len(tokens) for tokens, _, _ in layout.segments)
+    padding_length = pad_length_to_multiple(real_length, pad_to_multiple_of) - real_length
+    segment_lens = [len(tokens) for tokens, _, _ in layout.segments] + ([padding_length] if padding_length else [])
+    first_positions = [first for _, _, first in layout.segments] + ([0] if padding_length else [])
+    input_ids = [token for tokens, _, _ in layout.segments for token in tokens] + [pad_token_id] * padding_length
+    completion_mask = [flag for _, mask, _ in layout.segments for flag in mask] + [0] * padding_length
+    cu_seq_lens = cu_seq_lens_from_lengths(segment_lens)
+    row = {
+        "input_ids": torch.tensor([input_ids], dtype=torch.long),
+        "position_ids": position_ids_from_lengths(segment_lens, first_positions),
+        "completion_mask": torch.tensor([completion_mask], dtype=torch.long),
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens.clone(),
+        "max_length_q": max(segment_lens),
+        "max_length_k": max(segment_lens),
+    }
+    if return_attention_mask:
+        row["attention_mask"] = torch.tensor([[1] * real_length + [0] * padding_length], dtype=torch.long)
+    return row
+
+
+def is_packed_batch(batch: dict[str, Any]) -> bool:
+    """Whether `batch` comes from the padding-free collator (one packed row plus its sequence lengths)."""
+    return "seq_lens" in batch
+
+
+@dataclass
+class PaddingFreePreferenceCollator(DataCollatorForPreference):
+    """
+    TRL's preference collator with a `padding_free` switch: every chosen and rejected sequence of the batch in one row.
+
+    With `padding_free=False` it is exactly TRL's `DataCollatorForPreference`. With `padding_free=True` (default) it
+    returns what [`concatenated_inputs`] returns: no padding between sequences, positions restarting at 0 for every
+    sequence, and the segment boundaries flash-attention-style varlen kernels need. No `attention_mask` unless
+    `return_attention_mask=True`, because transformers only detects packed sequences when the mask is absent.
+
+    Examples:
+    ```python
+    >>> from trl_padfree import PaddingFreePreferenceCollator
+
+    >>> collator = PaddingFreePreferenceCollator(pad_token_id=0)
+    >>> examples = [
+    ...     {"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6]},
+    ...     {"prompt_ids": [7, 8], "chosen_ids": [9], "rejected_ids": [10, 11]},
+    ... ]
+    >>> batch = collator(examples)
+    >>> batch["input_ids"]
+    tensor([[ 1,  2,  3,  4,  5,  7,  8,  9,  1,  2,  3,  6,  7,  8, 10, 11]])
+    >>> batch["position_ids"]
+    tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3]])
+    >>> batch["completion_mask"]
+    tensor([[0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 1]])
+    >>> batch["seq_lens"], batch["cu_seq_lens_q"], batch["max_length_q"]
+    (tensor([5, 3, 4, 4]), tensor([ 0,  5,  8, 12, 16], dtype=torch.int32), 5)
+    >>> "attention_mask" in batch
+    False
+
+    ```
+    """
+
+    padding_free: bool = True
+    return_attention_mask: bool = False
+    prefix_sharing: bool = False
+    prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS
+
+    @classmethod
+    def from_padded(cls, collator: DataCollatorForPreference, **overrides) -> PaddingFreePreferenceCollator:
+        """The padding-free twin of a TRL collator: same pad token, truncation and row multiple."""
+        fields = {
+            "pad_token_id": collator.pad_token_id,
+            "max_length": collator.max_length,
+            "truncation_mode": collator.truncation_mode,
+            "pad_to_multiple_of": collator.pad_to_multiple_of,
+            "return_tensors": collator.return_tensors,
+        }
+        return cls(**{**fields, **overrides})
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.padding_free:
+            _validate_examples(examples)
+            return super().torch_call(examples)
+        return concatenated_inputs(
+            examples,
+            pad_token_id=self.pad_token_id,
+            max_length=self.max_length,
+            truncation_mode=self.truncation_mode,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            return_attention_mask=self.return_attention_mask,
+            prefix_sharing=self.prefix_sharing,
+            prefix_sharing_min_prompt_tokens=self.prefix_sharing_min_prompt_tokens,
+        )

@@ -1,0 +1,247 @@
+"""Token-budget batching: training micro-batches filled with whole pairs up to `max_tokens_per_batch` tokens.
+
+Once padding is gone, a micro-batch costs memory in proportion to its real tokens. A fixed number of pairs per
+micro-batch then leaves memory unused on short pairs and runs out on long ones. Here each micro-batch is a bin of
+pairs (chosen and rejected together) whose packed row fits the budget.
+
+The pairs are packed once per run, deterministically for the seed: shuffled, cut into windows of `window` pairs, and
+each window packed best-fit decreasing (longest pair first, each into the fullest bin it still fits). The window
+keeps the packing local to a random part of the data, so long and short pairs still mix across micro-batches. Each
+epoch shuffles the order of the micro-batches (again from the seed), so the number of micro-batches, and of
+optimizer steps, is the same in every epoch and on every process, and a resumed run sees the same batches.
+
+Under data parallelism every process computes the same bins and accelerate deals them out round-robin; the bin
+count is made a multiple of the number of processes by splitting the bins that hold the most pairs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import random
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import IterableDataset, Sampler
+
+from ..integrations.accelerate import uneven_gathers
+from ..refusals import (
+    check_budget_bins_share,
+    check_pairs_fit,
+    check_positive,
+    check_token_budget_setup,
+    check_tokenized_pairs,
+    check_training_set_not_empty,
+)
+from .layout import pair_tokens
+from .prefix_sharing import pair_row_tokens
+
+
+def pair_lengths(
+    dataset,
+    max_length: int | None,
+    truncation_mode: str = "keep_start",
+    prefix_sharing_min_prompt_tokens: int | None = None,
+) -> list[int]:
+    """Row tokens of every pair of a dataset tokenized by TRL (`prompt_ids`, `chosen_ids`, `rejected_ids`):
+    `packing.pair_tokens`, or with prefix sharing (a minimum prompt length given) `prefix_sharing.pair_row_tokens`."""
+    check_tokenized_pairs(sorted({"prompt_ids", "chosen_ids", "rejected_ids"} - set(dataset.column_names)))
+    columns = (dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])
+    if prefix_sharing_min_prompt_tokens is None:
+        return [pair_tokens(len(p), len(c), len(r), max_length) for p, c, r in zip(*columns, strict=True)]
+    return [
+        pair_row_tokens(len(p), len(c), len(r), max_length, truncation_mode, prefix_sharing_min_prompt_tokens)
+        for p, c, r in zip(*columns, strict=True)
+    ]
+
+
+def usable_budget(budget: int, pad_to_multiple_of: int | None) -> int:
+    """The most real tokens a row may hold so that, padded to a multiple, it still fits the budget."""
+    multiple = pad_to_multiple_of or 1
+    return budget // multiple * multiple
+
+
+def _check_pairs_fit(lengths: Sequence[int], budget: int, pad_to_multiple_of: int | None, max_length) -> None:
+    capacity = usable_budget(budget, pad_to_multiple_of)
+    too_long = [index for index, length in enumerate(lengths) if length > capacity]
+    longest = max(too_long, key=lambda i: lengths[i], default=0)
+    check_pairs_fit(len(too_long), (longest, lengths[longest] if lengths else 0), budget, capacity, max_length)
+
+
+def pack_window(indices: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: each pair, longest first, into the bin with the least room that still holds it."""
+    bins: list[list[int]] = []
+    rooms: list[tuple[int, int]] = []  # (room left, bin number), sorted
+    for index in sorted(indices, key=lambda i: -lengths[i]):  # stable: equal lengths keep the shuffled order
+        position = bisect.bisect_left(rooms, (lengths[index], -1))
+        if position == len(rooms):
+            bins.append([index])
+            bisect.insort(rooms, (capacity - lengths[index], len(bins) - 1))
+            continue
+        room, number = rooms.pop(position)
+        bins[number].append(index)
+        bisect.insort(rooms, (room - lengths[index], number))
+    return bins
+
+
+def split_to_multiple(bins: list[list[int]], lengths: Sequence[int], multiple: int) -> list[list[int]]:
+    """Split the bins holding the most pairs until their count is a multiple of `multiple` (a split bin's halves
+    each fit, so the budget still holds)."""
+    bins = [list(each) for each in bins]
+    while len(bins) % multiple:
+        largest = max(range(len(bins)), key=lambda number: (len(bins[number]), -number))
+        check_budget_bins_share(len(bins), multiple, splittable=len(bins[largest]) >= 2)
+        # Alternate the pairs, longest first, so both halves get a similar number of tokens
+        ordered = sorted(bins[largest], key=lambda i: (-lengths[i], i))
+        bins[largest] = ordered[0::2]
+        bins.append(ordered[1::2])
+    return bins
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Yields micro-batches (lists of dataset indices) whose pairs fit `budget` tokens, for every process alike;
+    `accelerator.prepare` deals them out round-robin. `set_epoch` reorders them."""
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        budget: int,
+        *,
+        seed: int,
+        num_processes: int = 1,
+        window: int = 1000,
+        pad_to_multiple_of: int | None = None,
+    ):
+        check_positive("max_tokens_per_batch", budget)
+        check_positive("token_budget_window", window)
+        check_training_set_not_empty(len(lengths))
+        self.lengths = list(lengths)
+        self.budget = budget
+        self.seed = seed
+        self.epoch = 0
+        capacity = usable_budget(budget, pad_to_multiple_of)
+        order = list(range(len(self.lengths)))
+        random.Random(seed).shuffle(order)
+        bins = []
+        for start in range(0, len(order), window):
+            bins.extend(pack_window(order[start : start + window], self.lengths, capacity))
+        self.bins = split_to_multiple(bins, self.lengths, num_processes)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(range(len(self.bins)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        for number in order:
+            yield list(self.bins[number])
+
+
+# TRL's metrics that are means over the pairs of a micro-batch
+PER_PAIR_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
+
+
+class TokenBudgetBatching:
+    """Everything the trainer does for `max_tokens_per_batch`, in one object:
+
+        set-up       the pairs' row lengths, the refusals, the sampler (`set_up`)
+        batches      the training dataloader over the budgeted micro-batches (`train_dataloader`)
+        loss         each micro-batch's loss weighted by its pairs, so a step's loss is the mean over all of the
+                     step's pairs (`count_step`, then `weighted_loss`)
+        logs         TRL's per-pair means weighted by pairs (`reweigh_metrics`)
+    """
+
+    def __init__(self, sampler: TokenBudgetBatchSampler, accelerator):
+        self.sampler = sampler
+        self.accelerator = accelerator
+        self.pairs_in_step: int | None = None  # over processes, counted before the step's first forward
+        self.pair_weights: list[float] = []  # pairs of each training micro-batch, over processes, since the last log
+
+    @classmethod
+    def set_up(cls, trainer) -> TokenBudgetBatching | None:
+        """From `trainer`'s config and tokenized training set; None without `max_tokens_per_batch`."""
+        args, collator = trainer.args, trainer.data_collator
+        budget = getattr(args, "max_tokens_per_batch", None)
+        if budget is None or trainer.train_dataset is None:
+            return None
+        check_token_budget_setup(
+            trainer.padding_free_enabled,
+            trainer.sequence_parallel_size,
+            isinstance(trainer.train_dataset, IterableDataset),
+        )
+        lengths = pair_lengths(
+            trainer.train_dataset,
+            args.max_length,
+            args.truncation_mode,
+            collator.prefix_sharing_min_prompt_tokens if collator.prefix_sharing else None,
+        )
+        _check_pairs_fit(lengths, budget, collator.pad_to_multiple_of, args.max_length)
+        sampler = TokenBudgetBatchSampler(
+            lengths,
+            budget,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            num_processes=trainer.accelerator.num_processes,
+            window=args.token_budget_window,
+            pad_to_multiple_of=collator.pad_to_multiple_of,
+        )
+        return cls(sampler, trainer.accelerator)
+
+    def train_dataloader(self, dataset, collate_fn, args):
+        """Trainer's own dataloader settings, with the budgeted micro-batches in place of a fixed batch size."""
+        from torch.utils.data import DataLoader
+        from transformers.trainer_utils import seed_worker
+
+        dataloader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            collate_fn=collate_fn,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers,
+            prefetch_factor=args.dataloader_prefetch_factor,
+            worker_init_fn=functools.partial(
+                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
+            ),
+        )
+        return self.accelerator.prepare(dataloader)
+
+    def count_step(self, batch_samples: list[dict]) -> None:
+        """The pairs of an optimizer step's micro-batches, over processes (Trainer fetches them all first)."""
+        pairs = sum(len(batch["seq_lens"]) // 2 for batch in batch_samples)
+        total = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), reduction="sum")
+        self.pairs_in_step = int(total.item())
+
+    def weighted_loss(self, compute_loss, pairs: int, accumulation_steps: int):
+        """`compute_loss()` (TRL's, the mean over this micro-batch's pairs), weighted so that after Trainer divides
+        it by the accumulation steps and the gradient is averaged over processes, the step's loss is the mean over
+        all of the step's pairs. TRL's metric gathers accept this micro-batch's own pair count meanwhile."""
+        with uneven_gathers(self.accelerator):
+            result = compute_loss()
+        weight = pairs * accumulation_steps * self.accelerator.num_processes / self.pairs_in_step
+        pairs_over_processes = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), "sum")
+        self.pair_weights.append(pairs_over_processes.item())
+        if isinstance(result, tuple):
+            loss, outputs = result
+            return loss * weight, outputs
+        return result * weight
+
+    def reweigh_metrics(self, metrics: dict[str, list[float]]) -> None:
+        """TRL averages its per-micro-batch metrics equally; these micro-batches hold different numbers of pairs, so
+        weigh the per-pair means by pairs, as one padded batch of the same pairs would. In place, before a log."""
+        weights, self.pair_weights = self.pair_weights, []
+        if not weights:
+            return
+        for key in PER_PAIR_METRICS:
+            if len(metrics.get(key, ())) == len(weights):
+                values = metrics[key]
+                metrics[key] = [sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)]

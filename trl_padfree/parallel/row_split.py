@@ -1,0 +1,178 @@
+"""`RowSplit`: one packed row shared by several ranks, each running its chunk. Everything the trainer does for
+sequence parallelism (DeepSpeed Ulysses, ulysses.py) and context parallelism (all-gathered keys and values,
+context.py), alone or together, in one object:
+
+    set-up      the checks, the groups, rows padded to the ranks per row, DeepSpeed's micro-batch, TRL's token count
+    batches     every rank of a row gets the same micro-batches (Ulysses: accelerate's dataloader hook; else wrapped)
+    forward     each training micro-batch's PackedBatch gets a `SplitRowRun`, which the packed forward hands the run:
+                this rank's chunk in, the whole row's per-token outputs back
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import is_peft_model
+
+from ..integrations.transformers import attn_implementation
+from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
+from ..modeling.backends import EXACT_UNDER_ULYSSES
+from ..modeling.mixers import mixer_classes
+from ..modeling.packed_forward import PackedBatch
+from ..refusals import (
+    check_context_parallel_attention,
+    check_no_context_parallelism,
+    check_prefix_sharing_without_sequence_parallel,
+    check_processes_share_rows,
+    check_sequence_parallel_engine,
+    check_split_rows_without_moe_aux_loss,
+    check_split_rows_without_stateful_mixers,
+    check_ulysses_without_dropout,
+)
+from .context import ContextParallelRow, context_parallel_groups
+from .groups import RowGroup
+from .ulysses import (
+    SameBatchOnEveryRank,
+    active_group,
+    check_groups_not_created,
+    check_ulysses_model,
+    sequence_parallel_size,
+    ulysses_enabled,
+)
+
+
+@dataclass(frozen=True)
+class SplitRowRun:
+    """How this rank runs its chunk of a shared row: Ulysses (`ulysses`, DeepSpeed's group) exchanges heads for
+    sequence inside attention; context parallelism (`context`) attends the chunk to the row's gathered keys; with
+    both, Ulysses' group assembles a context-parallel chunk from its ranks' smaller ones. `row`: every rank of the
+    row."""
+
+    row: RowGroup
+    ulysses: RowGroup | None
+    context: RowGroup | None
+
+    @property
+    def size(self) -> int:
+        return self.row.size
+
+    def run(self, forward, packed_batch: PackedBatch, kwargs: dict, module):
+        check_split_rows_without_stateful_mixers(getattr(module, "_padfree_stateful_mixers", ()))
+        check_prefix_sharing_without_sequence_parallel(packed_batch.shared_prefix is not None, self.ulysses is not None)
+        model_kwargs = packed_batch.model_kwargs()
+        model_kwargs["input_ids"] = self.row.chunk(packed_batch.input_ids)
+        model_kwargs["position_ids"] = self.row.chunk(packed_batch.position_ids)
+        if kwargs.pop("labels", None) is not None:
+            kwargs["shift_labels"] = self.row.chunk(packed_batch.shift_labels())
+        if self.context is not None:  # carries prefix sharing's layout, localized to the chunk
+            model_kwargs[PACKED_ROW_KWARG] = ContextParallelRow(
+                packed_batch.cu_seq_lens, None, group=self.context, row_length=packed_batch.row_length,
+                shared_prefix=packed_batch.shared_prefix,
+            )  # fmt: skip
+        with contextlib.ExitStack() as scopes:
+            scopes.enter_context(row_in_flight(model_kwargs[PACKED_ROW_KWARG]))
+            if self.ulysses is not None:
+                scopes.enter_context(ulysses_enabled(module))
+            outputs = forward(**{**kwargs, **model_kwargs})
+        return packed_batch.to_padded_outputs(_gathered_outputs(outputs, self.row, packed_batch.row_length))
+
+
+def _gathered_outputs(outputs, group: RowGroup, row_length: int):
+    """Every per-token output of a rank's chunk, all-gathered into the whole row (differentiably)."""
+    chunk_length = row_length // group.size
+    for key in list(outputs.keys()):
+        value = outputs[key]
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (1, chunk_length):
+            # Position i scored token i + 1: the row's last position scored nothing
+            outputs[key] = group.gather(value)[:, : row_length - 1]
+    return outputs
+
+
+@dataclass
+class RowSplit:
+    """How this rank shares its packed rows: Ulysses over `ulysses_size` ranks and context parallelism over
+    `context`'s, `ranks_per_row` of them in all (consecutive ranks)."""
+
+    accelerator: object
+    ulysses_size: int
+    context: RowGroup | None  # None without context parallelism
+    row: RowGroup | None  # every rank of the row; None with Ulysses alone (DeepSpeed's group, later)
+
+    @property
+    def ranks_per_row(self) -> int:
+        return self.ulysses_size * (self.context.size if self.context is not None else 1)
+
+    @classmethod
+    def set_up(cls, trainer) -> RowSplit | None:
+        """Check and configure what `trainer`'s settings ask for; None when rows are not split. The trainer then pads
+        its rows to a multiple of `ranks_per_row`."""
+        accelerator, args = trainer.accelerator, trainer.args
+        if trainer.padding_free_enabled and accelerator.parallelism_config is not None:
+            check_no_context_parallelism(accelerator.parallelism_config.cp_size)
+        ulysses_size = sequence_parallel_size(accelerator)
+        context_size = getattr(args, "context_parallel_size", 1)
+        if ulysses_size == 1 and context_size == 1:
+            return None
+        policy = accelerator.unwrap_model(trainer.model)
+        policy = policy.get_base_model() if is_peft_model(policy) else policy
+        attention = attn_implementation(policy)
+        if ulysses_size > 1:
+            _check_ulysses(trainer, policy, attention, ulysses_size)
+        if context_size > 1:
+            check_processes_share_rows(context_size * ulysses_size, accelerator.num_processes)
+            check_context_parallel_attention(attention)
+            check_split_rows_without_moe_aux_loss("Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled)
+        check_split_rows_without_stateful_mixers(mixer_classes(policy))
+        split = cls(accelerator, ulysses_size, None, None)
+        if ulysses_size > 1:
+            split._set_up_ulysses(attention)
+        if context_size > 1:
+            split.context, split.row = context_parallel_groups(context_size, ulysses_size)
+        # Every rank of a row computes the whole batch's metrics: count its tokens once
+        trainer.count_tokens_once_per(split.ranks_per_row)
+        return split
+
+    def _set_up_ulysses(self, attention: str) -> None:
+        """accelerate's `ParallelismConfig(sp_backend="deepspeed", sp_size=N)`: the packing-aware attention handed
+        to DeepSpeed Ulysses, whole batches on every rank of the row, DeepSpeed's batch sizes."""
+        accelerator, size = self.accelerator, self.ulysses_size
+        # accelerate only accepts the names of transformers' built-in kernels here; DeepSpeed wraps whichever
+        # registered attention the model runs, ours included, and checks it matches the model
+        accelerator.parallelism_config.sp_handler.sp_attn_implementation = attention
+        accelerator.deepspeed_ulysses_dl_adapter = self.same_batch_on_every_rank
+        # DeepSpeed shapes Ulysses' buffers by its micro-batch size: a packed micro-batch is one row
+        deepspeed_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+        deepspeed_config.pop("train_batch_size", None)
+        # accelerate derives DeepSpeed's train_batch_size from the parallelism config's data-parallel size, which
+        # `ParallelismConfig(sp_size=N)` leaves at 1: DeepSpeed's data parallelism is every rank outside an SP group
+        accelerator.parallelism_config.dp_shard_size = accelerator.num_processes // size
+
+    def same_batch_on_every_rank(self, dataloader, model=None):
+        """Every rank of a row gets each of the row's ranks' micro-batches, whole. Under Ulysses accelerate calls
+        this in place of DeepSpeed's adapter, which would slice the 1-D `cu_seq_lens` (ulysses.py)."""
+        group = self.row or active_group(self.accelerator)
+        return SameBatchOnEveryRank(dataloader, group, self.accelerator.device)
+
+    def train_dataloader(self, dataloader):
+        """The trainer's training dataloader, made to hand every rank of a row the same micro-batches."""
+        if self.ulysses_size > 1:
+            return dataloader  # accelerate's dataloader hook did it (same_batch_on_every_rank)
+        return self.same_batch_on_every_rank(dataloader)
+
+    def mark(self, packed_batch: PackedBatch) -> None:
+        """Tell a training micro-batch's row how it is split (the packed forward hands the run to it)."""
+        ulysses = active_group(self.accelerator)
+        packed_batch.split = SplitRowRun(self.row or ulysses, ulysses, self.context)
+
+
+def _check_ulysses(trainer, policy, attention: str, size: int) -> None:
+    check_sequence_parallel_engine(size, trainer.is_deepspeed_enabled, trainer.padding_free_enabled)
+    attention_dropout = getattr(policy.config.get_text_config(), "attention_dropout", 0.0)
+    check_ulysses_without_dropout(trainer.args.disable_dropout, attention_dropout)
+    check_split_rows_without_moe_aux_loss("Sequence parallelism", "sp_size=1", trainer.aux_loss_enabled)
+    check_prefix_sharing_without_sequence_parallel(trainer.data_collator.prefix_sharing, True)
+    check_groups_not_created()
+    check_ulysses_model(policy.config, attention, size, EXACT_UNDER_ULYSSES)

@@ -1,0 +1,83 @@
+"""`ReferencePlacement`: where the frozen reference model lives, in one object. TRL's constructor loads and prepares
+the reference; trl-padfree changes where it goes and checks afterwards that it went there:
+
+    before TRL's __init__   refuse `ref_offload` where it cannot apply; under ZeRO-3, load the reference offloaded
+    during it               reroute TRL's preparation: FSDP2 a unit per layer (fsdp2.py), ZeRO-3 offload (deepspeed.py)
+    after it                FSDP really set up; the reference really prepared that way (TRL may stop calling the
+                            rerouted names); with precomputed log-probs, the offloaded reference released
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass
+
+from ..integrations.transformers import attn_implementation
+from ..integrations.trl import get_config_model_id
+from .deepspeed import (
+    check_ref_offload,
+    check_reference_offloaded,
+    load_offloaded_reference,
+    reference_prepared_by_own_config,
+)
+from .fsdp2 import (
+    check_fsdp_engine,
+    check_reference_sharded_by_layer,
+    planned_fsdp_version,
+    reference_sharded_by_layer,
+)
+
+
+@dataclass(frozen=True)
+class ReferencePlacement:
+    offload: bool  # ref_offload
+    fsdp_version: int | None  # what the run asks for; None without FSDP
+
+    @classmethod
+    def before_init(cls, args, model, ref_model, peft_config):
+        """The placement `args` asks for, and the reference to hand TRL (loaded offloaded under ZeRO-3)."""
+        placement = cls(bool(getattr(args, "ref_offload", False)), planned_fsdp_version(args) if args else None)
+        if placement.offload:
+            check_ref_offload(args, model, ref_model, peft_config, placement.fsdp_version)
+            if ref_model is None and placement.fsdp_version is None:
+                ref_model = _load_offloaded_like_trl(model, args)
+        return placement, ref_model
+
+    def preparing(self, args):
+        """Around TRL's `__init__`: its preparation of the reference, rerouted."""
+        if self.fsdp_version == 2:
+            return reference_sharded_by_layer(offload=self.offload)
+        if self.offload:
+            return reference_prepared_by_own_config(args)
+        return contextlib.nullcontext()
+
+    def check(self, trainer) -> None:
+        """After TRL's `__init__`: the engine and the reference are what was asked for."""
+        check_fsdp_engine(self.fsdp_version, trainer.accelerator)
+        if self.fsdp_version == 2:
+            check_reference_sharded_by_layer(trainer.ref_model, offload=self.offload)
+        elif self.offload:
+            check_reference_offloaded(trainer.ref_model)
+
+    def release_after_precompute(self, trainer) -> None:
+        """Every reference log-prob is in the datasets now: free an offloaded reference's CPU shards for training."""
+        if self.offload and trainer.args.precompute_ref_log_probs:
+            trainer.ref_model = None
+            gc.collect()
+
+
+def _load_offloaded_like_trl(model, args):
+    # ZeRO-3 only (FSDP shards the reference TRL loads in CPU memory). The reference TRL would load (same checkpoint,
+    # init kwargs, dtype and attention as the policy), but built under the reference's own ZeRO-3 config, so its
+    # shards land in CPU memory
+    init_kwargs = dict(args.model_init_kwargs or {})
+    init_kwargs["device_map"] = None
+    init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    if isinstance(model, str):
+        model_id = model
+    else:
+        model_id = get_config_model_id(model.config)
+        init_kwargs.setdefault("dtype", model.dtype)
+        init_kwargs.setdefault("attn_implementation", attn_implementation(model))
+    return load_offloaded_reference(model_id, init_kwargs, args)

@@ -1,0 +1,652 @@
+"""Every refusal of padding-free training, in one place: what is refused, why, and what to do instead.
+
+Each rule is one function of plain values that raises `ValueError` (a setting to change) or `RuntimeError` (a library
+that no longer does what the pinned version did) with advice that works when followed; the config, the trainer, the
+forward and the engines call these where the information is first known. This module imports nothing of the package,
+so a rule cannot grow a second copy elsewhere. Whether a model's architecture packs is measured on a tiny twin of it
+(modeling/packability.py), which turns that measurement into a refusal here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PADFREE_VARLEN = "padfree_varlen"  # the attention this package registers (modeling/backends.py)
+
+# ---- the config ----
+
+
+def check_at_least_one(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}.")
+
+
+def check_positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be positive, got {value}.")
+
+
+def check_prefix_sharing_config(prefix_sharing: bool, padding_free: bool, min_prompt_tokens: int) -> None:
+    if prefix_sharing and not padding_free:
+        raise ValueError(
+            "prefix_sharing=True needs padding_free=True: the shared layout is a packed row. Set padding_free=True."
+        )
+    if min_prompt_tokens < 2:
+        raise ValueError(
+            "prefix_sharing_min_prompt_tokens must be at least 2 (the prefix is the prompt but its last token), "
+            f"got {min_prompt_tokens}."
+        )
+
+
+def check_sequence_parallel_sizes_agree(configured: int, launched: int) -> None:
+    if launched > 1 and configured not in (1, launched):
+        raise ValueError(
+            f"sequence_parallel_size={configured} disagrees with the accelerate config's "
+            f"parallelism_config_sp_size={launched}. Set one of them."
+        )
+
+
+def check_sequence_parallel_not_under_fsdp(sp_size: int, fsdp_version: int | None) -> None:
+    # accelerate itself refuses this later, with an error about dp_shard_size that names neither option
+    if sp_size > 1 and fsdp_version is not None:
+        raise ValueError(
+            f"sequence_parallel_size={sp_size} is not supported under FSDP (fsdp_version {fsdp_version}): sequence "
+            "parallelism runs on DeepSpeed Ulysses. Launch with a DeepSpeed config "
+            "(recipes/accelerate_configs/zero3_sp2.yaml; ZeRO-3 shards the policy as FSDP2 does), or set "
+            "sequence_parallel_size=1."
+        )
+
+
+def check_context_parallel_config(size: int, padding_free: bool) -> None:
+    """`context_parallel_size` (parallel/context.py): what the config must say."""
+    check_at_least_one("context_parallel_size", size)
+    if size > 1 and not padding_free:
+        raise ValueError(
+            f"context_parallel_size={size} needs padding_free=True: it splits one packed row over the group. Set "
+            "padding_free=True."
+        )
+
+
+# ---- models and attention ----
+
+
+def check_attn_implementation(attn_implementation: str | None, packing_aware: Sequence[str]) -> None:
+    if attn_implementation not in packing_aware:
+        raise ValueError(
+            f"padding_free=True cannot run with attn_implementation={attn_implementation!r}: it is not known to keep "
+            f"packed sequences apart. Use one of {list(packing_aware)} (set `packed_attn_implementation`), "
+            "or padding_free=False."
+        )
+
+
+def check_prefix_sharing_attention(attn_implementation: str | None) -> None:
+    """Prefix sharing needs `padfree_varlen`, the one attention that reads the shared layout."""
+    if attn_implementation != PADFREE_VARLEN:
+        raise ValueError(
+            f"prefix_sharing=True needs the `{PADFREE_VARLEN}` attention (PyTorch's varlen kernel on CUDA, exact "
+            f"per-segment attention on CPU), which lets rejected tokens attend to their prompt; {attn_implementation!r} "
+            f"would treat each rejected branch as a sequence of its own. Set packed_attn_implementation='auto' (or "
+            f"'{PADFREE_VARLEN}'), or prefix_sharing=False."
+        )
+
+
+def check_attention_switched(model_class: str, requested: str, running: str | None) -> None:
+    # Some classes keep their own attention code and only log that they cannot switch
+    if running != requested:
+        raise ValueError(
+            f"{model_class} did not switch to attn_implementation={requested!r} (it stays on {running!r}). Set "
+            "packed_attn_implementation='auto', which picks an attention the architecture check finds exact, or "
+            "padding_free=False."
+        )
+
+
+def refuse_architecture(
+    what: str, model_class: str, model_type: str, attn_implementation: str, reason: str, working: Sequence[str]
+) -> None:
+    """A model the architecture check finds inexact (`what` is the setting refused: padding_free or prefix_sharing),
+    with the backends that pass the same check."""
+    message = (
+        f"{what}=True cannot train {model_class} (model type {model_type!r}) with "
+        f"attn_implementation={attn_implementation!r}: {reason}."
+    )
+    if what == "prefix_sharing":
+        message += " Set prefix_sharing=False (padding-free training without sharing packs it exactly)."
+    elif working:
+        message += (
+            f" It packs exactly with packed_attn_implementation={working[0]!r} (checked the same way); set that, or "
+            "padding_free=False."
+        )
+    else:
+        message += " Train it with padding_free=False."
+    raise ValueError(message)
+
+
+def check_packed_row_length(model_type: str, row_length: int, limit: int | None) -> None:
+    """Llama 4's NoPE layers scale queries by their index in the row: exact only up to `limit` tokens."""
+    if limit is not None and row_length > limit:
+        raise ValueError(
+            f"A packed row of {row_length} tokens is too long for {model_type!r}: its attention temperature tuning "
+            f"scales queries by their index in the row, which equals their position in their sequence only in rows "
+            f"of at most {limit} tokens. Lower per_device_train_batch_size, or set max_tokens_per_batch <= {limit}, "
+            "or train with padding_free=False."
+        )
+
+
+def check_not_prompt_learning(is_prompt_learning: bool) -> None:
+    if is_prompt_learning:
+        raise ValueError(
+            "padding_free=True does not support prompt-learning PEFT methods (prompt/prefix/p-tuning): their "
+            "virtual tokens would be prepended once to the packed row instead of to every sequence. Use LoRA, "
+            "or padding_free=False."
+        )
+
+
+def check_fused_lm_head_backbone(model_class: str, backbone: str, prefix: str, children: Sequence[str]) -> None:
+    """TRL's fused LM head runs `model.base_model`: `backbone` names what that is, "" when it is a decoder stack."""
+    if backbone:
+        raise ValueError(
+            f"TRL's fused LM head runs `model.base_model` as the decoder stack, but {model_class}.base_model is "
+            f"{backbone} (base_model_prefix {prefix!r}), and its PreTrainedModel children {list(children)} do not "
+            "name exactly one decoder to use instead. Set `model.base_model_prefix` to the attribute holding the "
+            "decoder stack."
+        )
+
+
+def check_fused_lm_head_output(model_class: str, has_weight: bool) -> None:
+    if not has_weight:
+        raise ValueError(
+            f"TRL's fused LM head multiplies the hidden states by `model.get_output_embeddings().weight`, but "
+            f"{model_class} has no output embedding with a weight."
+        )
+
+
+def check_fused_lm_head_experts(model_class: str, config_class: str, missing: str | None, looked_in) -> None:
+    if missing is not None:
+        raise ValueError(
+            f"{model_class} returns router logits, and TRL's fused LM head computes the MoE auxiliary loss from "
+            f"`config.{missing}`, which {config_class} does not hold (the expert count was looked for under "
+            f"{tuple(looked_in)}). Set `router_aux_loss_coef=0` in the DPOConfig and `output_router_logits=False` in "
+            "the model config to train without the auxiliary loss."
+        )
+
+
+def check_moe_aux_loss_without_row_padding(aux_loss_enabled: bool, pad_to_multiple_of: int | None) -> None:
+    # The load-balancing loss averages the router outputs of every token of the row: padding would count
+    if aux_loss_enabled and pad_to_multiple_of:
+        raise ValueError(
+            "padding_free=True with a Mixture-of-Experts auxiliary loss and `pad_to_multiple_of` would count the "
+            "row padding in the load-balancing loss. Unset `pad_to_multiple_of`."
+        )
+
+
+def check_prefix_sharing_without_moe_aux_loss(prefix_sharing: bool, aux_loss_enabled: bool) -> None:
+    if prefix_sharing and aux_loss_enabled:
+        raise ValueError(
+            "prefix_sharing=True with a Mixture-of-Experts auxiliary loss would count each prompt's router "
+            "outputs once instead of twice in the load-balancing loss. Set router_aux_loss_coef=0, or "
+            "prefix_sharing=False."
+        )
+
+
+def refuse_vision_datasets() -> None:
+    raise ValueError("padding_free=True is not supported for vision datasets. Set padding_free=False.")
+
+
+def check_no_liger_kernel(use_liger_kernel: bool) -> None:
+    """TRL's Liger path computes the loss from the base model's hidden states on its padded batch."""
+    if use_liger_kernel:
+        raise ValueError(
+            "use_liger_kernel=True cannot train padding-free: TRL's Liger DPO loss runs the base model on the padded "
+            "batch itself, outside the packed forward. Set use_liger_kernel=False (padding-free rows hold no padding "
+            "for Liger's fused loss to save), or padding_free=False to train with Liger."
+        )
+
+
+# ---- batches ----
+
+
+def check_packing_collator(collator_name: str, packs: bool) -> None:
+    if not packs:
+        raise ValueError(
+            f"padding_free=True needs packed batches, but the data collator is {collator_name}. Pass "
+            "`PaddingFreePreferenceCollator(...)` (padding_free=True), or no collator at all."
+        )
+
+
+def check_packed_batch_expected(padding_free: bool) -> None:
+    if not padding_free:
+        raise ValueError(
+            "Got a packed batch (from PaddingFreePreferenceCollator) but padding_free=False. Set "
+            "`padding_free=True` in the config, or use TRL's padded collator."
+        )
+
+
+def check_examples(count: int, missing_by_example: Sequence[tuple[int, list[str], list[str]]]) -> None:
+    """A preference batch: not empty; `missing_by_example` lists (index, missing columns, columns it has)."""
+    if not count:
+        raise ValueError("The preference collator received an empty batch.")
+    for index, missing, has in missing_by_example:
+        raise KeyError(
+            f"Example {index} of the batch has no {missing} column(s); got {sorted(has)}. The collator expects "
+            "tokenized preference data: let DPOTrainer tokenize a `prompt`/`chosen`/`rejected` dataset, or provide "
+            "`prompt_ids`, `chosen_ids` and `rejected_ids` yourself."
+        )
+
+
+def check_reference_log_probs(paired_on_all_or_none: bool, first_non_finite: tuple[int, tuple] | None) -> None:
+    if not paired_on_all_or_none:
+        raise ValueError(
+            "Reference log-probs must come as a pair (`ref_chosen_logps` and `ref_rejected_logps`) on every example of "
+            "the batch or on none. Recompute them (e.g. `precompute_ref_log_probs=True`) or drop both columns."
+        )
+    if first_non_finite is not None:
+        index, values = first_non_finite
+        raise ValueError(
+            f"Example {index} has reference log-probs {values}: each must be one finite number per sequence. "
+            "Recompute them with the same tokenizer, `max_length` and `truncation_mode` as training."
+        )
+
+
+def check_truncation_mode(truncation_mode: str) -> None:
+    if truncation_mode not in ("keep_start", "keep_end"):
+        raise ValueError(f"Unsupported truncation mode: {truncation_mode}, expected 'keep_start' or 'keep_end'")
+
+
+def check_no_empty_sequence(shortest: int) -> None:
+    if shortest == 0:
+        raise ValueError(
+            "A sequence of the batch is empty (no prompt and no completion tokens). Remove such pairs from the dataset."
+        )
+
+
+def check_datasets_not_empty(sizes: dict[str, int | None], max_length: int | None) -> None:
+    # TRL drops examples whose prompt alone fills `max_length`; with none left, torch's sampler fails obscurely
+    for name, size in sizes.items():
+        if size == 0:
+            raise ValueError(
+                f"The {name} dataset has no examples left: it was empty, or TRL dropped every example because its "
+                f"prompt alone fills max_length={max_length}. Check the data, or increase `max_length` (or shorten "
+                "the prompts)."
+            )
+
+
+def check_batches_not_dispatched(dispatch_batches: bool | None, split_batches: bool) -> None:
+    """accelerate's dispatcher concatenates and slices every tensor of a batch along its first dimension: a packed
+    batch is one row of varying length with per-sequence tensors beside it, so neither survives."""
+    if dispatch_batches:
+        raise ValueError(
+            "accelerator_config.dispatch_batches=True cannot carry packed batches: accelerate concatenates the "
+            "processes' batches and slices every tensor to the batch size of the first, cutting the per-sequence "
+            "lengths of a packed row. Set dispatch_batches=False (each process then builds its own rows; a streamed "
+            "dataset is read by every process, each keeping its share)."
+        )
+    if split_batches:
+        raise ValueError(
+            "accelerator_config.split_batches=True cannot split a packed batch: it is one row, not a batch of rows. "
+            "Set split_batches=False and per_device_train_batch_size to the pairs each process trains on."
+        )
+
+
+# ---- the packed forward and its attention ----
+
+
+def check_no_cache(live_cache: bool) -> None:
+    if live_cache:
+        raise ValueError(
+            "A packed forward cannot use a KV cache: with a cache, transformers ignores the packed position_ids and "
+            "every sequence of the row attends to the ones before it. Call the model with `use_cache=False`."
+        )
+
+
+def check_no_padding_mask(padded: bool) -> None:
+    """`padfree_varlen` honours no attention mask: a padded batch would let real tokens attend to padding."""
+    if padded:
+        raise ValueError(
+            f"`{PADFREE_VARLEN}` attention got a padded batch (an attention mask with zeros), which it cannot honour. "
+            "Pass packed rows without a mask, or switch the model back for padded inputs, e.g. "
+            "`model.set_attn_implementation('sdpa')` before `generate`."
+        )
+
+
+def check_attention_call(
+    has_mask: bool, rows: int, queries: int, keys: int, boundaries_known: bool, causal: bool, sinks: int | None, heads
+) -> None:
+    """One call of `padfree_varlen`: one packed row of causal self-attention, its boundaries known."""
+    if has_mask:
+        raise ValueError(
+            f"`{PADFREE_VARLEN}` attention is for packed rows and takes no attention mask; this batch is padded. "
+            "Use the padding-free collator, or `sdpa` for padded batches."
+        )
+    if not boundaries_known:
+        raise ValueError(
+            f"`{PADFREE_VARLEN}` attention needs `cu_seq_lens_q` or the `position_ids` of one packed row; pass the "
+            "batch of `PaddingFreePreferenceCollator` to the model."
+        )
+    if rows != 1 or queries != keys:
+        raise ValueError(
+            f"`{PADFREE_VARLEN}` attention expects one packed row of self-attention (no cache); got {rows} rows, "
+            f"{queries} queries and {keys} keys."
+        )
+    if sinks is not None and sinks != heads:
+        raise ValueError(
+            f"`{PADFREE_VARLEN}` attention needs one attention sink per query head: got {sinks} sinks for {heads} "
+            "heads."
+        )
+    if not causal:
+        raise ValueError(f"`{PADFREE_VARLEN}` attention only supports causal (decoder) self-attention.")
+
+
+def check_chunked_layer(module_class: str, layer_idx: int | None, chunk_size: int | None) -> None:
+    """A chunked attention layer (`layer_idx` None: the config has chunked layers, the module no index)."""
+    if layer_idx is None:
+        raise ValueError(
+            f"`{PADFREE_VARLEN}` attention cannot tell whether this {module_class} is a chunked attention layer: its "
+            "config has chunked layers but the module has no `layer_idx`."
+        )
+    if not chunk_size:
+        raise ValueError(f"Layer {layer_idx} is a chunked attention layer, but its config sets no attention_chunk_size.")
+
+
+def refuse_prefix_sharing_with_chunked_layers() -> None:
+    # A rejected branch's chunks are counted from the start of its prompt, which its row segment does not hold
+    raise ValueError("prefix sharing with chunked attention layers is not supported; set prefix_sharing=False.")
+
+
+def refuse_layout_not_received(layout: str, keyword: str, consequence: str, way_out: str) -> None:
+    """An attention call during a forward whose row layout (prefix sharing, context parallelism) it did not get."""
+    raise ValueError(
+        f"This model's attention layers did not receive the {layout} (`{keyword}`), so {consequence}. Its model type "
+        f"does not pass keyword arguments down to attention; set {way_out} for it."
+    )
+
+
+def refuse_layout_not_read(layout: str, consequence: str, way_out: str) -> None:
+    """A forward whose row layout no attention call read: the model mixes tokens without the attention interface."""
+    raise ValueError(
+        f"No attention layer of this model read the {layout}, so {consequence}. The model does not run its attention "
+        f"through `{PADFREE_VARLEN}` with transformers' keyword arguments; set {way_out}."
+    )
+
+
+def check_mixer_segments(mixer_class: str, packed_without_segments: bool) -> None:
+    if packed_without_segments:
+        raise ValueError(
+            f"{mixer_class} got a packed row without its sequence boundaries: a packed forward of this model must go "
+            "through trl_padfree's packed forward (`model(..., packed_batch=...)`)."
+        )
+
+
+def check_mixer_inputs(mixer_class: str, live_cache: bool, has_mask: bool) -> None:
+    if live_cache:
+        raise ValueError(f"{mixer_class}: a packed forward runs without a cache (use_cache=False).")
+    if has_mask:
+        raise ValueError(f"{mixer_class}: a packed row carries no attention mask; its boundaries are the segments.")
+
+
+# ---- sequence and context parallelism ----
+
+
+def check_prefix_sharing_without_sequence_parallel(prefix_sharing: bool, sequence_parallel: bool) -> None:
+    if prefix_sharing and sequence_parallel:
+        raise ValueError(
+            "prefix_sharing=True does not work with sequence parallelism yet: a shared prompt and the rejected "
+            "branch that reads it could land on different ranks. Set prefix_sharing=False, or sequence_parallel_size=1."
+        )
+
+
+def check_sequence_parallel_engine(sp_size: int, deepspeed: bool, padding_free: bool) -> None:
+    if not deepspeed:
+        raise ValueError(
+            f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses, not under FSDP or plain data "
+            "parallelism: launch with a DeepSpeed config, e.g. `accelerate launch --config_file "
+            "recipes/accelerate_configs/zero3_sp2.yaml ...`. ZeRO-3 shards the policy as FSDP2 does (docs/fsdp.md)."
+        )
+    if not padding_free:
+        raise ValueError(
+            f"Sequence parallelism (sp_size={sp_size}) needs padding_free=True: it splits one packed row over the "
+            "group, with per-sequence positions that TRL's padded batches do not carry. Set padding_free=True."
+        )
+
+
+def check_ulysses_without_dropout(disable_dropout: bool, attention_dropout: float) -> None:
+    """Ulysses runs the reference model in training mode (DeepSpeed switches it off in eval mode, which would attend
+    within each rank's chunk only), so no dropout may act there."""
+    if not disable_dropout:
+        raise ValueError(
+            "Sequence parallelism runs the reference model in training mode (DeepSpeed switches Ulysses off in "
+            "eval mode), so its dropout must be off: set disable_dropout=True."
+        )
+    if attention_dropout:
+        raise ValueError(
+            "Sequence parallelism runs the reference model's attention in training mode (DeepSpeed switches Ulysses "
+            "off in eval mode, which would attend within each rank's chunk only), so attention dropout must be 0: "
+            f"the model has attention_dropout={attention_dropout}. Set it to 0."
+        )
+
+
+def check_ulysses_attention(attn_implementation: str, sp_size: int, exact_under_ulysses: Sequence[str]) -> None:
+    if attn_implementation not in exact_under_ulysses:
+        raise ValueError(
+            f"Sequence parallelism (sp_size={sp_size}) cannot run attn_implementation={attn_implementation!r} "
+            "exactly on packed rows: under DeepSpeed Ulysses it attends across the sequences of the row. Use "
+            f"`packed_attn_implementation` 'auto' or one of {list(exact_under_ulysses)}."
+        )
+
+
+def check_ulysses_heads(heads: int, kv_heads: int, sp_size: int) -> None:
+    if heads % sp_size:
+        raise ValueError(
+            f"Sequence parallelism splits attention heads over the group: {heads} attention heads are not divisible "
+            f"by sp_size={sp_size}. Choose an sp_size that divides {heads}."
+        )
+    if kv_heads % sp_size and sp_size % kv_heads:
+        raise ValueError(
+            f"Sequence parallelism needs the {kv_heads} key-value heads to be divisible by sp_size={sp_size} (or "
+            "sp_size by them, when DeepSpeed replicates them). Choose another sp_size."
+        )
+
+
+def check_no_sequence_parallel_groups_yet(created: bool) -> None:
+    """DeepSpeed creates its sequence-parallel groups, and wraps the attention function for Ulysses, once per process:
+    a second sequence-parallel trainer in the same process would fail deep inside `train()`."""
+    if created:
+        raise RuntimeError(
+            "DeepSpeed sets up sequence parallelism once per process, and an earlier trainer in this process already "
+            "did. Run each sequence-parallel training in its own `accelerate launch`."
+        )
+
+
+def check_processes_share_rows(ranks_per_row: int, world_size: int) -> None:
+    if world_size % ranks_per_row:
+        raise ValueError(
+            f"context_parallel_size x sequence_parallel_size = {ranks_per_row} must divide the number of processes, "
+            f"{world_size}: each group of {ranks_per_row} consecutive processes shares one packed row. Launch a "
+            f"multiple of it, e.g. `--num_processes {ranks_per_row}`."
+        )
+
+
+def check_context_parallel_attention(attn_implementation: str | None) -> None:
+    if attn_implementation != PADFREE_VARLEN:
+        raise ValueError(
+            f"Context parallelism runs in the `{PADFREE_VARLEN}` attention, which attends each rank's chunk to the "
+            f"row's gathered keys; this model runs {attn_implementation!r}. Set packed_attn_implementation='auto' "
+            f"(or '{PADFREE_VARLEN}')."
+        )
+
+
+def check_split_rows_without_moe_aux_loss(feature: str, way_out: str, aux_loss_enabled: bool) -> None:
+    """A row split over ranks: each rank's router logits are those of its chunk alone."""
+    if aux_loss_enabled:
+        raise ValueError(
+            f"{feature} with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the row alone. Set "
+            f"router_aux_loss_coef=0, or {way_out}."
+        )
+
+
+def check_split_rows_without_stateful_mixers(mixer_classes: Sequence[str]) -> None:
+    """Sequence and context parallelism hand each rank a chunk of the row: a mixer that carries state along the row
+    would restart at every chunk boundary, inside sequences."""
+    if mixer_classes:
+        raise ValueError(
+            f"Sequence or context parallelism cannot split this model's rows: its {', '.join(mixer_classes)} layers "
+            "carry state along the row, and each rank would start its chunk from no state. Set sp_size=1 and "
+            "context_parallel_size=1 (the model trains padding-free on one device per row), or use a model without "
+            "linear-attention or state-space layers."
+        )
+
+
+def check_no_context_parallelism(cp_size: int) -> None:
+    """accelerate's context parallelism (FSDP2 with torch's ring attention) runs causal SDPA over the row as one
+    sequence: the sequences of a packed row would see each other."""
+    if cp_size > 1:
+        raise ValueError(
+            f"accelerate's context parallelism (cp_size={cp_size}) is not supported with padding_free=True: its "
+            "ring attention treats the packed row as one causal sequence, so each sequence would attend to the ones "
+            "before it. Set cp_size=1 and, to split long pairs over GPUs, use sequence parallelism on DeepSpeed "
+            "(sequence_parallel_size, recipes/accelerate_configs/zero3_sp2.yaml)."
+        )
+
+
+# ---- token-budget batching ----
+
+
+def check_token_budget_setup(padding_free: bool, sp_size: int, streamed: bool) -> None:
+    if not padding_free:
+        raise ValueError(
+            "max_tokens_per_batch needs padding_free=True: a padded micro-batch costs pairs x longest sequence, "
+            "not its tokens. Set padding_free=True."
+        )
+    if sp_size > 1:
+        raise ValueError(
+            "max_tokens_per_batch does not work with sequence parallelism yet. Unset one of them; with sequence "
+            "parallelism, size rows with per_device_train_batch_size and max_length."
+        )
+    if streamed:
+        raise ValueError("max_tokens_per_batch needs a training dataset with a length, not an IterableDataset.")
+
+
+def check_tokenized_pairs(missing: Sequence[str]) -> None:
+    if missing:
+        raise ValueError(
+            f"Token-budget batching needs the tokenized pairs, but the training dataset has no {sorted(missing)} "
+            "column(s). Pass a prompt/chosen/rejected dataset and let DPOTrainer tokenize it."
+        )
+
+
+def check_pairs_fit(too_long: int, longest: tuple[int, int], budget: int, capacity: int, max_length) -> None:
+    """`too_long` pairs exceed the row's `capacity`; `longest` is (pair index, its row tokens)."""
+    if too_long:
+        index, tokens = longest
+        raise ValueError(
+            f"{too_long} pair(s) of the training set do not fit max_tokens_per_batch={budget} (the longest, pair "
+            f"{index}, has {tokens} tokens in the packed row: prompt + chosen and prompt + rejected, cut to "
+            f"max_length={max_length}). Raise max_tokens_per_batch, or set max_length to at most {capacity // 2} so "
+            "that TRL truncates every sequence to fit."
+        )
+
+
+def check_budget_bins_share(bins: int, processes: int, splittable: bool) -> None:
+    if not splittable:
+        raise ValueError(
+            f"Token-budget batching made {bins} micro-batches of one pair each, which cannot be shared evenly by "
+            f"{processes} processes. Raise max_tokens_per_batch so that pairs share micro-batches."
+        )
+
+
+def check_training_set_not_empty(pairs: int) -> None:
+    if not pairs:
+        raise ValueError("Token-budget batching got an empty training set.")
+
+
+# ---- where the reference model lives: DeepSpeed and FSDP ----
+
+
+def check_ref_offload(
+    zero_stage: int | None,
+    fsdp_version: int | None,
+    separate_reference: bool,
+    peft: bool,
+    precompute: bool,
+) -> None:
+    """`ref_offload=True` where it cannot apply, before anything is loaded. `zero_stage`: the DeepSpeed config's,
+    None without DeepSpeed; `fsdp_version`: None without FSDP."""
+    if zero_stage is None and fsdp_version is None:
+        raise ValueError(
+            "ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: launch with `accelerate launch --config_file "
+            "recipes/accelerate_configs/zero3_ref_offload.yaml ...` or `fsdp2_ref_offload.yaml` (or pass a "
+            "stage-3 `deepspeed` config), or set ref_offload=False."
+        )
+    if fsdp_version is not None and fsdp_version != 2:
+        raise ValueError(
+            f"ref_offload=True under FSDP needs FSDP2, but the run asks for fsdp_version {fsdp_version}. Use "
+            "recipes/accelerate_configs/fsdp2_ref_offload.yaml (fsdp_version: 2), or set ref_offload=False."
+        )
+    if fsdp_version is None and zero_stage != 3:
+        raise ValueError(
+            f"ref_offload=True needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero stage {zero_stage}: "
+            "parameter offload exists only at stage 3 (TRL gives the reference stage 0 below it, a full copy per "
+            "GPU). Use recipes/accelerate_configs/zero3_ref_offload.yaml, or set ref_offload=False."
+        )
+    if not separate_reference and peft:
+        raise ValueError(
+            "ref_offload=True has no reference model to offload: with a PEFT adapter the reference is the policy "
+            "with its adapter disabled, which costs no extra memory. Set ref_offload=False."
+        )
+    # Under FSDP TRL loads a reference to precompute with (the policy is not sharded yet), which is offloaded
+    if not separate_reference and precompute and fsdp_version is None:
+        raise ValueError(
+            "ref_offload=True has no reference model to offload: with precompute_ref_log_probs=True and no "
+            "`ref_model`, TRL computes the reference log-probs with the untrained policy before training and keeps "
+            "no reference. Set ref_offload=False (or pass a `ref_model` to precompute with, offloaded and released "
+            "after precomputation)."
+        )
+
+
+def check_reference_not_on_gpus(sharded_on_gpus: bool) -> None:
+    if sharded_on_gpus:
+        raise ValueError(
+            "ref_offload=True got a reference model already sharded onto the GPUs by ZeRO-3 (it was loaded under "
+            "the policy's DeepSpeed config, and DeepSpeed keeps parameters where they were first sharded). Pass no "
+            "`ref_model` (the trainer then loads it offloaded), or load it outside the ZeRO-3 context."
+        )
+
+
+def check_reference_offloaded(offloaded: bool) -> None:
+    """After TRL's `__init__`: the reference really is offloaded (TRL may stop calling the rerouted name)."""
+    if not offloaded:
+        raise RuntimeError(
+            "ref_offload=True, but the reference model's parameters are not ZeRO-3 shards in CPU memory: this TRL "
+            "version no longer prepares it through `trl.trainer.dpo_trainer.prepare_deepspeed`, which trl-padfree "
+            "reroutes. Pin TRL to the tested range (pyproject.toml), or set ref_offload=False."
+        )
+
+
+def check_fsdp_engine(requested_version: int | None, fsdp_set_up: bool, distributed_type: str) -> None:
+    """A run that asked for FSDP but got none: on CPU processes accelerate gives an FSDP config plain data
+    parallelism (its distributed type there is MULTI_CPU), so nothing would be sharded."""
+    if requested_version is not None and not fsdp_set_up:
+        raise ValueError(
+            f"This run asks for FSDP (fsdp_version {requested_version}) but accelerate set up {distributed_type}, "
+            "which does not shard the model: accelerate runs FSDP only on GPUs (and other accelerators), and on CPU "
+            "processes falls back to data parallelism. Launch on GPUs, or use a data-parallel config "
+            "(recipes/accelerate_configs/multi_gpu.yaml) for CPU runs."
+        )
+
+
+def check_reference_not_fsdp_wrapped(offload: bool) -> None:
+    if offload:
+        raise ValueError(
+            "ref_offload=True got a reference model already wrapped by FSDP2, which trl-padfree cannot offload any "
+            "more. Pass the unwrapped model (or none: TRL then loads it), or set ref_offload=False."
+        )
+
+
+def check_reference_sharded_by_layer(sharded_as_asked: bool, offload: bool) -> None:
+    """After TRL's `__init__`: the reference went through trl-padfree's FSDP2 preparation."""
+    if not sharded_as_asked:
+        raise RuntimeError(
+            "The reference model was not sharded by trl-padfree's FSDP2 preparation: this TRL version no longer "
+            "prepares it through `trl.trainer.dpo_trainer.prepare_fsdp`, which trl-padfree reroutes. "
+            + ("Its parameters are not offloaded to CPU memory. " if offload else "")
+            + "Pin TRL to the tested range (pyproject.toml), or report it."
+        )
