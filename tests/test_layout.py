@@ -1,5 +1,7 @@
-"""What the wheel holds, read from pyproject.toml the way setuptools reads it: the library and its data, no tooling or
-tests; and the library's modules import no tooling or test code."""
+"""The package's layout, checked: what the wheel holds (read from pyproject.toml the way setuptools reads it: the
+library and its data, no tooling or tests); no import cycle, counting imports inside functions; the top level holds
+only the entry points and what users import by path, everything else in a subpackage by concern; no library function
+over 60 lines but argparse builders; private names of the libraries under trl-padfree only under integrations/."""
 
 import ast
 from pathlib import Path
@@ -37,9 +39,19 @@ def test_the_library_imports_no_tooling_or_tests():
 
 
 def _imported_modules(path: Path, package: list[str]) -> set[str]:
-    """The package's modules `path` imports at its top level (function-level imports are for what runs later)."""
+    """The package's modules `path` imports, at its top level and inside functions alike: a function-level import
+    only postpones a cycle to the first call. Imports for type annotations only (`if TYPE_CHECKING:`) never run."""
     imported = set()
-    for node in ast.parse(path.read_text()).body:
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - node.level + 1]
             if node.module:
@@ -51,7 +63,7 @@ def _imported_modules(path: Path, package: list[str]) -> set[str]:
     return imported
 
 
-def test_no_import_cycle_in_the_library():
+def _package_import_graph() -> dict[str, set[str]]:
     graph = {}
     for path in (ROOT / "trl_padfree").rglob("*.py"):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -64,21 +76,111 @@ def test_no_import_cycle_in_the_library():
             name = name.rpartition(".")[0]
         return name or None
 
-    edges = {module: {known(name) for name in names} - {None, module} for module, names in graph.items()}
+    return {module: {known(name) for name in names} - {None, module} for module, names in graph.items()}
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     state, path = {}, []
 
-    def visit(module: str) -> None:
+    def visit(module: str) -> list[str] | None:
         state[module] = "open"
         path.append(module)
         for imported in sorted(edges[module]):
-            assert state.get(imported) != "open", "import cycle: " + " -> ".join(
-                path[path.index(imported) :] + [imported]
-            )
+            if state.get(imported) == "open":
+                return path[path.index(imported) :] + [imported]
             if imported not in state:
-                visit(imported)
+                cycle = visit(imported)
+                if cycle:
+                    return cycle
         path.pop()
         state[module] = "done"
+        return None
 
     for module in sorted(edges):
         if module not in state:
-            visit(module)
+            cycle = visit(module)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_cycle_in_the_library():
+    cycle = _find_cycle(_package_import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
+    edges = {"a": {"b"}, "b": {"a"}}  # as `_imported_modules` reports a function-level import back
+    assert _find_cycle(edges) == ["a", "b", "a"]
+    module = tmp_path / "module.py"
+    module.write_text("def late():\n    from .other import thing\n")
+    assert _imported_modules(module, ["pkg"]) == {"pkg.other"}
+
+
+# The package's top level: its entry points and what users import by path; every other module lives in a subpackage
+TOP_LEVEL_MODULES = {"__init__", "_compat", "config", "trainer", "refusals", "tiny", "sources"}
+SUBPACKAGES = {"packing", "modeling", "parallel", "placement", "integrations", "cli", "plan", "data"}
+
+
+def test_the_top_level_holds_the_entry_points_and_what_users_import_by_path():
+    package = ROOT / "trl_padfree"
+    modules = {path.stem for path in package.glob("*.py")}
+    folders = {path.name for path in package.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert modules == TOP_LEVEL_MODULES, sorted(modules ^ TOP_LEVEL_MODULES)
+    assert folders == SUBPACKAGES, sorted(folders ^ SUBPACKAGES)
+
+
+def test_no_library_function_is_longer_than_60_lines():
+    # argparse builders are one long list of options, read as such
+    long = []
+    for path in (ROOT / "trl_padfree").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "add_arguments":
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert not long, long
+
+
+# Underscore names of other code that are public by documentation: the standard library's immediate exit
+PUBLIC_UNDERSCORE_NAMES = {"_exit"}
+
+
+def _names_defined(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+            names.update(arg.arg for arg in node.args.args + node.args.kwonlyargs)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def test_private_names_of_other_libraries_only_under_integrations():
+    """An underscore name the package reads outside integrations/ must be its own (defined outside integrations/):
+    TRL's, transformers', accelerate's, DeepSpeed's and torch's go through integrations/, which tests/test_seams.py
+    checks against the installed versions."""
+    trees = {path: ast.parse(path.read_text()) for path in (ROOT / "trl_padfree").rglob("*.py")}
+    outside = {path: tree for path, tree in trees.items() if "integrations" not in path.parts}
+    ours = set().union(*(_names_defined(tree) for tree in outside.values())) | PUBLIC_UNDERSCORE_NAMES
+    found = []
+    for path, tree in outside.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if node.attr not in ours:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and not node.level
+                and not (node.module or "").startswith("trl_padfree")
+            ):
+                private = [
+                    alias.name for alias in node.names if alias.name.startswith("_") and alias.name != "__future__"
+                ]
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{name}" for name in private]
+    assert not found, found

@@ -20,11 +20,13 @@ DeepSpeed seams are skipped when DeepSpeed is not installed.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,13 +119,13 @@ TRL = [
     ),
     Seam(
         "trl", "trl.DPOTrainer._tag_names", "a private class attribute: the model card tags, extended",
-        "trainer.py", check=instance_of(list),
+        "integrations/trl.py", check=instance_of(list),
     ),
     Seam(
         "trl", "trl.DPOTrainer._precompute_ref_logps",
         "private, overridden to enable packing first: TRL's `__init__` precomputes reference log-probs through it, "
         "and it computes them through `compute_ref_log_probs`",
-        "trainer.py", parameters=("self", "dataset", "name", "batch_size"),
+        "integrations/trl.py", parameters=("self", "dataset", "name", "batch_size"),
         source={
             INIT: ("self.train_dataset = self._precompute_ref_logps(",),
             PRECOMPUTE: ("self.compute_ref_log_probs(model, padded_batch)",),
@@ -133,7 +135,7 @@ TRL = [
         "trl", "trl.DPOTrainer.compute_ref_log_probs",
         "overridden to unpack packed batches; passes every batch key but `_non_model_keys` to the model, with "
         "`labels` and `fused_lm_head=True`",
-        "trainer.py, forward.py", parameters=("self", "model", "inputs"),
+        "trainer.py, modeling/packed_forward.py", parameters=("self", "model", "inputs"),
         source={
             "trl.trainer.dpo_trainer.DPOTrainer.compute_ref_log_probs": (
                 MODEL_KWARGS,
@@ -155,7 +157,7 @@ TRL = [
         "private, not overridden: hands the policy and the reference every batch key but `_non_model_keys` (the "
         "packed batch travels as a keyword), and reads per-token log-probs in the `(rows, len - 1)` layout the packed "
         "forward returns",
-        "trainer.py, forward.py", parameters=("self", "model", "inputs", "return_outputs"),
+        "trainer.py, modeling/packed_forward.py", parameters=("self", "model", "inputs", "return_outputs"),
         source={
             COMPUTE_LOSS: (
                 MODEL_KWARGS,
@@ -190,7 +192,7 @@ TRL = [
         "trl", "trl.DPOTrainer._metrics",
         "private: per-mode lists of per-micro-batch values; trl-padfree appends its padfree/* metrics and reweighs "
         "the per-pair means TRL appends (PER_PAIR_METRICS)",
-        "trainer.py, token_budget.py", where=INIT,
+        "integrations/trl.py", where=INIT,
         source={
             INIT: ('self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}',),
             COMPUTE_LOSS: tuple(f'self._metrics[mode]["{key}"].append(' for key in PER_PAIR_METRICS),
@@ -200,25 +202,25 @@ TRL = [
         "trl", "trl.DPOTrainer._tp_size",
         "private: TRL divides its token count by it; multiplied by the sequence/context-parallel group size so "
         "tokens a group shares count once",
-        "row_split.py", where=INIT,
+        "integrations/trl.py", where=INIT,
         source={INIT: ("self._tp_size =",), COMPUTE_LOSS: ("num_tokens_in_batch // self._tp_size",)},
     ),
     Seam(
         "trl", "trl.DPOTrainer._is_vision_dataset", "private: set by TRL's `__init__`; vision datasets are refused",
-        "trainer.py", where=INIT, source={INIT: ("self._is_vision_dataset =",)},
+        "integrations/trl.py", where=INIT, source={INIT: ("self._is_vision_dataset =",)},
     ),
     Seam(
         "trl", "trl.DPOTrainer.aux_loss_enabled",
         "set by TRL's `__init__` before it adds the fused LM heads; read to refuse MoE aux loss with row padding, "
         "prefix sharing and split rows, and by fused_lm_head_lookups after `__init__`",
-        "trainer.py, fused_lm_head.py", where=INIT, ordered=True,
+        "refusals.py, modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", where=INIT, ordered=True,
         source={INIT: ("self.aux_loss_enabled =", "add_fused_lm_head(")},
     ),
     Seam(
         "trl", "trl.trainer.dpo_trainer.add_fused_lm_head",
         "module-level name TRL's `__init__` calls for the policy and the reference; rerouted while it runs (model "
         "first) so each patched model is prepared",
-        "fused_lm_head.py", parameters=("model",), check=same_object_as(FUSED_HEAD),
+        "modeling/fused_lm_head.py", parameters=("model",), check=same_object_as(FUSED_HEAD),
         source={INIT: ("add_fused_lm_head(",)},
     ),
     Seam(
@@ -226,7 +228,7 @@ TRL = [
         "the forward it installs looks up `base_model`, `get_output_embeddings()`, `text_config.num_experts` and "
         "`num_experts_per_tok` on every call, and takes `fused_lm_head`, `labels` and pre-shifted `shift_labels` "
         "(split rows) by keyword",
-        "fused_lm_head.py, forward.py", parameters=("model",),
+        "modeling/fused_lm_head.py, modeling/packed_forward.py", parameters=("model",),
         source={
             FUSED_HEAD: (
                 "text_config = model.config.get_text_config()",
@@ -242,20 +244,20 @@ TRL = [
     Seam(
         "trl", "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE",
         "private: the vocabulary width of the fused LM head's logits tiles, read by the planner's activation estimate",
-        "plan/memory.py", check=equals(LOGITS_TILE_VOCAB),
+        "integrations/trl.py", check=equals(LOGITS_TILE_VOCAB),
         source={FUSED_HEAD: ("_CHUNKED_LOGPROB_CHUNK_SIZE,",)},
     ),
     Seam(
         "trl", "trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE",
         "the token height of the fused LM head's logits tiles, read by the planner's activation estimate",
-        "plan/memory.py", check=equals(LOGITS_TILE_TOKENS),
+        "integrations/trl.py, plan/memory.py", check=equals(LOGITS_TILE_TOKENS),
         source={"trl.kernels.chunked_logprob": ("for token_start in range(0, N, TOKEN_CHUNK_SIZE):",)},
     ),
     Seam(
         "trl", "trl.trainer.dpo_trainer.prepare_deepspeed",
         "module-level name rerouted while TRL's `__init__` runs (ref_offload under ZeRO-3); its only other use there "
         "is the precompute engine over the policy, when there is no reference",
-        "offload.py", parameters=("model", "accelerator"),
+        "integrations/trl.py, placement/deepspeed.py", parameters=("model", "accelerator"),
         source={
             INIT: ("self.ref_model = prepare_deepspeed(self.ref_model, self.accelerator)",),
             PRECOMPUTE: (
@@ -268,14 +270,14 @@ TRL = [
     Seam(
         "trl", "trl.trainer.dpo_trainer.prepare_fsdp",
         "module-level name rerouted while TRL's `__init__` runs (the reference sharded layer by layer under FSDP2)",
-        "fsdp.py", parameters=("model", "accelerator"),
+        "placement/fsdp2.py", parameters=("model", "accelerator"),
         source={INIT: ("self.ref_model = prepare_fsdp(self.ref_model, self.accelerator)",)},
     ),
     Seam(
         "trl", "trl.trainer.utils.create_model_from_path",
         "loads the offloaded reference as TRL loads its own: same model id and init kwargs (device_map None, "
         "trust_remote_code, the policy's dtype and attention)",
-        "offload.py, trainer.py", parameters=("model_id",),
+        "integrations/trl.py, placement/deepspeed.py", parameters=("model_id",),
         source={
             INIT: (
                 'ref_model_init_kwargs["device_map"] = None',
@@ -287,19 +289,19 @@ TRL = [
         },
     ),
     Seam(
-        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "reference.py",
+        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "placement/reference.py",
         parameters=("config",),
     ),
     Seam(
         "trl", "trl.trainer.dpo_trainer.DataCollatorForPreference",
         "subclassed; its fields are read and passed by name to build the packed twin (`from_padded`)",
-        "collator.py",
+        "packing/collator.py",
         keywords=("pad_token_id", "max_length", "truncation_mode", "pad_to_multiple_of", "return_tensors"),
         check=has_attributes("torch_call"),
     ),
     Seam(
         "trl", "trl.DPOConfig", "subclassed; these fields are read by trl-padfree",
-        "config.py, trainer.py, offload.py, bench.py",
+        "config.py, trainer.py, refusals.py, cli/bench/harness.py",
         keywords=(
             "padding_free", "precompute_ref_log_probs", "model_init_kwargs", "trust_remote_code", "use_liger_kernel",
             "max_length", "truncation_mode", "pad_to_multiple_of", "disable_dropout", "parallelism_config",
@@ -314,7 +316,7 @@ TRANSFORMERS = [
         "transformers", "transformers.integrations.hub_kernels.use_kernel_func_from_hub_with_fallback",
         "the decorator of every mixer kernel: its wrappers' closures say what a call runs (integrations.transformers.kernel_wrapper, "
         "tests/test_seams.py::test_transformers_kernel_wrappers_hold_what_they_resolved); the stand-ins rebuild them "
-        "with it", "kernels.py", parameters=("func_name", "package"),
+        "with it", "integrations/transformers.py, modeling/kernels.py", parameters=("func_name", "package"),
     ),
     Seam(
         "transformers", "transformers.Trainer.get_train_dataloader", "overridden (token-budget and split-row loaders)",
@@ -328,68 +330,68 @@ TRANSFORMERS = [
     ),
     Seam(
         "transformers", "transformers.Trainer._remove_unused_columns",
-        "private: the Trainer's column filtering, reused for the token-budget dataloader", "trainer.py",
+        "private: the Trainer's column filtering, reused for the token-budget dataloader", "integrations/trl.py",
         parameters=("self", "dataset"), keywords=("description",),
     ),
     Seam(
         "transformers", "transformers.Trainer._prepare_inputs",
-        "private: moves a batch to the device before it is unpacked in `prediction_step`", "trainer.py",
+        "private: moves a batch to the device before it is unpacked in `prediction_step`", "integrations/trl.py",
         parameters=("self", "inputs"),
     ),
     Seam(
         "transformers", "transformers.Trainer.training_step", "called positionally by the benchmark",
-        "bench.py", parameters=("self", "model", "inputs"),
+        "cli/bench/__init__.py", parameters=("self", "model", "inputs"),
     ),
     Seam(
         "transformers", "transformers.Trainer.current_gradient_accumulation_steps",
         "set by the training loop; token-budget micro-batches are weighed by it (the benchmark sets it itself)",
-        "trainer.py, bench.py", where="transformers.Trainer._run_epoch",
+        "trainer.py, cli/bench/harness.py", where="transformers.Trainer._run_epoch",
         source={"transformers.Trainer._run_epoch": ("self.current_gradient_accumulation_steps =",)},
     ),
     Seam(
         "transformers", "transformers.TrainingArguments.fsdp_plugin_args",
         "set by `__post_init__` for an `fsdp` run: its `fsdp_version` is read before the Accelerator exists",
-        "fsdp.py", where="transformers.TrainingArguments.__post_init__",
+        "placement/fsdp2.py", where="transformers.TrainingArguments.__post_init__",
         source={
             "transformers.TrainingArguments.__post_init__": ("self.fsdp_plugin_args = self._process_fsdp_args()",)
         },
     ),
     Seam(
         "transformers", "transformers.trainer_utils.seed_worker",
-        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "trainer.py",
+        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "packing/token_budget.py",
         parameters=("worker_id",), keywords=("num_workers", "rank"),
     ),
     Seam(
-        "transformers", "transformers.AttentionInterface.register", "registers `padfree_varlen`", "attention.py",
+        "transformers", "transformers.AttentionInterface.register", "registers `padfree_varlen`", "integrations/transformers.py, modeling/attention/__init__.py",
         parameters=("cls", "key", "value"),
     ),
     Seam(
         "transformers", "transformers.masking_utils.AttentionMaskInterface.register",
-        "registers `padfree_varlen`'s mask function, which reads the padding mask by keyword", "attention.py",
+        "registers `padfree_varlen`'s mask function, which reads the padding mask by keyword", "integrations/transformers.py, modeling/attention/__init__.py",
         parameters=("cls", "key", "value"),
         source={"transformers.masking_utils.create_causal_mask": ("attention_mask=attention_mask,",)},
     ),
     Seam(
         "transformers", "transformers.integrations.sdpa_attention.sdpa_attention_forward",
-        "the attention interface's calling convention, which `padfree_varlen_attention` implements", "attention.py",
+        "the attention interface's calling convention, which `padfree_varlen_attention` implements", "modeling/attention/interface.py",
         parameters=("module", "query", "key", "value", "attention_mask"), keywords=("dropout", "scaling"),
     ),
     Seam(
         "transformers", "transformers.modeling_flash_attention_utils.FlashAttentionKwargs",
         "the packing keywords transformers passes down to attention, as the collator names them",
-        "collator.py, forward.py, attention.py",
+        "packing/collator.py, modeling/packed_forward.py, modeling/attention/interface.py",
         check=has_keys("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"),
     ),
     Seam(
         "transformers", "transformers.masking_utils.find_packed_sequence_indices",
         "sdpa and eager keep packed sequences apart from `position_ids` when no attention mask is passed",
-        "checks.py, forward.py", parameters=("position_ids",),
+        "modeling/packability.py, modeling/packed_forward.py", parameters=("position_ids",),
     ),
     Seam(
         "transformers", "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS",
         "the registry the modeling code looks attention up in, holding the backends checks.py names; the "
         "architecture check swaps an entry to count calls",
-        "architecture.py, checks.py",
+        "integrations/transformers.py, modeling/packability.py",
         check=Check(
             f"an AttentionInterface holding {[*FLASH_VARLEN, 'sdpa']}",
             lambda registry: isinstance(registry, resolve("transformers.AttentionInterface"))
@@ -399,71 +401,71 @@ TRANSFORMERS = [
     Seam(
         "transformers", "transformers.configuration_utils.ALLOWED_LAYER_TYPES",
         f"`{CHUNKED_LAYER_TYPE}` is the layer type of chunked attention layers (llama4), cut into chunks by "
-        "`padfree_varlen`", "attention.py",
+        "`padfree_varlen`", "modeling/attention/interface.py",
         check=Check(f"containing {CHUNKED_LAYER_TYPE!r}", lambda types: CHUNKED_LAYER_TYPE in types),
     ),
     Seam(
         "transformers", "transformers.PretrainedConfig._attn_implementation",
         "private: the attention a model runs, read everywhere and set on the twin's config (no public getter)",
-        "checks.py, trainer.py, forward.py, architecture.py", check=is_property(),
+        "integrations/transformers.py", check=is_property(),
     ),
     Seam(
         "transformers", "transformers.PretrainedConfig._experts_implementation",
-        "private: set to eager on the float64 twin's config", "architecture.py", check=is_property(),
+        "private: set to eager on the float64 twin's config", "integrations/transformers.py", check=is_property(),
     ),
     Seam(
         "transformers", "transformers.PreTrainedModel.set_attn_implementation",
-        "switches the policy, the reference and the twins to the packed attention", "trainer.py, architecture.py",
+        "switches the policy, the reference and the twins to the packed attention", "modeling/packability.py, modeling/padding_free.py",
         parameters=("self", "attn_implementation"),
     ),
     Seam(
         "transformers", "transformers.PreTrainedModel.base_model",
         "resolves `base_model_prefix`, which fused_lm_head.py sets on instances whose `base_model` is themselves",
-        "fused_lm_head.py", check=instance_of(property),
+        "modeling/fused_lm_head.py", check=instance_of(property),
         source={"transformers.PreTrainedModel.base_model": ("getattr(self, self.base_model_prefix, self)",)},
     ),
     Seam(
         "transformers", "transformers.PreTrainedModel._no_split_modules",
-        "private: the classes accelerate's TRANSFORMER_BASED_WRAP gives an FSDP unit each", "plan/shapes.py",
+        "private: the classes accelerate's TRANSFORMER_BASED_WRAP gives an FSDP unit each", "integrations/transformers.py",
         source={"accelerate.utils.fsdp_utils.fsdp2_prepare_auto_wrap_policy": ("_no_split_modules",)},
     ),
     Seam(
         "transformers", "transformers.integrations.deepspeed._hf_deepspeed_config_weak_ref",
         "private module global: the ZeRO-3 config `from_pretrained` builds under, saved and restored around "
         "building the offloaded reference's config",
-        "offload.py",
+        "integrations/transformers.py",
         source={"transformers.integrations.deepspeed.set_hf_deepspeed_config": ("_hf_deepspeed_config_weak_ref = ",)},
     ),
     Seam(
         "transformers", "transformers.integrations.deepspeed.set_hf_deepspeed_config", "restores the saved config",
-        "offload.py", parameters=("hf_deepspeed_config_obj",),
+        "integrations/transformers.py, placement/deepspeed.py", parameters=("hf_deepspeed_config_obj",),
     ),
     Seam(
         "transformers", "transformers.integrations.deepspeed.unset_hf_deepspeed_config",
-        "builds models unpartitioned", "offload.py, sources.py",
+        "builds models unpartitioned", "placement/deepspeed.py, sources.py",
     ),
     Seam(
         "transformers", "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process",
-        "fills the reference config's 'auto' values from the training arguments", "offload.py",
+        "fills the reference config's 'auto' values from the training arguments", "placement/deepspeed.py",
         parameters=("self", "args"),
     ),
     Seam(
         "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
         "the model types `trl-padfree models` checks (less the masked-LM, seq2seq and speech seq2seq mappings)",
-        "coverage.py", check=instance_of("collections.abc.Mapping"),
+        "integrations/transformers.py, cli/models.py", check=instance_of("collections.abc.Mapping"),
     ),
     Seam(
         "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-        "encoder-decoder types left out of `trl-padfree models`", "coverage.py",
+        "encoder-decoder types left out of `trl-padfree models`", "integrations/transformers.py, cli/models.py",
         check=instance_of("collections.abc.Mapping"),
     ),
     Seam(
         "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-        "encoder types left out of `trl-padfree models`", "coverage.py", check=instance_of("collections.abc.Mapping"),
+        "encoder types left out of `trl-padfree models`", "integrations/transformers.py, cli/models.py", check=instance_of("collections.abc.Mapping"),
     ),
     Seam(
         "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-        "speech seq2seq types left out of `trl-padfree models`", "coverage.py",
+        "speech seq2seq types left out of `trl-padfree models`", "integrations/transformers.py, cli/models.py",
         check=instance_of("collections.abc.Mapping"),
     ),
 ]  # fmt: skip
@@ -473,29 +475,29 @@ ACCELERATE = [
         "accelerate", "accelerate.Accelerator.deepspeed_ulysses_dl_adapter",
         "replaced on the trainer's Accelerator (whole packed batches on every rank of a Ulysses group); the Trainer "
         "calls it with (dataloader, model)",
-        "row_split.py", parameters=("self", "dl", "model"),
+        "parallel/row_split.py", parameters=("self", "dl", "model"),
         source={"transformers.Trainer._prepare_for_training": ("self.accelerator.deepspeed_ulysses_dl_adapter(",)},
     ),
     Seam(
         "accelerate", "accelerate.Accelerator.gather",
         "replaced on the instance around TRL's loss (token budget: per-process lengths differ); TRL looks it up at "
         "call time",
-        "token_budget.py", parameters=("self", "tensor"),
+        "integrations/accelerate.py, packing/token_budget.py", parameters=("self", "tensor"),
         source={COMPUTE_LOSS: ("self.accelerator.gather(", "self.accelerator.gather_for_metrics(")},
     ),
     Seam(
         "accelerate", "accelerate.Accelerator.pad_across_processes", "pads per-pair tensors before gathering",
-        "token_budget.py", parameters=("self", "tensor"), keywords=("dim",),
+        "integrations/accelerate.py", parameters=("self", "tensor"), keywords=("dim",),
     ),
     Seam(
-        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "token_budget.py",
+        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "packing/token_budget.py",
         parameters=("self", "tensor", "reduction"),
     ),
     Seam(
         "accelerate", "accelerate.parallelism_config.ParallelismConfig",
         "built for sequence_parallel_size; `cp_size` refused, `dp_shard_size` set to the data-parallel ranks, the "
         "FSDP mesh dimensions read",
-        "config.py, trainer.py, fsdp.py",
+        "config.py, parallel/row_split.py, parallel/ulysses.py, placement/fsdp2.py",
         keywords=("sp_backend", "sp_size", "sp_handler", "cp_size", "dp_shard_size"),
         check=has_attributes("fsdp_dim_names"),
     ),
@@ -503,7 +505,7 @@ ACCELERATE = [
         "accelerate", "accelerate.utils.DeepSpeedSequenceParallelConfig",
         "its `sp_attn_implementation` is replaced by the model's packing-aware attention, which accelerate hands "
         "to DeepSpeed Ulysses at prepare time",
-        "config.py, trainer.py", keywords=("sp_seq_length_is_variable", "sp_attn_implementation"),
+        "config.py", keywords=("sp_seq_length_is_variable", "sp_attn_implementation"),
         source={
             "accelerate.Accelerator._prepare_deepspeed": (
                 "core_attn_implementation=sp_handler.sp_attn_implementation",
@@ -512,12 +514,12 @@ ACCELERATE = [
     ),
     Seam(
         "accelerate", "accelerate.utils.fsdp_utils.fsdp2_prepare_auto_wrap_policy",
-        "not exported from accelerate.utils: the policy's FSDP2 units, reused to shard the reference", "fsdp.py",
+        "not exported from accelerate.utils: the policy's FSDP2 units, reused to shard the reference", "placement/fsdp2.py",
         parameters=("fsdp2_plugin", "model"),
     ),
     Seam(
         "accelerate", "accelerate.utils.FullyShardedDataParallelPlugin", "read to shard the reference like the policy",
-        "fsdp.py", keywords=("fsdp_version", "cpu_offload", "mixed_precision_policy"),
+        "placement/fsdp2.py", keywords=("fsdp_version", "cpu_offload", "mixed_precision_policy"),
     ),
     Seam(
         "accelerate", "accelerate.utils.DataLoaderConfiguration",
@@ -526,12 +528,12 @@ ACCELERATE = [
     ),
     Seam(
         "accelerate", "accelerate.utils.DeepSpeedPlugin", "the policy's DeepSpeed config and ZeRO stage",
-        "offload.py, trainer.py", keywords=("zero_stage",),
+        "placement/deepspeed.py, trainer.py", keywords=("zero_stage",),
         source={"accelerate.utils.DeepSpeedPlugin.__post_init__": ("self.deepspeed_config = ",)},
     ),
     Seam(
         "accelerate", "accelerate.utils.launch.prepare_multi_gpu_env",
-        "`accelerate launch` marks an FSDP config in these variables, read before the Accelerator exists", "fsdp.py",
+        "`accelerate launch` marks an FSDP config in these variables, read before the Accelerator exists", "placement/fsdp2.py",
         source={
             "accelerate.utils.launch.prepare_multi_gpu_env": (
                 'current_env["ACCELERATE_USE_FSDP"]',
@@ -562,40 +564,40 @@ DEEPSPEED = [
         "deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_group",
         "the Ulysses group (with `_rank` and `_world_size` below): the module Ulysses' registration initializes "
         "and returns as the `mpu` accelerate hands DeepSpeed",
-        "sequence_parallel.py",
+        "integrations/deepspeed.py, parallel/ulysses.py",
         source={
             REGISTER_ULYSSES: ("import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu", "return mpu")
         },
     ),
-    Seam("deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_rank", "this rank in it", "sequence_parallel.py"),
+    Seam("deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_rank", "this rank in it", "integrations/deepspeed.py, parallel/ulysses.py"),
     Seam(
-        "deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_world_size", "its size", "sequence_parallel.py"),
+        "deepspeed", f"{PARALLEL_STATE_SP}.get_sequence_parallel_world_size", "its size", "integrations/deepspeed.py, parallel/ulysses.py"),
     Seam(
         "deepspeed", f"{PARALLEL_STATE_SP}._SEQUENCE_PARALLEL_GROUP",
         "private module global, read to refuse a second sequence-parallel trainer in one process (DeepSpeed asserts "
         "it is unset when it creates the groups)",
-        "sequence_parallel.py",
+        "integrations/deepspeed.py",
         source={f"{PARALLEL_STATE_SP}.initialize_sequence_parallel": ("assert _SEQUENCE_PARALLEL_GROUP is None",)},
     ),
     Seam(
         "deepspeed", "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF.register_with_transformers",
         "wraps whichever registered attention the model runs (`core_attn_implementation`), and only in training mode "
         "(`disable_in_eval`): the reference runs in training mode under Ulysses",
-        "trainer.py, forward.py", keywords=("core_attn_implementation", "seq_length_is_variable", "disable_in_eval"),
+        "trainer.py, modeling/packed_forward.py", keywords=("core_attn_implementation", "seq_length_is_variable", "disable_in_eval"),
     ),
     Seam(
-        "deepspeed", "deepspeed.initialize", "wraps the offloaded reference in its own engine", "offload.py",
+        "deepspeed", "deepspeed.initialize", "wraps the offloaded reference in its own engine", "placement/deepspeed.py",
         keywords=("model", "config"),
     ),
     Seam(
         "deepspeed", "deepspeed.runtime.engine.DeepSpeedEngine.zero_offload_param",
-        "the engine's parameter offload settings (`.device`): the reference is checked to be offloaded", "offload.py",
+        "the engine's parameter offload settings (`.device`): the reference is checked to be offloaded", "placement/deepspeed.py",
         parameters=("self",),
     ),
     Seam(
         "deepspeed", "deepspeed.runtime.zero.partition_parameters",
         "a ZeRO-3 parameter's shard is its `ds_tensor`: the reference's shards are checked to be in CPU memory",
-        "offload.py", source={"deepspeed.runtime.zero.partition_parameters": ("param.ds_tensor = ",)},
+        "placement/deepspeed.py", source={"deepspeed.runtime.zero.partition_parameters": ("param.ds_tensor = ",)},
     ),
     Seam(
         "deepspeed", "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs",
@@ -614,35 +616,35 @@ DEEPSPEED = [
 
 TORCH = [
     Seam(
-        "torch", "torch.distributed.fsdp.fully_shard", "shards the reference, one unit per decoder layer", "fsdp.py",
+        "torch", "torch.distributed.fsdp.fully_shard", "shards the reference, one unit per decoder layer", "placement/fsdp2.py",
         parameters=("module",), keywords=("mesh", "reshard_after_forward", "mp_policy", "offload_policy"),
     ),
     Seam(
-        "torch", "torch.distributed.fsdp.CPUOffloadPolicy", "ref_offload under FSDP2", "fsdp.py",
+        "torch", "torch.distributed.fsdp.CPUOffloadPolicy", "ref_offload under FSDP2", "placement/fsdp2.py",
         keywords=("pin_memory",),
     ),
     Seam(
-        "torch", "torch.distributed.fsdp.MixedPrecisionPolicy", "the reference's default precision policy", "fsdp.py"
+        "torch", "torch.distributed.fsdp.MixedPrecisionPolicy", "the reference's default precision policy", "placement/fsdp2.py"
     ),
-    Seam("torch", "torch.distributed.fsdp.FSDPModule", "recognizes a reference already sharded", "fsdp.py"),
+    Seam("torch", "torch.distributed.fsdp.FSDPModule", "recognizes a reference already sharded", "placement/fsdp2.py"),
     Seam(
         "torch", "torch.nn.attention.varlen.varlen_attn",
         "PyTorch's varlen flash attention: its seven leading arguments passed by position; the keywords after them "
         "are read from its signature at run time (attention.varlen_kernel_plan)",
-        "kernels.py, attention.py",
+        "modeling/kernels.py, modeling/attention/varlen.py",
         parameters=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"),
     ),
     Seam(
         "torch", "torch.nn.attention.sdpa_kernel",
         "chooses varlen_attn's Flash backend around each call (torch >= 2.15 reads these flags, picking cuDNN first)",
-        "kernels.py", parameters=("backends",),
+        "modeling/kernels.py", parameters=("backends",),
     ),
     Seam(
-        "torch", "torch.nn.attention.SDPBackend.FLASH_ATTENTION", "the backend chosen for varlen_attn", "kernels.py",
+        "torch", "torch.nn.attention.SDPBackend.FLASH_ATTENTION", "the backend chosen for varlen_attn", "modeling/kernels.py",
     ),
     Seam(
         "torch", "torch.nn.functional.scaled_dot_product_attention",
-        "per-segment attention, with `scale` and `enable_gqa` by keyword", "attention.py",
+        "per-segment attention, with `scale` and `enable_gqa` by keyword", "modeling/attention/segments.py",
         check=Check(  # a builtin: no inspect.signature, its docstring opens with the signature
             "a docstring signature with `scale` and `enable_gqa`",
             lambda function: "scale=" in function.__doc__ and "enable_gqa=" in function.__doc__,
@@ -653,12 +655,12 @@ TORCH = [
 PEFT = [
     Seam(
         "peft", "peft.PeftModel.active_adapter", "`peft_config[active_adapter]` is the adapter trained",
-        "trainer.py", where="peft.PeftModel.__init__",
+        "modeling/padding_free.py", where="peft.PeftModel.__init__",
         source={"peft.PeftModel.__init__": ("self.active_adapter = adapter_name",)},
     ),
-    Seam("peft", "peft.PeftModel.get_base_model", "the model under the adapter", "trainer.py", parameters=("self",)),
+    Seam("peft", "peft.PeftModel.get_base_model", "the model under the adapter", "modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", parameters=("self",)),
     Seam(
-        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "checks.py",
+        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "refusals.py, modeling/padding_free.py",
         check=instance_of(property),
     ),
 ]  # fmt: skip
@@ -758,6 +760,55 @@ def test_seam(seam: Seam):
 def test_every_seam_is_listed_once():
     ids = [seam.id for seam in SEAMS]
     assert len(ids) == len(set(ids)), sorted({id_ for id_ in ids if ids.count(id_) > 1})
+
+
+def _used_in(seam: Seam) -> list[str]:
+    return [module.strip() for module in seam.used_in.split(",")]
+
+
+def test_every_seam_names_modules_that_exist():
+    package = Path(__file__).resolve().parent.parent / "trl_padfree"
+    missing = [
+        f"{seam.name}: {module}" for seam in SEAMS for module in _used_in(seam) if not (package / module).is_file()
+    ]
+    assert not missing, missing
+
+
+def test_private_seams_are_named_only_under_integrations():
+    """A private name of TRL, transformers, accelerate or DeepSpeed is read or written in integrations/ alone (the
+    rest of the package goes through the functions there), and the table says where."""
+    package = Path(__file__).resolve().parent.parent / "trl_padfree"
+    sources = {str(path.relative_to(package)): path.read_text() for path in package.rglob("*.py")}
+    wrong = []
+    for seam in SEAMS:
+        name = seam.name.rsplit(".", 1)[-1]
+        if not name.startswith("_") or name.startswith("__"):
+            continue
+        code = {
+            module for module, text in sources.items() if re.search(rf"(?<![\w`])\.?{name}\b(?!`)", _code_only(text))
+        }
+        if any(not module.startswith("integrations/") for module in code):
+            wrong.append(f"{seam.name} named outside integrations/: {sorted(code)}")
+        if code - set(_used_in(seam)):
+            wrong.append(f"{seam.name} named in {sorted(code - set(_used_in(seam)))}, not in its used_in")
+    assert not wrong, wrong
+
+
+def _code_only(text: str) -> str:
+    """`text` without comments and docstrings (a module may explain a private name it does not touch)."""
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            for line in range(body[0].lineno - 1, body[0].end_lineno):
+                lines[line] = ""
+    return "\n".join(line.split("#", 1)[0] for line in lines)
 
 
 # ---- trl-padfree's own names on the subclass ----

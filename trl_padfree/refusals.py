@@ -344,7 +344,9 @@ def check_chunked_layer(module_class: str, layer_idx: int | None, chunk_size: in
             "config has chunked layers but the module has no `layer_idx`."
         )
     if not chunk_size:
-        raise ValueError(f"Layer {layer_idx} is a chunked attention layer, but its config sets no attention_chunk_size.")
+        raise ValueError(
+            f"Layer {layer_idx} is a chunked attention layer, but its config sets no attention_chunk_size."
+        )
 
 
 def refuse_prefix_sharing_with_chunked_layers() -> None:

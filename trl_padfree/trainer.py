@@ -49,7 +49,9 @@ class DPOTrainer(TRLSeams):
         self._row_split = None  # rows shared by several ranks
         peft_config = None
         if getattr(args, "ref_offload", False):  # the only setting that reads it before TRL's __init__
-            peft_config = bound_init_argument("peft_config", model, ref_model, args, data_collator, *more_args, **kwargs)
+            peft_config = bound_init_argument(
+                "peft_config", model, ref_model, args, data_collator, *more_args, **kwargs
+            )
         self._reference, ref_model = ReferencePlacement.before_init(args, model, ref_model, peft_config)
         with contextlib.ExitStack() as scopes:
             scopes.enter_context(self._padding_free.around_init(args))

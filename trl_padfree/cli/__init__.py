@@ -116,4 +116,3 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser(command).parse_args(argv)
     with one_line_errors(f"trl-padfree {options.command}"):
         return options.run(options)
-

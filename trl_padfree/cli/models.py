@@ -82,7 +82,9 @@ class CoverageRow:
 
 
 def _refused_row(model_type: str, model_class: str, reason: str, backends) -> CoverageRow:
-    verdicts = {backend: Verdict(model_type, model_class, backend, False, reason, None, None, 0.0) for backend in backends}
+    verdicts = {
+        backend: Verdict(model_type, model_class, backend, False, reason, None, None, 0.0) for backend in backends
+    }
     return CoverageRow(model_type, model_class, verdicts)
 
 

@@ -144,7 +144,9 @@ def kernel_wrappers_replaced(replacement: Callable[[KernelWrapper, dict[str, Cal
     (given what the wrapper resolved and that module's PyTorch fallbacks by hub name; None keeps it), restored on
     exit."""
     with contextlib.ExitStack() as swaps:
-        for module in [module for name, module in list(sys.modules.items()) if name.startswith("transformers.models.")]:
+        for module in [
+            module for name, module in list(sys.modules.items()) if name.startswith("transformers.models.")
+        ]:
             wrappers = {}
             for attribute, value in list(vars(module).items()):
                 resolved = kernel_wrapper(value)

@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import trl
 import trl.trainer.dpo_trainer as trl_dpo_trainer
@@ -78,16 +77,10 @@ def bound_init_argument(name: str, *args, **kwargs):
     return bound.arguments.get(name)
 
 
-@contextlib.contextmanager
-def padding_free_hidden(args) -> Iterator[None]:
+def padding_free_hidden(args):
     """TRL 1.16 warns that `padding_free` is "temporarily unavailable" and switches it off; trl-padfree honours it, so
     TRL's constructor must not see it."""
-    padding_free = args.padding_free
-    args.padding_free = False
-    try:
-        yield
-    finally:
-        args.padding_free = padding_free
+    return swapped(args, "padding_free", False)
 
 
 def fused_lm_head_added_with(add: Callable[[Callable], Callable]):

@@ -142,6 +142,8 @@ def _is_randomness(name: str) -> bool:
     spell them `attention_dropout`, `residual_dropout`, `hidden_dropout_prob`, `resid_pdrop`, `layerdrop`...), stochastic
     depth, and router jitter. Zeroed on the twin: a random mask differs between the packed and the separate runs."""
     return "dropout" in name or "jitter" in name or name.endswith(("pdrop", "layerdrop")) or name == "drop_path_rate"
+
+
 # Derived on the real config from fields shrunk above (Zamba2 derives its attention widths): recomputed by the config
 # class from the shrunk values. Dropped only where they are not fields of the config class (RWKV's, JetMoE's are).
 _DERIVED = ("qk_head_dim", "attention_hidden_size", "attention_head_dim", "kv_channels", "num_query_groups")
@@ -357,7 +359,9 @@ def _packed_log_probs(twin: PreTrainedModel, packed: PackedBatch) -> torch.Tenso
 
 
 def _alone_log_probs(twin: PreTrainedModel, sequences: list[list[int]]) -> list[torch.Tensor]:
-    return [twin(input_ids=torch.tensor([ids]), use_cache=False).logits[0].double().log_softmax(-1) for ids in sequences]
+    return [
+        twin(input_ids=torch.tensor([ids]), use_cache=False).logits[0].double().log_softmax(-1) for ids in sequences
+    ]
 
 
 def packing_errors(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_PAIRS) -> PackingErrors:
@@ -446,7 +450,13 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
 
     def verdict(reason, errors=None, shared_error=None):
         return Verdict(
-            model_type, model_class.__name__, attn_implementation, reason is None, reason, errors, shared_error,
+            model_type,
+            model_class.__name__,
+            attn_implementation,
+            reason is None,
+            reason,
+            errors,
+            shared_error,
             time.perf_counter() - start,
         )
 
@@ -462,19 +472,22 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
         return verdict(
             f"its {', '.join(errors.mixers_without_segments)} layers carry state along the row, and the model does not "
             "hand them the packed row's sequence boundaries (its layers pass no keyword arguments on to them), so "
-            "each sequence's state would run into the next", errors,
+            "each sequence's state would run into the next",
+            errors,
         )
     # (A model whose mixer layers all take their segments and which packs exactly may have no attention layer at all)
     if errors.attention_calls == 0 and not (mixer_classes(twin) and errors.exact):
         return verdict(
             f"it does not run its attention through `{attn_implementation}` when asked to (it stays on its own "
-            "attention code), so the packing keyword arguments are ignored", errors,
+            "attention code), so the packing keyword arguments are ignored",
+            errors,
         )
     if not errors.exact:
         return verdict(
             f"packed sequences see each other: on a tiny float64 twin the packed log-probs differ from each sequence "
             f"alone by {errors.log_probs:.2g} and the gradients by {errors.gradients:.2g} of their largest "
-            f"(tolerance {LOG_PROB_TOLERANCE:g}){_whole_row_kernels(twin, errors.whole_row_mixers)}", errors,
+            f"(tolerance {LOG_PROB_TOLERANCE:g}){_whole_row_kernels(twin, errors.whole_row_mixers)}",
+            errors,
         )
     if not prefix_sharing:
         return verdict(None, errors)
@@ -485,7 +498,9 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
     if not shared_error <= LOG_PROB_TOLERANCE:
         return verdict(
             f"its prefix-sharing forward differs from each sequence alone by {shared_error:.2g} on a tiny twin "
-            "(some layers mix tokens outside the attention)", errors, shared_error,
+            "(some layers mix tokens outside the attention)",
+            errors,
+            shared_error,
         )
     return verdict(None, errors, shared_error)
 
@@ -516,8 +531,14 @@ def check_architecture(
         key = (architecture_signature(model_class, config, attn_implementation), prefix_sharing, branch_key())
     except Exception as error:
         return Verdict(
-            config.model_type, model_class.__name__, attn_implementation, False,
-            f"its tiny twin could not be built ({type(error).__name__}: {error})", None, None, 0.0,
+            config.model_type,
+            model_class.__name__,
+            attn_implementation,
+            False,
+            f"its tiny twin could not be built ({type(error).__name__}: {error})",
+            None,
+            None,
+            0.0,
         )
     if key not in _VERDICTS:
         # The twin is on the CPU: mixer kernels installed for the GPU would get its tensors (kernels.py)

@@ -65,7 +65,9 @@ def position_ids_from_lengths(lengths: Sequence[int], first_positions: Sequence[
     return torch.cat(ranges).to(torch.long).unsqueeze(0)
 
 
-def cu_seq_lens_from_lengths(lengths: Sequence[int] | torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+def cu_seq_lens_from_lengths(
+    lengths: Sequence[int] | torch.Tensor, device: torch.device | None = None
+) -> torch.Tensor:
     """Cumulative segment boundaries `[0, l0, l0 + l1, ...]` as int32, the layout varlen kernels expect.
 
     >>> cu_seq_lens_from_lengths([3, 1, 2]).tolist()

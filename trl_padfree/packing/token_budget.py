@@ -154,11 +154,11 @@ PER_PAIR_METRICS = (
 class TokenBudgetBatching:
     """Everything the trainer does for `max_tokens_per_batch`, in one object:
 
-        set-up       the pairs' row lengths, the refusals, the sampler (`set_up`)
-        batches      the training dataloader over the budgeted micro-batches (`train_dataloader`)
-        loss         each micro-batch's loss weighted by its pairs, so a step's loss is the mean over all of the
-                     step's pairs (`count_step`, then `weighted_loss`)
-        logs         TRL's per-pair means weighted by pairs (`reweigh_metrics`)
+    set-up       the pairs' row lengths, the refusals, the sampler (`set_up`)
+    batches      the training dataloader over the budgeted micro-batches (`train_dataloader`)
+    loss         each micro-batch's loss weighted by its pairs, so a step's loss is the mean over all of the
+                 step's pairs (`count_step`, then `weighted_loss`)
+    logs         TRL's per-pair means weighted by pairs (`reweigh_metrics`)
     """
 
     def __init__(self, sampler: TokenBudgetBatchSampler, accelerator):

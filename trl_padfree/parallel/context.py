@@ -209,8 +209,6 @@ def context_parallel_groups(size: int, ulysses_size: int = 1) -> tuple[RowGroup,
             group = dist.new_group(ranks)
             if rank in ranks:
                 mine["context"] = RowGroup(group, ranks.index(rank), size)
-                mine["row"] = (
-                    RowGroup(row_group, rank - first, row_size) if row_group else mine["context"]
-                )
+                mine["row"] = RowGroup(row_group, rank - first, row_size) if row_group else mine["context"]
     _GROUPS[size, ulysses_size] = mine["context"], mine["row"]
     return _GROUPS[size, ulysses_size]

@@ -60,7 +60,9 @@ class SplitRowRun:
 
     def run(self, forward, packed_batch: PackedBatch, kwargs: dict, module):
         check_split_rows_without_stateful_mixers(getattr(module, "_padfree_stateful_mixers", ()))
-        check_prefix_sharing_without_sequence_parallel(packed_batch.shared_prefix is not None, self.ulysses is not None)
+        check_prefix_sharing_without_sequence_parallel(
+            packed_batch.shared_prefix is not None, self.ulysses is not None
+        )
         model_kwargs = packed_batch.model_kwargs()
         model_kwargs["input_ids"] = self.row.chunk(packed_batch.input_ids)
         model_kwargs["position_ids"] = self.row.chunk(packed_batch.position_ids)
@@ -123,7 +125,9 @@ class RowSplit:
         if context_size > 1:
             check_processes_share_rows(context_size * ulysses_size, accelerator.num_processes)
             check_context_parallel_attention(attention)
-            check_split_rows_without_moe_aux_loss("Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled)
+            check_split_rows_without_moe_aux_loss(
+                "Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled
+            )
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
         split = cls(accelerator, ulysses_size, None, None)
         if ulysses_size > 1:

@@ -77,7 +77,11 @@ def padfree_varlen_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention function with transformers' `AttentionInterface` signature; see the module docstring."""
-    row = packed_row if packed_row is not None else _row_of_call(query, cu_seq_lens_q, max_length_q, kwargs.get("position_ids"))
+    row = (
+        packed_row
+        if packed_row is not None
+        else _row_of_call(query, cu_seq_lens_q, max_length_q, kwargs.get("position_ids"))
+    )
     check_attention_call(
         has_mask=attention_mask is not None,
         rows=query.shape[0],
