@@ -480,7 +480,7 @@ def test_the_architecture_check_also_checks_a_shared_row(monkeypatch):
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     check_packable(model, prefix_sharing=True)
     monkeypatch.setattr(architecture, "_VERDICTS", {})
-    monkeypatch.setattr(architecture, "shared_packing_error", lambda twin, attn_implementation: 0.5)
+    monkeypatch.setattr(architecture, "shared_packing_error", lambda twin, attn_implementation, images=False: 0.5)
     check_packable(model)  # without sharing, the shared row is not checked
     with pytest.raises(ValueError, match="prefix_sharing=True cannot train.*prefix-sharing forward differs"):
         check_packable(model, prefix_sharing=True)

@@ -188,10 +188,6 @@ def check_prefix_sharing_without_moe_aux_loss(prefix_sharing: bool, aux_loss_ena
         )
 
 
-def refuse_vision_datasets() -> None:
-    raise ValueError("padding_free=True is not supported for vision datasets. Set padding_free=False.")
-
-
 def check_no_liger_kernel(use_liger_kernel: bool) -> None:
     """TRL's Liger path computes the loss from the base model's hidden states on its padded batch."""
     if use_liger_kernel:
@@ -199,6 +195,46 @@ def check_no_liger_kernel(use_liger_kernel: bool) -> None:
             "use_liger_kernel=True cannot train padding-free: TRL's Liger DPO loss runs the base model on the padded "
             "batch itself, outside the packed forward. Set use_liger_kernel=False (padding-free rows hold no padding "
             "for Liger's fused loss to save), or padding_free=False to train with Liger."
+        )
+
+
+# ---- vision-language batches ----
+
+
+def check_image_tokens(example: int, images: int, image_tokens: int) -> None:
+    """Each sequence's image placeholders and images must come together: features are placed on the placeholders."""
+    if images and not image_tokens:
+        raise ValueError(
+            f"Example {example} of the batch has {images} image(s) but no image placeholder in its text, so the model "
+            "has nowhere to put them. Put the images in the prompt (a conversational prompt with {'type': 'image'} "
+            "parts, or the processor's image token in a plain prompt), or remove them from the example."
+        )
+    if image_tokens and not images:
+        raise ValueError(
+            f"Example {example} of the batch has {image_tokens} image tokens in its text but no image: the model would "
+            "read the placeholders as text and train on them. Give the example its images (an `images` list) or "
+            "remove the image tokens from its text."
+        )
+
+
+def refuse_truncated_image(example: int, image_tokens: int, kept: int, needed: int, max_length: int) -> None:
+    """TRL's vision collator cuts every sequence to its first `max_length` tokens; an image must survive whole."""
+    raise ValueError(
+        f"max_length={max_length} cuts the images of example {example} of the batch: {kept} of its {image_tokens} "
+        f"image tokens are within the first {max_length} tokens, and the model would get an image without its "
+        f"placeholders (TRL's padded trainer fails there with 'Image features and image tokens do not match'). Set "
+        f"max_length to at least {needed} (or None), use smaller images, or drop such examples."
+    )
+
+
+def check_image_inputs_layout(sizes: dict[str, int], expected: int, unit: str) -> None:
+    """Each image input must be cut into the parts each sequence holds (packing/vision.py)."""
+    wrong = {key: size for key, size in sizes.items() if size != expected}
+    if wrong:
+        raise ValueError(
+            f"trl-padfree cannot tell which image inputs belong to which sequence: from this processor's keys it "
+            f"expects {expected} {unit} in each, but found {wrong}. Train with padding_free=False (TRL pads, and "
+            "packs nothing)."
         )
 
 
@@ -354,6 +390,14 @@ def refuse_prefix_sharing_with_chunked_layers() -> None:
     raise ValueError("prefix sharing with chunked attention layers is not supported; set prefix_sharing=False.")
 
 
+def refuse_image_spans_with_chunked_layers() -> None:
+    raise ValueError(
+        "A model with chunked attention layers cannot train padding-free on images that attend to themselves both "
+        "ways (Gemma 3's): no such model exists in transformers, so the combination is not implemented. Set "
+        "padding_free=False."
+    )
+
+
 def refuse_layout_not_received(layout: str, keyword: str, consequence: str, way_out: str) -> None:
     """An attention call during a forward whose row layout (prefix sharing, context parallelism) it did not get."""
     raise ValueError(
@@ -482,6 +526,19 @@ def check_split_rows_without_moe_aux_loss(feature: str, way_out: str, aux_loss_e
         raise ValueError(
             f"{feature} with a Mixture-of-Experts auxiliary loss would weigh each rank's chunk of the row alone. Set "
             f"router_aux_loss_coef=0, or {way_out}."
+        )
+
+
+def check_split_rows_without_images(vision: bool, ulysses_size: int, context_size: int) -> None:
+    """Ulysses and context parallelism run each rank's chunk of the row from the embeddings on; a vision-language
+    model places its images' features and computes its positions on the whole row before that."""
+    if vision and (ulysses_size > 1 or context_size > 1):
+        raise ValueError(
+            f"Sequence parallelism (sp_size={ulysses_size}) and context parallelism (context_parallel_size="
+            f"{context_size}) cannot split a vision-language row: each rank would run the language model on its chunk "
+            "of the row, while the model's vision tower places every image's features, and its position function "
+            "computes positions, on the whole row. Set sp_size=1 and context_parallel_size=1; prefix_sharing=True "
+            "shortens vision-language rows instead (each pair's prompt and images once)."
         )
 
 

@@ -27,9 +27,23 @@ from . import swapped, swapped_item
 
 
 def attn_implementation(model) -> str | None:
-    """The attention backend `model` (or a config) runs."""
+    """The attention backend `model`'s language model (or a config's) runs: the whole model's for a text model."""
     config = getattr(model, "config", model)
-    return config._attn_implementation
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text_config._attn_implementation
+
+
+def set_language_model_attention(model, attn_implementation: str) -> None:
+    """Switch `model`'s language model to `attn_implementation`. A multimodal model's other towers (vision, audio)
+    keep theirs: they attend within each image or clip on their own terms, and the packed row's keyword arguments
+    are not theirs to read."""
+    config = model.config
+    text_config = config.get_text_config()
+    text_key = next((key for key in config.sub_configs if getattr(config, key, None) is text_config), None)
+    if text_config is config or text_key is None:
+        model.set_attn_implementation(attn_implementation)
+    else:
+        model.set_attn_implementation({text_key: attn_implementation})
 
 
 def set_config_implementations(config, attn_implementation: str, experts_implementation: str | None = None) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import trl
 import trl.trainer.dpo_trainer as trl_dpo_trainer
 from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE as LOGITS_TILE_TOKENS
-from trl.trainer.dpo_trainer import DataCollatorForPreference
+from trl.trainer.dpo_trainer import DataCollatorForPreference, DataCollatorForVisionPreference
 from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as LOGITS_TILE_VOCAB
 from trl.trainer.utils import create_model_from_path, get_config_model_id
 
@@ -26,6 +26,7 @@ __all__ = [
     "LOGITS_TILE_TOKENS",
     "LOGITS_TILE_VOCAB",
     "DataCollatorForPreference",
+    "DataCollatorForVisionPreference",
     "TRLSeams",
     "bound_init_argument",
     "create_model_from_path",

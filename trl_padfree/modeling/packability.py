@@ -30,9 +30,14 @@ from dataclasses import dataclass
 import torch
 from transformers import CONFIG_MAPPING, PretrainedConfig, PreTrainedModel
 
-from ..integrations.transformers import attention_calls_counted, set_config_implementations
+from ..integrations.transformers import (
+    attention_calls_counted,
+    set_config_implementations,
+    set_language_model_attention,
+)
 from ..integrations.transformers import attn_implementation as running_attention
 from ..packing.collator import concatenated_inputs
+from ..packing.vision import ImageUnits, pack_vision_batch
 from ..refusals import (
     check_attn_implementation,
     check_prefix_sharing_attention,
@@ -42,6 +47,9 @@ from .backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU, FLASH_VARLEN, PACKING
 from .kernels import branch_key, mixer_kernels, pytorch_fallback_kernels
 from .mixers import mixer_calls, mixer_classes, stateful_mixers
 from .packed_forward import PackedBatch, add_packed_forward
+from .vision import FAMILIES as IMAGE_FAMILIES
+from .vision import image_family, image_token_id
+from .vision_twin import remap_special_tokens, twin_geometry, twin_image_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +61,11 @@ CHECK_LENGTHS = tuple(pair[0] + pair[side] for side in (1, 2) for pair in CHECK_
 CHECK_ROW_MULTIPLE = 8
 # The prefix-sharing check's pairs
 CHECK_SHARED_PAIRS = ((6, 3, 4), (3, 5, 2))
+# With images (a vision-language model on image data): (text tokens before the images, images, text tokens after each
+# image, chosen tokens, rejected tokens) per pair; a pair of one image and one of two, of different sizes
+CHECK_IMAGE_PAIRS = ((2, 1, 2, 3, 5), (1, 2, 1, 1, 4))
+CHECK_SHARED_IMAGE_PAIRS = ((3, 1, 2, 2, 4), (2, 2, 2, 3, 1))
+CHECK_SPECIAL_TOKENS = 8  # the twin's last token ids, where its special tokens are (vision_twin.remap_special_tokens)
 TWIN_SLIDING_WINDOW = 3
 TWIN_CHUNK_SIZE = 4
 TWIN_VOCAB_SIZE = 64
@@ -217,6 +230,9 @@ def twin_config(config: PretrainedConfig) -> PretrainedConfig:
         elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
             values[key] = {layer: _shrink_override(v, values.get("head_dim")) for layer, v in value.items()}
     values = _without_derived(_shrink(values), type(config))
+    if image_family(config.model_type) is not None:  # small images, image features as wide as the language model
+        twin_geometry(config.model_type, values)
+        remap_special_tokens(values, TWIN_VOCAB_SIZE)
     values.pop("dtype", None)
     values.pop("_name_or_path", None)
     twin = type(config).from_dict(values)
@@ -284,7 +300,7 @@ def build_twin(model_class: type, config: PretrainedConfig, attn_implementation:
             for parameter in twin.parameters():
                 if not parameter.detach().any():  # a zero tensor hides a leak: a gate at 0 passes nothing on
                     parameter.data.normal_(0.0, TWIN_INITIALIZER_RANGE)
-        twin.set_attn_implementation(attn_implementation)
+        set_language_model_attention(twin, attn_implementation)
         add_packed_forward(twin)  # as the trainer's models get it, stateful mixers included (mixers.py)
     except Exception as error:  # any failure here is the twin's, reported with what failed
         raise TwinError(f"{type(error).__name__}: {error}") from error
@@ -332,9 +348,9 @@ def _relative_gradient_error(packed: list[torch.Tensor], reference: list[torch.T
     return error / (scale or 1.0)
 
 
-def _check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[list[int]], PackedBatch]:
-    """Random preference pairs of these token counts, packed by the collator as training packs them, and their
-    sequences alone (chosen ones, then rejected ones: the padded view's order)."""
+def _check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[dict], PackedBatch]:
+    """Random preference pairs of these token counts, packed by the collator as training packs them, and each
+    sequence's inputs alone (chosen ones, then rejected ones: the padded view's order)."""
     vocab_size = twin.config.get_text_config().vocab_size
     keys = ("prompt_ids", "chosen_ids", "rejected_ids")
     with _private_rng(seed):
@@ -348,8 +364,64 @@ def _check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) ->
         prefix_sharing=prefix_sharing,
         prefix_sharing_min_prompt_tokens=2,
     )
-    sequences = [example["prompt_ids"] + example[key] for key in keys[1:] for example in examples]
-    return sequences, PackedBatch.from_collated(batch)
+    alone = [
+        {"input_ids": torch.tensor([example["prompt_ids"] + example[key]])} for key in keys[1:] for example in examples
+    ]
+    return alone, PackedBatch.from_collated(batch)
+
+
+def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[dict], PackedBatch]:
+    """`_check_row` with images: each pair's prompt holds `images` images between its text tokens, the batch is laid
+    out as TRL's vision collator lays it out and packed as training packs it (packing/vision.py), and each sequence
+    alone gets its own images."""
+    config, family = twin.config, image_family(twin.config.model_type)
+    images_per_example = [shape[1] for shape in pairs]
+    image_inputs, tokens_per_image = twin_image_inputs(config, family, images_per_example, seed)
+    placeholder = image_token_id(config)
+    text_tokens = config.get_text_config().vocab_size - CHECK_SPECIAL_TOKENS  # below the twin's special tokens
+    rows, completion_starts, image_index = [[], []], [[], []], 0
+    with _private_rng(seed):
+        for before, images, after, *completions in pairs:
+            prompt = torch.randint(3, text_tokens, (before,)).tolist()
+            for count in tokens_per_image[image_index : image_index + images]:
+                prompt += [placeholder] * count + torch.randint(3, text_tokens, (after,)).tolist()
+            image_index += images
+            for side, completion in enumerate(completions):
+                rows[side].append(prompt + torch.randint(3, text_tokens, (completion,)).tolist())
+                completion_starts[side].append(len(prompt))
+    rows, completion_starts = rows[0] + rows[1], completion_starts[0] + completion_starts[1]
+    padded = _padded_batch(rows, completion_starts, placeholder, family.token_types) | image_inputs
+    batch = pack_vision_batch(
+        padded,
+        images_per_example * 2,
+        placeholder,
+        pad_to_multiple_of=CHECK_ROW_MULTIPLE,
+        prefix_sharing=prefix_sharing,
+        prefix_sharing_min_prompt_tokens=2,
+    )
+    units = ImageUnits.of(image_inputs, images_per_example * 2)
+    alone = []
+    for row, ids in enumerate(rows):
+        inputs = {"input_ids": torch.tensor([ids]), **units.of_rows([row])}
+        if family.token_types is not None:
+            inputs[family.token_types] = (inputs["input_ids"] == placeholder).long()
+        alone.append(inputs)
+    return alone, PackedBatch.from_collated(batch)
+
+
+def _padded_batch(rows: list[list[int]], completion_starts: list[int], placeholder: int, token_types: str | None):
+    """Rows as TRL's vision collator pads them: flush left, with masks and the per-token image marks."""
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention_mask, completion_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for row, (ids, start) in enumerate(zip(rows, completion_starts, strict=True)):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        completion_mask[row, start : len(ids)] = 1
+    padded = {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+    if token_types is not None:
+        padded[token_types] = (input_ids == placeholder).long() * attention_mask
+    return padded
 
 
 def _packed_log_probs(twin: PreTrainedModel, packed: PackedBatch) -> torch.Tensor:
@@ -358,22 +430,24 @@ def _packed_log_probs(twin: PreTrainedModel, packed: PackedBatch) -> torch.Tenso
     return logits[packed.token_valid].double().log_softmax(-1)
 
 
-def _alone_log_probs(twin: PreTrainedModel, sequences: list[list[int]]) -> list[torch.Tensor]:
-    return [
-        twin(input_ids=torch.tensor([ids]), use_cache=False).logits[0].double().log_softmax(-1) for ids in sequences
-    ]
+def _alone_log_probs(twin: PreTrainedModel, sequences: list[dict]) -> list[torch.Tensor]:
+    return [twin(**inputs, use_cache=False).logits[0].double().log_softmax(-1) for inputs in sequences]
 
 
-def packing_errors(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_PAIRS) -> PackingErrors:
+def packing_errors(twin: PreTrainedModel, attn_implementation: str, images: bool = False) -> PackingErrors:
     """Compare the twin's packed forward (training path, `attn_implementation`) with each sequence run alone on eager:
-    log-probs and gradients in training mode, log-probs in eval mode."""
-    sequences, packed = _check_row(twin, pairs, prefix_sharing=False, seed=1)
-    lengths = [len(ids) for ids in sequences]
+    log-probs and gradients in training mode, log-probs in eval mode; with `images`, on pairs whose prompts hold
+    images."""
+    if images:
+        sequences, packed = _image_check_row(twin, CHECK_IMAGE_PAIRS, prefix_sharing=False, seed=1)
+    else:
+        sequences, packed = _check_row(twin, CHECK_PAIRS, prefix_sharing=False, seed=1)
+    lengths = [inputs["input_ids"].shape[1] for inputs in sequences]
     with _private_rng(1):
         weights = torch.randn(sum(lengths), twin.get_output_embeddings().weight.shape[0], dtype=TWIN_DTYPE)
 
     twin.train()
-    twin.set_attn_implementation("eager")
+    set_language_model_attention(twin, "eager")
     twin.zero_grad(set_to_none=True)
     reference = []
     for log_probs, weight in zip(_alone_log_probs(twin, sequences), weights.split(lengths), strict=True):
@@ -381,7 +455,7 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_
         reference.append(log_probs.detach())
     reference_log_probs, reference_gradients = torch.cat(reference), _gradients(twin)
 
-    twin.set_attn_implementation(attn_implementation)
+    set_language_model_attention(twin, attn_implementation)
     twin.zero_grad(set_to_none=True)
     calls_before = mixer_calls(twin)
     with attention_calls_counted(attn_implementation) as calls:
@@ -402,9 +476,9 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_
     twin.eval()  # the reference model's forward
     with torch.no_grad():
         packed_eval = _packed_log_probs(twin, packed)
-        twin.set_attn_implementation("eager")
+        set_language_model_attention(twin, "eager")
         alone_eval = torch.cat(_alone_log_probs(twin, sequences))
-        twin.set_attn_implementation(attn_implementation)
+        set_language_model_attention(twin, attn_implementation)
     log_prob_error = max(log_prob_error, float((packed_eval - alone_eval).abs().max()))
 
     return PackingErrors(
@@ -416,17 +490,20 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_
     )
 
 
-def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, pairs=CHECK_SHARED_PAIRS) -> float:
-    """Max abs log-prob difference between one prefix-sharing forward (training path) of random pairs on
-    `attn_implementation` and each sequence alone on eager."""
-    sequences, packed = _check_row(twin, pairs, prefix_sharing=True, seed=2)
+def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, images: bool = False) -> float:
+    """Max abs log-prob difference between one prefix-sharing forward (training path) of random pairs (with
+    `images`, pairs whose prompts hold images) on `attn_implementation` and each sequence alone on eager."""
+    if images:
+        sequences, packed = _image_check_row(twin, CHECK_SHARED_IMAGE_PAIRS, prefix_sharing=True, seed=2)
+    else:
+        sequences, packed = _check_row(twin, CHECK_SHARED_PAIRS, prefix_sharing=True, seed=2)
     twin.eval()
     with torch.no_grad():
-        twin.set_attn_implementation(attn_implementation)
+        set_language_model_attention(twin, attn_implementation)
         shared = _packed_log_probs(twin, packed)
-        twin.set_attn_implementation("eager")
+        set_language_model_attention(twin, "eager")
         separate = torch.cat(_alone_log_probs(twin, sequences))
-        twin.set_attn_implementation(attn_implementation)
+        set_language_model_attention(twin, attn_implementation)
     return float((shared - separate).abs().max())
 
 
@@ -444,7 +521,9 @@ class Verdict:
     seconds: float
 
 
-def _measure(model_class: type, config: PretrainedConfig, attn_implementation: str, prefix_sharing: bool) -> Verdict:
+def _measure(
+    model_class: type, config: PretrainedConfig, attn_implementation: str, prefix_sharing: bool, images: bool
+) -> Verdict:
     start = time.perf_counter()
     model_type = config.model_type
 
@@ -460,39 +539,26 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
             time.perf_counter() - start,
         )
 
+    if images and image_family(model_type) is None:
+        return verdict(
+            "trl-padfree does not know how its processor lays out a batch's images, so it cannot check that they "
+            "stay with their sequences (the families it knows: " + ", ".join(sorted(IMAGE_FAMILIES)) + ")"
+        )
     try:
         twin = build_twin(model_class, config, attn_implementation)
     except TwinError as error:
         return verdict(f"its tiny twin could not be built ({error})")
     try:
-        errors = packing_errors(twin, attn_implementation)
+        errors = packing_errors(twin, attn_implementation, images=images)
     except Exception as error:  # a backend that cannot run this model is a refusal, with what failed
         return verdict(f"its packed forward failed on a tiny twin ({type(error).__name__}: {error})")
-    if errors.mixers_without_segments:
-        return verdict(
-            f"its {', '.join(errors.mixers_without_segments)} layers carry state along the row, and the model does not "
-            "hand them the packed row's sequence boundaries (its layers pass no keyword arguments on to them), so "
-            "each sequence's state would run into the next",
-            errors,
-        )
-    # (A model whose mixer layers all take their segments and which packs exactly may have no attention layer at all)
-    if errors.attention_calls == 0 and not (mixer_classes(twin) and errors.exact):
-        return verdict(
-            f"it does not run its attention through `{attn_implementation}` when asked to (it stays on its own "
-            "attention code), so the packing keyword arguments are ignored",
-            errors,
-        )
-    if not errors.exact:
-        return verdict(
-            f"packed sequences see each other: on a tiny float64 twin the packed log-probs differ from each sequence "
-            f"alone by {errors.log_probs:.2g} and the gradients by {errors.gradients:.2g} of their largest "
-            f"(tolerance {LOG_PROB_TOLERANCE:g}){_whole_row_kernels(twin, errors.whole_row_mixers)}",
-            errors,
-        )
+    reason = _packing_refusal(twin, attn_implementation, errors)
+    if reason is not None:
+        return verdict(reason, errors)
     if not prefix_sharing:
         return verdict(None, errors)
     try:
-        shared_error = shared_packing_error(twin, attn_implementation)
+        shared_error = shared_packing_error(twin, attn_implementation, images=images)
     except Exception as error:
         return verdict(f"its prefix-sharing forward failed on a tiny twin ({type(error).__name__}: {error})", errors)
     if not shared_error <= LOG_PROB_TOLERANCE:
@@ -503,6 +569,29 @@ def _measure(model_class: type, config: PretrainedConfig, attn_implementation: s
             shared_error,
         )
     return verdict(None, errors, shared_error)
+
+
+def _packing_refusal(twin: PreTrainedModel, attn_implementation: str, errors: PackingErrors) -> str | None:
+    """Why a twin's packed forward is refused, from what the check measured; None when it is exact."""
+    if errors.mixers_without_segments:
+        return (
+            f"its {', '.join(errors.mixers_without_segments)} layers carry state along the row, and the model does not "
+            "hand them the packed row's sequence boundaries (its layers pass no keyword arguments on to them), so "
+            "each sequence's state would run into the next"
+        )
+    # (A model whose mixer layers all take their segments and which packs exactly may have no attention layer at all)
+    if errors.attention_calls == 0 and not (mixer_classes(twin) and errors.exact):
+        return (
+            f"it does not run its attention through `{attn_implementation}` when asked to (it stays on its own "
+            "attention code), so the packing keyword arguments are ignored"
+        )
+    if not errors.exact:
+        return (
+            f"packed sequences see each other: on a tiny float64 twin the packed log-probs differ from each sequence "
+            f"alone by {errors.log_probs:.2g} and the gradients by {errors.gradients:.2g} of their largest "
+            f"(tolerance {LOG_PROB_TOLERANCE:g}){_whole_row_kernels(twin, errors.whole_row_mixers)}"
+        )
+    return None
 
 
 def _whole_row_kernels(twin: PreTrainedModel, mixer_class_names: tuple[str, ...]) -> str:
@@ -523,12 +612,17 @@ _VERDICTS: dict[tuple, Verdict] = {}
 
 
 def check_architecture(
-    model_class: type, config: PretrainedConfig, attn_implementation: str, prefix_sharing: bool = False
+    model_class: type,
+    config: PretrainedConfig,
+    attn_implementation: str,
+    prefix_sharing: bool = False,
+    images: bool = False,
 ) -> Verdict:
-    """The verdict for `model_class` built from `config` on `attn_implementation`, measured once per process per
-    architecture signature."""
+    """The verdict for `model_class` built from `config` on `attn_implementation` (with `images`: on image data),
+    measured once per process per architecture signature."""
     try:
-        key = (architecture_signature(model_class, config, attn_implementation), prefix_sharing, branch_key())
+        signature = architecture_signature(model_class, config, attn_implementation)
+        key = (signature, prefix_sharing, images, branch_key())
     except Exception as error:
         return Verdict(
             config.model_type,
@@ -543,7 +637,7 @@ def check_architecture(
     if key not in _VERDICTS:
         # The twin is on the CPU: mixer kernels installed for the GPU would get its tensors (kernels.py)
         with _one_thread(), pytorch_fallback_kernels():
-            _VERDICTS[key] = _measure(model_class, config, attn_implementation, prefix_sharing)
+            _VERDICTS[key] = _measure(model_class, config, attn_implementation, prefix_sharing, images)
     return _VERDICTS[key]
 
 
@@ -564,15 +658,22 @@ def resolve_attn_implementation(requested: str, current: str | None, prefix_shar
 
 
 def architecture_verdict(
-    model: torch.nn.Module, attn_implementation: str | None = None, prefix_sharing: bool = False
+    model: torch.nn.Module,
+    attn_implementation: str | None = None,
+    prefix_sharing: bool = False,
+    images: bool = False,
 ) -> Verdict:
-    """Whether `model`'s architecture packs exactly on `attn_implementation` (default: the model's own), measured on
-    its tiny twin and cached per architecture: the model's weights, dtype and partitioning play no part."""
+    """Whether `model`'s architecture packs exactly on `attn_implementation` (default: the model's own), with
+    `images` on image data, measured on its tiny twin and cached per architecture: the model's weights, dtype and
+    partitioning play no part."""
     attn_implementation = attn_implementation or running_attention(model)
-    return check_architecture(type(model), model.config, checked_backend(attn_implementation), prefix_sharing)
+    backend = checked_backend(attn_implementation)
+    return check_architecture(type(model), model.config, backend, prefix_sharing, images)
 
 
-def choose_packed_attention(model: torch.nn.Module, requested: str, prefix_sharing: bool = False) -> str:
+def choose_packed_attention(
+    model: torch.nn.Module, requested: str, prefix_sharing: bool = False, images: bool = False
+) -> str:
     """The attention `model` runs packed rows with: `resolve_attn_implementation`, except that `auto` moves on to
     `sdpa`, then `eager`, for an architecture the check finds exact on those but not on `padfree_varlen` (classes
     that keep their own attention code, such as GPT-Neo). The choice is logged; nothing inexact is chosen:
@@ -580,36 +681,41 @@ def choose_packed_attention(model: torch.nn.Module, requested: str, prefix_shari
     resolved = resolve_attn_implementation(requested, running_attention(model), prefix_sharing)
     if requested != "auto" or prefix_sharing or resolved != ATTN_IMPLEMENTATION:
         return resolved
-    if architecture_verdict(model, resolved).exact:
+    if architecture_verdict(model, resolved, images=images).exact:
         return resolved
     for backend in CHECKED_ON_CPU[1:]:
-        if architecture_verdict(model, backend).exact:
+        if architecture_verdict(model, backend, images=images).exact:
             logger.info(
                 f"packed_attn_implementation='auto': {type(model).__name__} does not pack on `{resolved}` "
-                f"({architecture_verdict(model, resolved).reason}); it packs exactly on `{backend}`, which it will use."
+                f"({architecture_verdict(model, resolved, images=images).reason}); it packs exactly on `{backend}`, "
+                "which it will use."
             )
             return backend
     return resolved
 
 
 def check_packable(
-    model: torch.nn.Module, prefix_sharing: bool = False, attn_implementation: str | None = None
+    model: torch.nn.Module,
+    prefix_sharing: bool = False,
+    attn_implementation: str | None = None,
+    images: bool = False,
 ) -> None:
-    """Refuse a model whose packed forward on `attn_implementation` (default: the model's own) would differ from its
-    per-sequence forward, as measured on a tiny twin of its architecture, naming the backends that would work."""
+    """Refuse a model whose packed forward on `attn_implementation` (default: the model's own), with `images` on
+    image data, would differ from its per-sequence forward, as measured on a tiny twin of its architecture, naming the
+    backends that would work."""
     attn_implementation = attn_implementation or running_attention(model)
     check_attn_implementation(attn_implementation, PACKING_AWARE)
-    verdict = architecture_verdict(model, attn_implementation, prefix_sharing)
+    verdict = architecture_verdict(model, attn_implementation, prefix_sharing, images)
     if verdict.exact:
         return
     # Refused only because of sharing when the same architecture packs without it
-    sharing_alone = prefix_sharing and architecture_verdict(model, attn_implementation).exact
+    sharing_alone = prefix_sharing and architecture_verdict(model, attn_implementation, images=images).exact
     working = [
         backend
         for backend in CHECKED_ON_CPU
         if backend != verdict.attn_implementation
         and not (prefix_sharing and backend != ATTN_IMPLEMENTATION)
-        and architecture_verdict(model, backend, prefix_sharing).exact
+        and architecture_verdict(model, backend, prefix_sharing, images).exact
     ]
     what = "prefix_sharing" if sharing_alone else "padding_free"
     refuse_architecture(what, verdict.model_class, verdict.model_type, attn_implementation, verdict.reason, working)

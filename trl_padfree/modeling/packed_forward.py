@@ -21,9 +21,12 @@ import torch
 from ..integrations.transformers import attn_implementation
 from ..packing.layout import padded_view_index, to_padded_view
 from ..packing.prefix_sharing import SharedPrefixAttention
+from ..packing.vision import IMAGE_INPUTS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS
 from ..refusals import check_no_cache, check_packed_row_length, check_prefix_sharing_attention
+from .attention.bidirectional import BidirectionalSpans
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
+from .vision import bidirectional_marks, packed_position_ids
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -51,6 +54,11 @@ class PackedBatch:
     seq_starts: torch.Tensor | None = None
     shared_prefix_starts: torch.Tensor | None = None
     shared_prefix_lens: torch.Tensor | None = None
+    # Vision-language batches (packing/vision.py): the model's image inputs in row order and its per-token inputs
+    # packed; every sequence's image grids in TRL's order and image counts
+    image_inputs: dict[str, torch.Tensor] | None = None
+    sequence_image_grid_thw: torch.Tensor | None = None
+    images_per_sequence: torch.Tensor | None = None
     # Set on a training batch whose row several ranks share (sequence or context parallelism, parallel/row_split.py)
     split: SplitRun | None = field(default=None, compare=False)
 
@@ -86,6 +94,9 @@ class PackedBatch:
             seq_starts=batch.get("seq_starts"),
             shared_prefix_starts=batch.get("shared_prefix_starts"),
             shared_prefix_lens=batch.get("shared_prefix_lens"),
+            image_inputs=batch.get(IMAGE_INPUTS),
+            sequence_image_grid_thw=batch.get(SEQUENCE_IMAGE_GRIDS),
+            images_per_sequence=batch.get(IMAGES_PER_SEQUENCE),
         )
 
     @property
@@ -112,6 +123,24 @@ class PackedBatch:
         """`(1, T, ...)` -> `(sequences, width, ...)`."""
         return to_padded_view(packed[0], self.token_index, self.token_valid, fill_value)
 
+    def packed(self, padded: torch.Tensor) -> torch.Tensor:
+        """`(..., sequences, width)` -> `(..., 1, T)`: each token's value from its sequence's cell, 0 on the padding
+        segment (with prefix sharing both sequences of a pair hold the prefix, with the same values)."""
+        packed = padded.new_zeros(padded.shape[:-2] + (self.row_length,))
+        packed[..., self.token_index[self.token_valid]] = padded[..., self.token_valid]
+        return packed.unsqueeze(-2)
+
+    @property
+    def images_encoded(self) -> int:
+        """Images the row hands the vision tower (each pair's twice, or once when its prompt is shared)."""
+        if self.images_per_sequence is None:
+            return 0
+        encoded = self.images_per_sequence[: len(self.seq_lens) // 2].sum()  # every chosen sequence's images
+        if self.shared_prefix_lens is not None:  # and the rejected ones laid out whole
+            unshared = self.shared_prefix_lens[len(self.seq_lens) // 2 :] == 0
+            return int(encoded + self.images_per_sequence[len(self.seq_lens) // 2 :][unshared].sum())
+        return int(self.images_per_sequence.sum())
+
     def padded_shifted(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
         """`(1, T - 1, ...)` next-token outputs -> `(sequences, width - 1, ...)`."""
         return to_padded_view(packed[0], self.shifted_index, self.shifted_valid, fill_value)
@@ -124,26 +153,32 @@ class PackedBatch:
             "completion_mask": self.padded(self.completion_mask),
         }
 
-    def row(self) -> PackedRow:
+    def row(self, bidirectional_marks: torch.Tensor | None = None) -> PackedRow:
         """How this row attends (modeling/attention/rows.py): each segment to itself, or with prefix sharing each
-        rejected branch to its prompt too."""
+        rejected branch to its prompt too; image tokens marked in `bidirectional_marks` to their whole image."""
+        spans = (
+            None if bidirectional_marks is None else BidirectionalSpans.of_row(bidirectional_marks, self.cu_seq_lens)
+        )
         if self.shared_prefix is not None:
-            return SharedPrefixRow(self.cu_seq_lens, self.max_length, shared=self.shared_prefix)
-        return PackedRow(self.cu_seq_lens, self.max_length)
+            return SharedPrefixRow(self.cu_seq_lens, self.max_length, shared=self.shared_prefix, spans=spans)
+        return PackedRow(self.cu_seq_lens, self.max_length, spans=spans)
 
-    def model_kwargs(self) -> dict[str, Any]:
+    def model_kwargs(
+        self, position_ids: torch.Tensor | None = None, bidirectional_marks: torch.Tensor | None = None
+    ) -> dict[str, Any]:
         # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
         # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer). `packed_row` reaches
         # `padfree_varlen` through transformers' keyword arguments
         return {
+            **(self.image_inputs or {}),
             "input_ids": self.input_ids,
-            "position_ids": self.position_ids,
+            "position_ids": self.position_ids if position_ids is None else position_ids,
             "cu_seq_lens_q": self.cu_seq_lens,
             "cu_seq_lens_k": self.cu_seq_lens,
             "max_length_q": self.max_length,
             "max_length_k": self.max_length,
             "use_cache": False,
-            PACKED_ROW_KWARG: self.row(),
+            PACKED_ROW_KWARG: self.row(bidirectional_marks),
         }
 
     def to_padded_outputs(self, outputs):
@@ -191,7 +226,9 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
         kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
     if kwargs.get("labels") is not None:
         kwargs["labels"] = packed_batch.labels()
-    model_kwargs = packed_batch.model_kwargs()
+    model_kwargs = packed_batch.model_kwargs(
+        packed_position_ids(module, packed_batch), bidirectional_marks(module, packed_batch)
+    )
     with row_in_flight(model_kwargs[PACKED_ROW_KWARG]):
         outputs = forward(**{**kwargs, **model_kwargs})
     return packed_batch.to_padded_outputs(outputs)

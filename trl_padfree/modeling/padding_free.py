@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import is_peft_model
 
-from ..integrations.transformers import attn_implementation
+from ..integrations.transformers import attn_implementation, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
 from ..packing.collator import PaddingFreePreferenceCollator
 from ..packing.layout import pad_length_to_multiple
 from ..packing.prefix_sharing import log_sharing_summary
+from ..packing.vision import PaddingFreeVisionPreferenceCollator
 from ..refusals import (
     check_attention_switched,
     check_batches_not_dispatched,
@@ -34,10 +35,10 @@ from ..refusals import (
     check_packed_batch_expected,
     check_packing_collator,
     check_prefix_sharing_without_moe_aux_loss,
-    refuse_vision_datasets,
 )
 from .packability import check_packable, choose_packed_attention
 from .packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
+from .vision import image_token_id
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class PaddingFree:
         feature = cls(bool(args is not None and args.padding_free))
         if feature.requested:
             if data_collator is not None:
-                packs = isinstance(data_collator, PaddingFreePreferenceCollator) and data_collator.padding_free
+                packing_collators = (PaddingFreePreferenceCollator, PaddingFreeVisionPreferenceCollator)
+                packs = isinstance(data_collator, packing_collators) and data_collator.padding_free
                 check_packing_collator(type(data_collator).__name__, packs)
             check_no_liger_kernel(bool(getattr(args, "use_liger_kernel", False)))
         return feature
@@ -78,9 +80,9 @@ class PaddingFree:
         """The plan, resolved once: the packing collator, each model's attention, the packed forward on every model."""
         if not self.requested or self.enabled:
             return
-        if trainer.is_vision_dataset:
-            refuse_vision_datasets()
-        collator = _packing_collator(trainer.data_collator, trainer.args)
+        models = _models(trainer)
+        images = trainer.is_vision_dataset
+        collator = _packing_collator(trainer.data_collator, trainer.args, models[0].config if images else None)
         check_moe_aux_loss_without_row_padding(trainer.aux_loss_enabled, collator.pad_to_multiple_of)
         check_prefix_sharing_without_moe_aux_loss(collator.prefix_sharing, trainer.aux_loss_enabled)
         trainer.data_collator = collator
@@ -88,11 +90,11 @@ class PaddingFree:
         # Prefix sharing and context parallelism run in `padfree_varlen`: 'auto' picks it for them
         needs_padfree_varlen = collator.prefix_sharing or getattr(trainer.args, "context_parallel_size", 1) > 1
         attention = []
-        for model in _models(trainer):
-            backend = choose_packed_attention(model, requested, needs_padfree_varlen)
-            check_packable(model, collator.prefix_sharing, backend)
+        for model in models:
+            backend = choose_packed_attention(model, requested, needs_padfree_varlen, images=images)
+            check_packable(model, collator.prefix_sharing, backend, images=images)
             if backend != attn_implementation(model):
-                model.set_attn_implementation(backend)
+                set_language_model_attention(model, backend)
                 check_attention_switched(type(model).__name__, backend, attn_implementation(model))
             add_packed_forward(model)
             attention.append((type(model).__name__, backend))
@@ -108,7 +110,7 @@ class PaddingFree:
         check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
         dataloader_config.dispatch_batches = False
         collator = trainer.data_collator
-        if collator.prefix_sharing:
+        if collator.prefix_sharing and not trainer.is_vision_dataset:  # (a vision set is tokenized batch by batch)
             log_sharing_summary(
                 trainer.train_dataset, trainer.args.max_length, trainer.args.truncation_mode,
                 collator.prefix_sharing_min_prompt_tokens,
@@ -141,6 +143,8 @@ class PaddingFree:
         sharing, `padfree/shared_tokens` (summed) are the prompt tokens computed once instead of twice, and
         `padfree/shared_pairs` the fraction of pairs laid out shared. With token-budget batching (`budget`),
         `padfree/pairs_per_micro_batch` and `padfree/budget_fill` (row tokens / budget) are averaged over processes.
+        On vision-language batches, `padfree/images_encoded` (summed) are the images the row hands the vision tower,
+        and `padfree/images_padded` those TRL's padded batch hands it (each pair's twice).
         """
         totals, processes = _summed_over_processes(trainer.accelerator, _counts(packed_batch, self.plan), packed_batch)
         metrics = trainer.logged_metrics("train" if trainer.model.training else "eval")
@@ -151,14 +155,24 @@ class PaddingFree:
         if packed_batch.shared_prefix_lens is not None:  # a prefix-sharing collator made the row
             metrics["padfree/shared_tokens"].append(totals["real_tokens"] - totals["row_tokens"])
             metrics["padfree/shared_pairs"].append(totals["shared_pairs"] / totals["pairs"])
+        if packed_batch.images_per_sequence is not None:  # a vision-language batch
+            metrics["padfree/images_encoded"].append(totals["images_encoded"])
+            metrics["padfree/images_padded"].append(totals["images_padded"])
         if budget is not None and trainer.model.training:
             metrics["padfree/pairs_per_micro_batch"].append(totals["pairs"] / processes)
             metrics["padfree/budget_fill"].append(totals["row_tokens"] / processes / budget)
 
 
-def _packing_collator(collator, args) -> PaddingFreePreferenceCollator:
-    """The padding-free twin of TRL's collator (or the one passed in), with the config's prefix sharing."""
-    if not isinstance(collator, PaddingFreePreferenceCollator):
+def _packing_collator(collator, args, vision_config=None):
+    """The padding-free twin of TRL's collator (or the one passed in), with the config's prefix sharing; for a
+    vision dataset (`vision_config`: the policy's config), the twin of TRL's vision collator, placing images on the
+    model's image token."""
+    if vision_config is not None:
+        if not isinstance(collator, PaddingFreeVisionPreferenceCollator):
+            collator = PaddingFreeVisionPreferenceCollator.from_padded(collator)
+        if collator.image_token_id is None:
+            collator = dataclasses.replace(collator, image_token_id=image_token_id(vision_config))
+    elif not isinstance(collator, PaddingFreePreferenceCollator):
         collator = PaddingFreePreferenceCollator.from_padded(collator)
     if getattr(args, "prefix_sharing", False):  # set in the config, or on a collator passed in
         collator = dataclasses.replace(
@@ -190,6 +204,10 @@ def _counts(packed_batch: PackedBatch, plan: PackingPlan) -> dict[str, float]:
         "pairs": sequences // 2,
         "row_tokens": packed_batch.real_row_tokens,
         "shared_pairs": shared,
+        "images_encoded": packed_batch.images_encoded,
+        "images_padded": 0
+        if packed_batch.images_per_sequence is None
+        else int(packed_batch.images_per_sequence.sum()),
     }
 
 

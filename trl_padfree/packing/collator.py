@@ -56,8 +56,9 @@ def _leading_zeros(mask: list[int]) -> int:
 
 
 @dataclass
-class _Sequences:
-    """Every sequence of the batch, truncated as TRL's collator truncates it, with its completion mask."""
+class Sequences:
+    """Every sequence of a batch, truncated as TRL's collator truncates it, with its completion mask: the chosen ones,
+    then the rejected ones (TRL's order)."""
 
     chosen: list[list[int]]
     rejected: list[list[int]]
@@ -65,7 +66,7 @@ class _Sequences:
     rejected_masks: list[list[int]]
 
     @classmethod
-    def of(cls, examples: list[dict[str, Any]], max_length: int | None, truncation_mode: str) -> _Sequences:
+    def of(cls, examples: list[dict[str, Any]], max_length: int | None, truncation_mode: str) -> Sequences:
         if max_length is not None:
             check_truncation_mode(truncation_mode)
         sides = {"chosen": ([], []), "rejected": ([], [])}
@@ -84,38 +85,48 @@ class _Sequences:
     def lengths(self) -> list[int]:
         return [len(tokens) for tokens in self.chosen + self.rejected]
 
+    def shared_prefixes(self, min_prompt_tokens: int) -> list[int]:
+        """Per pair, the prefix its rejected sequence reads from the chosen one's (0: laid out unshared)."""
+        return [
+            shared_prefix_length(_leading_zeros(chosen_mask), _leading_zeros(rejected_mask), min_prompt_tokens)
+            for chosen_mask, rejected_mask in zip(self.chosen_masks, self.rejected_masks, strict=True)
+        ]
+
 
 @dataclass
-class _RowLayout:
+class RowLayout:
     """The row's segments, and where each sequence of the batch (chosen ones, then rejected ones) reads its tokens."""
 
     segments: list[tuple[list[int], list[int], int]]  # tokens, completion mask, position of the first token
+    sources: list[tuple[int, int]]  # per segment: the sequence it holds, and from which of its tokens on
     seq_starts: list[int]  # row start of each sequence's own tokens
     prefix_starts: list[int]  # row start of the shared prefix it reads first (prefix sharing)
     prefix_lens: list[int]  # tokens of that prefix, 0 if none
+    pair_by_pair: bool = False  # laid out for prefix sharing (whether or not any pair shares)
 
 
-def _lay_out(sequences: _Sequences, prefix_sharing: bool, min_prompt_tokens: int) -> _RowLayout:
+def lay_out_row(sequences: Sequences, prefixes: list[int] | None = None) -> RowLayout:
+    """Without `prefixes`, TRL's order: every chosen sequence, then every rejected one. With them (prefix sharing),
+    pair by pair: `[prefix + chosen branch]` then `[rejected branch]`, the rejected sequence reading the first
+    `prefixes[pair]` tokens of the chosen one first (0: the pair's two sequences laid out whole)."""
     chosen, rejected = sequences.chosen, sequences.rejected
-    chosen_masks, rejected_masks = sequences.chosen_masks, sequences.rejected_masks
+    masks = sequences.chosen_masks + sequences.rejected_masks
     num_pairs = len(chosen)
-    if not prefix_sharing:  # TRL's order: every chosen sequence, then every rejected one
-        pieces = zip(chosen + rejected, chosen_masks + rejected_masks, strict=True)
-        segments = [(tokens, mask, 0) for tokens, mask in pieces]
+    if prefixes is None:
+        segments = [(tokens, mask, 0) for tokens, mask in zip(chosen + rejected, masks, strict=True)]
         seq_starts = [0] + list(itertools.accumulate(len(tokens) for tokens, _, _ in segments))[:-1]
-        return _RowLayout(segments, seq_starts, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
+        sources = [(index, 0) for index in range(2 * num_pairs)]
+        return RowLayout(segments, sources, seq_starts, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
 
-    # Pair by pair: [prefix + chosen branch] then [rejected branch], the rejected sequence reading the prefix first
-    layout = _RowLayout([], [0] * 2 * num_pairs, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
+    layout = RowLayout([], [], [0] * 2 * num_pairs, [0] * 2 * num_pairs, [0] * 2 * num_pairs, pair_by_pair=True)
     offset = 0
-    for pair in range(num_pairs):
-        prefix = shared_prefix_length(
-            _leading_zeros(chosen_masks[pair]), _leading_zeros(rejected_masks[pair]), min_prompt_tokens
-        )
-        layout.segments.append((chosen[pair], chosen_masks[pair], 0))
+    for pair, prefix in enumerate(prefixes):
+        layout.segments.append((chosen[pair], masks[pair], 0))
+        layout.sources.append((pair, 0))
         layout.seq_starts[pair] = offset
         offset += len(chosen[pair])
-        layout.segments.append((rejected[pair][prefix:], rejected_masks[pair][prefix:], prefix))
+        layout.segments.append((rejected[pair][prefix:], masks[num_pairs + pair][prefix:], prefix))
+        layout.sources.append((num_pairs + pair, prefix))
         layout.seq_starts[num_pairs + pair] = offset
         layout.prefix_starts[num_pairs + pair] = layout.seq_starts[pair]
         layout.prefix_lens[num_pairs + pair] = prefix
@@ -164,24 +175,26 @@ def concatenated_inputs(
         `shared_prefix_lens` (per sequence: row start of its own tokens, and of the prefix it reads first).
     """
     _validate_examples(examples)
-    sequences = _Sequences.of(examples, max_length, truncation_mode)
-    layout = _lay_out(sequences, prefix_sharing, prefix_sharing_min_prompt_tokens)
-    output = _packed_row(layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
-    output["seq_lens"] = torch.tensor(sequences.lengths, dtype=torch.long)
-    if prefix_sharing:
-        output["seq_starts"] = torch.tensor(layout.seq_starts, dtype=torch.long)
-        output["shared_prefix_starts"] = torch.tensor(layout.prefix_starts, dtype=torch.long)
-        output["shared_prefix_lens"] = torch.tensor(layout.prefix_lens, dtype=torch.long)
+    sequences = Sequences.of(examples, max_length, truncation_mode)
+    prefixes = sequences.shared_prefixes(prefix_sharing_min_prompt_tokens) if prefix_sharing else None
+    output = packed_row(
+        sequences, lay_out_row(sequences, prefixes), pad_token_id, pad_to_multiple_of, return_attention_mask
+    )
     if REF_COLUMNS[0] in examples[0]:
         for column in REF_COLUMNS:
             output[column] = torch.tensor([example[column] for example in examples])
     return output
 
 
-def _packed_row(
-    layout: _RowLayout, pad_token_id: int, pad_to_multiple_of: int | None, return_attention_mask: bool
+def packed_row(
+    sequences: Sequences,
+    layout: RowLayout,
+    pad_token_id: int,
+    pad_to_multiple_of: int | None,
+    return_attention_mask: bool,
 ) -> dict[str, Any]:
-    """The row's tensors from its segments, then one padding segment up to `pad_to_multiple_of`."""
+    """The row's tensors from its segments, then one padding segment up to `pad_to_multiple_of`; with prefix sharing
+    (`layout` with shared prefixes), where each sequence reads its tokens."""
     real_length = sum(len(tokens) for tokens, _, _ in layout.segments)
     padding_length = pad_length_to_multiple(real_length, pad_to_multiple_of) - real_length
     segment_lens = [len(tokens) for tokens, _, _ in layout.segments] + ([padding_length] if padding_length else [])
@@ -197,9 +210,14 @@ def _packed_row(
         "cu_seq_lens_k": cu_seq_lens.clone(),
         "max_length_q": max(segment_lens),
         "max_length_k": max(segment_lens),
+        "seq_lens": torch.tensor(sequences.lengths, dtype=torch.long),
     }
     if return_attention_mask:
         row["attention_mask"] = torch.tensor([[1] * real_length + [0] * padding_length], dtype=torch.long)
+    if layout.pair_by_pair:
+        row["seq_starts"] = torch.tensor(layout.seq_starts, dtype=torch.long)
+        row["shared_prefix_starts"] = torch.tensor(layout.prefix_starts, dtype=torch.long)
+        row["shared_prefix_lens"] = torch.tensor(layout.prefix_lens, dtype=torch.long)
     return row
 
 

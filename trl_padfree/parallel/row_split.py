@@ -27,6 +27,7 @@ from ..refusals import (
     check_prefix_sharing_without_sequence_parallel,
     check_processes_share_rows,
     check_sequence_parallel_engine,
+    check_split_rows_without_images,
     check_split_rows_without_moe_aux_loss,
     check_split_rows_without_stateful_mixers,
     check_ulysses_without_dropout,
@@ -117,6 +118,7 @@ class RowSplit:
         context_size = getattr(args, "context_parallel_size", 1)
         if ulysses_size == 1 and context_size == 1:
             return None
+        check_split_rows_without_images(trainer.is_vision_dataset, ulysses_size, context_size)
         policy = accelerator.unwrap_model(trainer.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attention = attn_implementation(policy)

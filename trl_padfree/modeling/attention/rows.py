@@ -1,7 +1,8 @@
 """How a packed row's tokens attend: one object per kind of row, handed to every attention layer as the `packed_row`
 keyword (transformers passes a model's keyword arguments down to its attention functions).
 
-    PackedRow           each segment attends to itself: the plain packed row
+    PackedRow           each segment attends to itself: the plain packed row (with image spans, bidirectional.py,
+                        the segments holding an image attend under Gemma 3's mask)
     SharedPrefixRow     prefix sharing (packing/prefix_sharing.py): the row's segments, then each rejected branch
                         against its prompt and itself, whose outputs replace the first call's
     ContextParallelRow  (parallel/context.py) this rank's chunk of the row against the row's gathered keys
@@ -29,13 +30,21 @@ import torch
 from ...packing.layout import chunked_cu_seq_lens
 from ...packing.prefix_sharing import SharedPrefixAttention
 from ...refusals import (
+    refuse_image_spans_with_chunked_layers,
     refuse_layout_not_read,
     refuse_layout_not_received,
     refuse_prefix_sharing_with_chunked_layers,
 )
+from .bidirectional import BidirectionalSpans
 from .varlen import varlen_attention
 
 PACKED_ROW_KWARG = "packed_row"
+# What a row with image spans needs of every attention call, as `must_be_read` says it
+SPANS_LAYOUT = (
+    "image spans (Gemma 3's images, which attend to themselves both ways)",
+    "image tokens would attend causally, unlike the model's own forward",
+    "padding_free=False",
+)
 
 
 @dataclass
@@ -46,17 +55,28 @@ class PackedRow:
     max_length: int | None  # the longest segment; None: read from the boundaries when a kernel needs it
     attention_calls: int = field(default=0, compare=False)
     _chunked: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    spans: BidirectionalSpans | None = field(default=None, kw_only=True)  # image tokens that see each other
 
     # Set on rows that every attention call must read: their name, what a layer without them would do, the way out
     layout: ClassVar[str | None] = None
     consequence: ClassVar[str] = ""
     way_out: ClassVar[str] = ""
 
+    def must_be_read(self) -> tuple[str, str, str] | None:
+        """(layout, consequence, way out) when every attention call must read this row, else None."""
+        if self.layout is not None:
+            return self.layout, self.consequence, self.way_out
+        if self.spans is not None:
+            return SPANS_LAYOUT
+        return None
+
     def segments(self, chunk_size: int | None) -> tuple[torch.Tensor, int | None]:
         """The row's segments as a layer cuts them: a chunked layer (Llama 4's local layers) cuts each segment every
         `chunk_size` tokens from its start, computed once per forward (one host sync), not per layer."""
         if chunk_size is None:
             return self.cu_seq_lens, self.max_length
+        if self.spans is not None:
+            refuse_image_spans_with_chunked_layers()
         if chunk_size not in self._chunked:
             self._chunked[chunk_size] = chunked_cu_seq_lens(self.cu_seq_lens, chunk_size)
         # Still the longest segment: a segment longer than a chunk leaves a whole chunk
@@ -67,7 +87,18 @@ class PackedRow:
         """`(1, T_q, heads, dim)` for `(1, heads, T, dim)` inputs; `options`: scaling, sliding_window, dropout,
         softcap, sinks."""
         self.attention_calls += 1
-        return varlen_attention(query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+        output = varlen_attention(
+            query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
+            skip_segments=self.span_segments(), **options,
+        )  # fmt: skip
+        return self.with_spans(query, key, value, cu_seq_lens, output, options)
+
+    def span_segments(self) -> frozenset[int]:
+        return frozenset() if self.spans is None else self.spans.segments
+
+    def with_spans(self, query, key, value, cu_seq_lens, output, options: dict) -> torch.Tensor:
+        """`output` with the segments holding image spans attended under their mask."""
+        return output if self.spans is None else self.spans.attend(query, key, value, cu_seq_lens, output, options)
 
 
 @dataclass
@@ -92,8 +123,9 @@ class SharedPrefixRow(PackedRow):
         # The first call lets each rejected branch attend to itself only: skip those segments, then replace them
         output = varlen_attention(
             query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
-            skip_segments=shared.branch_segments, **options,
+            skip_segments=shared.branch_segments | self.span_segments(), **options,
         )  # fmt: skip
+        output = self.with_spans(query, key, value, cu_seq_lens, output, options)
         branches = varlen_attention(
             query[:, :, shared.query_index],
             key[:, :, shared.key_index],
@@ -117,7 +149,8 @@ _ROW_IN_FLIGHT: contextvars.ContextVar[PackedRow | None] = contextvars.ContextVa
 def row_in_flight(row: PackedRow) -> Iterator[None]:
     """Around a forward on `row`: if it must be read, attention calls without it raise, and so does a forward in which
     no attention call read it."""
-    if row.layout is None:
+    required = row.must_be_read()
+    if required is None:
         yield
         return
     token = _ROW_IN_FLIGHT.set(row)
@@ -126,11 +159,12 @@ def row_in_flight(row: PackedRow) -> Iterator[None]:
     finally:
         _ROW_IN_FLIGHT.reset(token)
     if row.attention_calls == 0:
-        refuse_layout_not_read(row.layout, row.consequence, row.way_out)
+        refuse_layout_not_read(*required)
 
 
 def check_row_received(row: PackedRow | None) -> None:
     """An attention call's row is the one in flight (if one is)."""
     in_flight = _ROW_IN_FLIGHT.get()
     if in_flight is not None and row is not in_flight:
-        refuse_layout_not_received(in_flight.layout, PACKED_ROW_KWARG, in_flight.consequence, in_flight.way_out)
+        layout, consequence, way_out = in_flight.must_be_read()
+        refuse_layout_not_received(layout, PACKED_ROW_KWARG, consequence, way_out)

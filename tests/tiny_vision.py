@@ -1,0 +1,497 @@
+r"""Tiny vision-language models and matching processors, built in memory with no download, fast on CPU.
+
+    processor = make_vision_processor("qwen2_5_vl")  # the shipped tokenizer + the family's special tokens
+    model = make_vision_model("qwen2_5_vl", processor)  # Qwen2_5_VLForConditionalGeneration, random weights
+    rows = vision_preference_rows("qwen2_5_vl", 8)  # conversational pairs with noise images, for DPOTrainer
+
+Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, gemma3, llava, idefics3, smolvlm. Each
+processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
+`User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
+2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
+32 and 2 layers; geometry read back from the processor. A padded TRL DPO step trains every trainable parameter and,
+with policy == reference, starts at ln 2 (qwen3_vl_moe adds its router loss: 0.6931 + 0.001 * aux_loss).
+
+What TRL's `DataCollatorForVisionPreference` makes of 2 default rows: 4 sequences (the chosen, then the rejected),
+each family with input_ids, attention_mask and completion_mask of shape (4, L), plus
+
+    family          image inputs                                          per-token key (1 on)
+    qwen2_vl        pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
+    qwen2_5_vl      pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
+    qwen3_vl(_moe)  pixel_values (P, 1536), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
+    gemma3          pixel_values (4, 3, 32, 32)                           token_type_ids (soft tokens)
+    llava           pixel_values (4, 3, 32, 32)                           none
+    idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
+    smolvlm           (4, N, 32, 32), as Idefics3                         none
+
+    family          config's image id   = processor.image_token_id   tokens per image (default options)
+    qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
+    gemma3          image_token_index   no: the processor's is boi   \n\n <boi> 4 x <image_soft_token> <eoi> \n\n
+    llava           image_token_index   yes                          16 <image>
+    idefics3        image_token_id      yes                          <fake> <global-img> 4 x <image> <fake>
+    smolvlm         image_token_id      yes                          as Idefics3 (12 or 20 <image> if split)
+
+Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
+the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
+the model skips. `config.image_token_id` reads the id in every family (`image_token_index` is aliased by LLaVA's and
+Gemma 3's attribute_map). Gemma3Processor's `image_token_id` is the begin-of-image token, its text placeholder,
+which it expands to the soft tokens the model's `image_token_index` names. Completion padding may hold the eos id
+2 rather than 0 (TRL pads with `pad_token_id or eos_token_id`); the masks are 0 there.
+
+Departures from the real checkpoints, so that every parameter trains: LLaVA takes the vision tower's last layer
+(`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
+pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
+
+Without torchvision there is no video processor: the Qwen-VL and SmolVLM processors here are subclasses that accept
+`video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
+handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
+with `save_strategy="no"`. The Gemma 3, LLaVA and Idefics3 processors are the stock classes and save and reload.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoModelForImageTextToText,
+    Gemma3ImageProcessorPil,
+    Gemma3Processor,
+    Idefics3ImageProcessorPil,
+    Idefics3Processor,
+    LlavaImageProcessorPil,
+    LlavaProcessor,
+    PreTrainedModel,
+    ProcessorMixin,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessorPil,
+    Qwen2VLProcessor,
+    Qwen3VLProcessor,
+    SmolVLMImageProcessorPil,
+    SmolVLMProcessor,
+)
+
+from trl_padfree.data import load_demo_tokenizer
+
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "llava", "idefics3", "smolvlm")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+IDEFICS_FAMILIES = ("idefics3", "smolvlm")
+
+# Special tokens, given ids after the shipped tokenizer's 2048
+QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+LLAVA_TOKENS = ("<image>",)
+IDEFICS_TOKENS = (
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    # Tile tags of split images: the processors write `<row_r_col_c>` for a grid of up to 6 x 6 tiles
+    *(f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)),
+)
+# What the chat template writes for an image part; the processor expands it to the image's tokens
+IMAGE_PLACEHOLDERS = {
+    **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
+    "gemma3": GEMMA_TOKENS["boi_token"],
+    "llava": "<image>",
+    **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
+}
+_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ message['role'] | capitalize }}:"
+    "{%- if message['content'] is string %} {{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{ '@IMAGE@' }}"
+    "{%- elif part['type'] == 'text' %} {{ part['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ eos_token }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
+)
+
+# Model shapes: the width of trl_padfree.tiny's decoders, and a vision tower just as small
+_TEXT = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_HEAD_DIM = _TEXT["hidden_size"] // _TEXT["num_attention_heads"]
+_MROPE_SECTION = [2, 1, 1]  # temporal, height, width: sums to head_dim / 2
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+_INIT_STD = 0.02  # the configs' initializer_range
+_SLIDING_WINDOW = 6  # shorter than every sequence, so Gemma 3's window really cuts
+
+
+def vision_chat_template(model_type: str) -> str:
+    """`User:<image> text</s>Assistant: text</s>`, with `<image>` the processor's placeholder for `model_type`."""
+    return _CHAT_TEMPLATE.replace("@IMAGE@", IMAGE_PLACEHOLDERS[model_type])
+
+
+# --- Tokenizer and processors -------------------------------------------------------------------------------------
+
+
+def make_vision_tokenizer(model_type: str):
+    """The shipped tokenizer (`trl_padfree.data.load_demo_tokenizer`) with `model_type`'s special tokens added."""
+    _check_family(model_type)
+    tokenizer = load_demo_tokenizer()
+    if model_type in QWEN_FAMILIES:
+        tokens = QWEN_TOKENS
+    elif model_type == "gemma3":
+        tokens = tuple(GEMMA_TOKENS.values())
+    elif model_type == "llava":
+        tokens = LLAVA_TOKENS
+    else:
+        tokens = IDEFICS_TOKENS
+    tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
+    if model_type == "gemma3":
+        # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
+        # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
+        tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
+    return tokenizer
+
+
+class _WithoutVideoProcessor:
+    """Lets `video_processor=None` through: the video processors of Qwen-VL and SmolVLM need torchvision.
+
+    Such a processor handles images and text only, and `save_pretrained` fails on the missing video processor (the
+    tests train with `save_strategy="no"`).
+    """
+
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+class TinyQwen2VLProcessor(_WithoutVideoProcessor, Qwen2VLProcessor):
+    """`Qwen2VLProcessor` without a video processor."""
+
+
+class TinyQwen2_5_VLProcessor(_WithoutVideoProcessor, Qwen2_5_VLProcessor):
+    """`Qwen2_5_VLProcessor` without a video processor."""
+
+
+class TinyQwen3VLProcessor(_WithoutVideoProcessor, Qwen3VLProcessor):
+    """`Qwen3VLProcessor` without a video processor."""
+
+
+class TinySmolVLMProcessor(_WithoutVideoProcessor, SmolVLMProcessor):
+    """`SmolVLMProcessor` without a video processor, nor `num2words` (absent here, and only video prompts use it)."""
+
+    def __init__(self, image_processor, tokenizer, video_processor=None, image_seq_len=169, chat_template=None):
+        # SmolVLMProcessor.__init__ raises ImportError without num2words: set what it sets, then skip it
+        self.fake_image_token = "<fake_token_around_image>"
+        self.image_token = "<image>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.end_of_utterance_token = "<end_of_utterance>"
+        self.global_image_token = "<global-img>"
+        self.image_seq_len = image_seq_len
+        self.video_token = "<video>"
+        ProcessorMixin.__init__(self, image_processor, tokenizer, video_processor, chat_template=chat_template)
+
+    def apply_chat_template(self, conversation, chat_template=None, **kwargs):
+        # SmolVLM's own reads the video processor's frame defaults
+        return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+
+_QWEN_PROCESSORS = {
+    "qwen2_vl": TinyQwen2VLProcessor,
+    "qwen2_5_vl": TinyQwen2_5_VLProcessor,
+    "qwen3_vl": TinyQwen3VLProcessor,
+    "qwen3_vl_moe": TinyQwen3VLProcessor,
+}
+
+
+def _qwen_processor(model_type, tokenizer, template, min_pixels=None, max_pixels=None):
+    """Images resized to 1 to 12 merged patches (image tokens) unless `min_pixels` / `max_pixels` say otherwise."""
+    patch_size = 16 if model_type.startswith("qwen3") else 14  # Qwen3-VL's tower uses 16-pixel patches
+    token_pixels = (2 * patch_size) ** 2  # one image token: 2 x 2 patches, merged
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=patch_size,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=min_pixels or token_pixels,
+        max_pixels=max_pixels or 12 * token_pixels,
+    )
+    processor_class = _QWEN_PROCESSORS[model_type]
+    return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_length=4):
+    """Square images of `image_size` pixels, `image_seq_length` (a square number) tokens each; no pan and scan."""
+    image_processor = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size}, do_pan_and_scan=False)
+    return Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=image_seq_length)
+
+
+def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """Images resized and center-cropped to `image_size`; one token per `patch_size` patch (the CLS dropped)."""
+    image_processor = LlavaImageProcessorPil(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    return LlavaProcessor(
+        image_processor,
+        tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS, which the "default" strategy drops again
+        chat_template=template,
+    )
+
+
+def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq_len=4, do_image_splitting=False):
+    """Images resized to `image_size` squares, `image_seq_len` tokens each; split into tiles of `image_size` (up to
+    2 x 2, plus the whole image) only with `do_image_splitting`."""
+    image_processor_class = Idefics3ImageProcessorPil if model_type == "idefics3" else SmolVLMImageProcessorPil
+    image_processor = image_processor_class(
+        size={"longest_edge": 2 * image_size if do_image_splitting else image_size},
+        max_image_size={"longest_edge": image_size},
+        do_image_splitting=do_image_splitting,
+    )
+    if model_type == "idefics3":
+        return Idefics3Processor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
+    return TinySmolVLMProcessor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
+
+
+_PROCESSOR_BUILDERS = {
+    **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
+    "gemma3": _gemma3_processor,
+    "llava": _llava_processor,
+    **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
+}
+
+
+def make_vision_processor(model_type: str, chat_template: str | None = None, **options) -> ProcessorMixin:
+    """A processor for `model_type` over the shipped tokenizer, with tiny images and a chat template.
+
+    `options` go to the family's builder: `min_pixels` / `max_pixels` (Qwen), `image_size` and `image_seq_length`
+    (Gemma 3), `image_size` and `patch_size` (LLaVA), `image_size`, `image_seq_len` and `do_image_splitting`
+    (Idefics3, SmolVLM). `make_vision_model` reads the image geometry back from the processor.
+    """
+    _check_family(model_type)
+    tokenizer = make_vision_tokenizer(model_type)
+    template = chat_template if chat_template is not None else vision_chat_template(model_type)
+    return _PROCESSOR_BUILDERS[model_type](model_type, tokenizer, template, **options)
+
+
+# --- Models -------------------------------------------------------------------------------------------------------
+
+
+def _qwen_config(model_type, processor):
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL (MoE): multimodal RoPE over 3 sections, patches merged 2 x 2."""
+    image_processor = processor.image_processor
+    tokenizer = processor.tokenizer
+    text = dict(_TEXT, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION))
+    vision = dict(
+        depth=_VISION["num_hidden_layers"],
+        num_heads=_VISION["num_attention_heads"],
+        patch_size=image_processor.patch_size,
+        spatial_merge_size=image_processor.merge_size,
+        temporal_patch_size=image_processor.temporal_patch_size,
+    )
+    if model_type == "qwen2_vl":
+        vision.update(embed_dim=_VISION["hidden_size"], hidden_size=_TEXT["hidden_size"], mlp_ratio=2)
+    else:
+        vision.update(
+            hidden_size=_VISION["hidden_size"],
+            intermediate_size=_VISION["intermediate_size"],
+            out_hidden_size=_TEXT["hidden_size"],
+        )
+    if model_type == "qwen2_5_vl":
+        # Windows of 2 x 2 merged patches in block 0, full attention in block 1
+        vision.update(
+            window_size=2 * image_processor.merge_size * image_processor.patch_size, fullatt_block_indexes=[1]
+        )
+    if model_type.startswith("qwen3"):
+        text.update(head_dim=_HEAD_DIM)
+        vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])  # a 4 x 4 grid of learned positions
+    if model_type == "qwen3_vl_moe":
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+    start_id, end_id, image_id, video_id = tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        vision_start_token_id=start_id,
+        vision_end_token_id=end_id,
+        image_token_id=image_id,
+        video_token_id=video_id,
+    )
+
+
+def _gemma3_config(model_type, processor):
+    """Gemma 3: a SigLIP tower without its pooling head (unused by Gemma 3), average-pooled to the processor's
+    `image_seq_length` tokens by a 2 x 2 kernel."""
+    image_size = processor.image_processor.size["height"]
+    tokens_per_side = math.isqrt(processor.image_seq_length)
+    if tokens_per_side**2 != processor.image_seq_length or image_size % (2 * tokens_per_side):
+        raise ValueError(
+            f"Gemma 3 needs a square image_seq_length dividing the image side: {processor.image_seq_length}"
+        )
+    tokenizer = processor.tokenizer
+    text = dict(
+        _TEXT,
+        head_dim=_HEAD_DIM,
+        query_pre_attn_scalar=_HEAD_DIM,
+        sliding_window=_SLIDING_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    vision = dict(
+        _VISION, image_size=image_size, patch_size=image_size // (2 * tokens_per_side), vision_use_head=False
+    )
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=processor.image_seq_length,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id,
+    )
+
+
+def _llava_config(model_type, processor):
+    """LLaVA: a CLIP tower whose last layer's patch features (CLS dropped) feed the projector."""
+    image_size = processor.image_processor.crop_size["height"]
+    vision = dict(
+        _VISION, image_size=image_size, patch_size=processor.patch_size, projection_dim=_VISION["hidden_size"]
+    )
+    return dict(
+        text_config=dict(_TEXT),
+        vision_config=vision,
+        image_token_index=processor.image_token_id,
+        image_seq_length=(image_size // processor.patch_size) ** 2,
+        vision_feature_select_strategy=processor.vision_feature_select_strategy,
+        vision_feature_layer=-1,  # the real checkpoints' -2 would leave the last vision layer without gradients
+    )
+
+
+def _idefics_config(model_type, processor):
+    """Idefics3 / SmolVLM: patch features pixel-shuffled by `scale_factor` 2 into the processor's `image_seq_len`."""
+    image_size = processor.image_processor.max_image_size["longest_edge"]
+    scale_factor = 2
+    tokens_per_side = math.isqrt(processor.image_seq_len)
+    patch_size = image_size // (tokens_per_side * scale_factor)
+    if tokens_per_side**2 != processor.image_seq_len or patch_size * tokens_per_side * scale_factor != image_size:
+        raise ValueError(f"image_seq_len {processor.image_seq_len} does not tile {image_size}-pixel images")
+    return dict(
+        text_config=dict(_TEXT),
+        vision_config=dict(_VISION, image_size=image_size, patch_size=patch_size),
+        image_token_id=processor.image_token_id,
+        scale_factor=scale_factor,
+    )
+
+
+_CONFIG_BUILDERS = {
+    **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
+    "gemma3": _gemma3_config,
+    "llava": _llava_config,
+    **dict.fromkeys(IDEFICS_FAMILIES, _idefics_config),
+}
+
+
+def make_vision_config(model_type: str, processor: ProcessorMixin, **config_overrides):
+    """The tiny config of `model_type`, consistent with `processor` (token ids, vocabulary, image geometry).
+
+    `config_overrides` set top-level fields; `text_config=` and `vision_config=` dicts are merged into the sub-configs.
+    """
+    _check_family(model_type)
+    values = _CONFIG_BUILDERS[model_type](model_type, processor)
+    values["text_config"]["vocab_size"] = len(processor.tokenizer)
+    for key in ("text_config", "vision_config"):
+        values[key].update(config_overrides.pop(key, {}))
+    return AutoConfig.for_model(model_type, **values, **config_overrides)
+
+
+def make_vision_model(
+    model_type: str,
+    processor: ProcessorMixin,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    **config_overrides,
+) -> PreTrainedModel:
+    """A randomly initialised tiny `<Family>ForConditionalGeneration` matching `processor`, the same weights for the
+    same seed; see `make_vision_config` for `config_overrides`."""
+    config = make_vision_config(model_type, processor, **config_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    if model_type == "gemma3":
+        # Gemma 3 initialises its image projection to zero, which would cut every gradient to the vision tower
+        torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=_INIT_STD)
+    if model_type == "llava":
+        # LLaVA takes the tower's hidden states, before CLIP's post-layernorm: freeze it, as it gets no gradient
+        model.model.vision_tower.post_layernorm.requires_grad_(False)
+    model.config.name_or_path = f"tiny-{model_type}"
+    return model
+
+
+# --- Data ---------------------------------------------------------------------------------------------------------
+
+# Sizes (height, width) that give Qwen 1 to 12 image tokens, and odd aspect ratios to the square-resizing families
+IMAGE_SIZES = ((28, 28), (56, 84), (84, 56), (45, 61), (100, 30), (64, 64), (33, 97), (90, 90), (84, 112))
+_WORDS = (
+    "the a cat dog red blue small large house tree river sky what is this picture shows colour shape left right "
+    "near far bright dark noise pixel square round many few one two three green yellow under over next to behind"
+).split()
+
+
+def make_image(height: int, width: int, seed: int) -> Image.Image:
+    """An RGB image of uniform random noise, the same for the same seed."""
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels, mode="RGB")
+
+
+def _sentence(rng: random.Random, length: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(length))
+
+
+def vision_preference_rows(
+    model_type: str,
+    count: int,
+    seed: int = 0,
+    images_per_row: int | Sequence[int] = 1,
+    sizes: Sequence[tuple[int, int]] | None = None,
+) -> list[dict]:
+    """`count` conversational preference rows with images, as TRL's `DataCollatorForVisionPreference` takes them.
+
+    Each row has `images` (noise from `make_image`, sizes drawn from `sizes`, default `IMAGE_SIZES`), a user `prompt`
+    with one `{"type": "image"}` part per image before its text, and one-message assistant `chosen` / `rejected`.
+    Text lengths vary: 1 to 12 prompt words, 1 to 16 completion words, one-word completions every few rows.
+    `images_per_row` is a count, or counts cycled over the rows. The rows do not depend on `model_type` (it is only
+    checked), so every family sees the same data for the same seed.
+    """
+    _check_family(model_type)
+    rng = random.Random(seed)
+    counts = [images_per_row] if isinstance(images_per_row, int) else list(images_per_row)
+    sizes = list(sizes or IMAGE_SIZES)
+    rows = []
+    for index in range(count):
+        images = [
+            make_image(*rng.choice(sizes), seed=rng.randrange(2**31)) for _ in range(counts[index % len(counts)])
+        ]
+        chosen_words = 1 if index % 5 == 0 else rng.randint(1, 16)
+        rejected_words = 1 if index % 7 == 3 else rng.randint(1, 16)
+        prompt = [{"type": "image"} for _ in images] + [{"type": "text", "text": _sentence(rng, rng.randint(1, 12))}]
+        rows.append(
+            {
+                "images": images,
+                "prompt": [{"role": "user", "content": prompt}],
+                "chosen": [{"role": "assistant", "content": [{"type": "text", "text": _sentence(rng, chosen_words)}]}],
+                "rejected": [
+                    {"role": "assistant", "content": [{"type": "text", "text": _sentence(rng, rejected_words)}]}
+                ],
+            }
+        )
+    return rows
+
+
+def _check_family(model_type: str) -> None:
+    if model_type not in VISION_FAMILIES:
+        raise ValueError(f"Unknown vision model type {model_type!r}; choose one of {VISION_FAMILIES}.")

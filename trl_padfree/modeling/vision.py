@@ -1,0 +1,99 @@
+"""Vision-language models on a packed row (the batch side is packing/vision.py).
+
+- **Positions.** A model with its own position function (`get_rope_index`: Qwen-VL's 3-D mRoPE, where an image's
+  tokens take positions along time, height and width, and the text after it continues from the largest) gets, for
+  every token of the row, the position that function gives it in its own sequence: computed on the padded view of the
+  row (every sequence whole, as TRL's padded forward computes it), then laid back onto the row, under a row of plain
+  text positions. transformers' Qwen-VL models read that `(4, 1, T)` layout as packed: row 0 keeps the sequences
+  apart in mask-based attention, rows 1-3 rotate. A model without one reads the plain positions, as for text.
+- **Attention.** Only the language model runs the packed attention (`set_language_model_attention`, in
+  integrations/transformers.py); the vision tower keeps its own, and keeps its images apart itself. Gemma 3's image
+  tokens attend to their whole image: the row carries those spans to `padfree_varlen` (attention/bidirectional.py).
+- **Families.** The vision-language models trl-padfree packs images for, and how each lays its images out; each is
+  still decided by the architecture check on a twin with images (modeling/vision_twin.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .packed_forward import PackedBatch
+
+
+@dataclass(frozen=True)
+class ImageFamily:
+    layout: str  # how its processor lays a batch's images out (packing/vision.py): "patches", "images" or "rows"
+    token_types: str | None  # the per-token input marking image tokens, if the model takes one
+    bidirectional_images: bool = False  # an image's tokens attend to the whole image (marked by `token_types`)
+
+
+FAMILIES = {
+    "qwen2_vl": ImageFamily("patches", "mm_token_type_ids"),
+    "qwen2_5_vl": ImageFamily("patches", "mm_token_type_ids"),
+    "qwen3_vl": ImageFamily("patches", "mm_token_type_ids"),
+    "qwen3_vl_moe": ImageFamily("patches", "mm_token_type_ids"),
+    "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
+    "llava": ImageFamily("images", None),
+    "idefics3": ImageFamily("rows", None),
+    "smolvlm": ImageFamily("rows", None),
+}
+
+
+def image_family(model_type: str) -> ImageFamily | None:
+    return FAMILIES.get(model_type)
+
+
+def bidirectional_marks(model: torch.nn.Module | None, packed_batch: PackedBatch) -> torch.Tensor | None:
+    """The `(1, T)` marks of the row's image tokens that attend to their whole image, for a model whose images do."""
+    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
+    if family is None or not family.bidirectional_images or packed_batch.image_inputs is None:
+        return None
+    return packed_batch.image_inputs.get(family.token_types)
+
+
+def position_function(model: torch.nn.Module | None) -> Callable | None:
+    """The model's own function for the positions of a sequence with images (`get_rope_index`), if it has one: on the
+    model or on its inner model (transformers' `...ForConditionalGeneration.model`)."""
+    for candidate in (model, getattr(model, "model", None)):
+        function = getattr(candidate, "get_rope_index", None)
+        if callable(function):
+            return function
+    return None
+
+
+def packed_position_ids(model: torch.nn.Module | None, packed_batch: PackedBatch) -> torch.Tensor:
+    """The positions `model` reads for the packed row: plain `(1, T)` positions, or for a vision-language batch on a
+    model with a position function, `(4, 1, T)`: the plain positions over the model's own ones."""
+    rope_index = position_function(model)
+    if rope_index is None or packed_batch.image_inputs is None:
+        return packed_batch.position_ids
+    text = packed_batch.position_ids.unsqueeze(0)
+    token_types = packed_batch.image_inputs.get("mm_token_type_ids")
+    if token_types is None or packed_batch.sequence_image_grid_thw is None:
+        # TRL's padded forward then leaves positions to the language model: plain ones, on every axis
+        return torch.cat([text] * 4)
+    padded_positions, _ = rope_index(
+        input_ids=packed_batch.padded(packed_batch.input_ids),
+        mm_token_type_ids=packed_batch.padded(token_types),
+        image_grid_thw=packed_batch.sequence_image_grid_thw,
+        attention_mask=packed_batch.token_valid.long(),
+    )
+    return torch.cat([text, packed_batch.packed(padded_positions)])
+
+
+def image_token_id(config) -> int | None:
+    """The token a vision-language model's config places image features on."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def is_vision_language(config) -> bool:
+    return image_token_id(config) is not None and getattr(config, "vision_config", None) is not None

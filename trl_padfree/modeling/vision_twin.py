@@ -1,0 +1,107 @@
+"""What the architecture check needs to give a vision-language twin images (modeling/packability.py).
+
+A twin of a vision-language model is shrunk as a text model's is, vision tower included; its images are random
+pixels of the shapes the model's processor makes, built here per family, and placed in a padded batch laid out as
+TRL's vision collator lays one out, which the check then packs as training packs it (packing/vision.py). Per family:
+
+    family                      image inputs (layout)                          geometry kept
+    Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
+    Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
+    Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
+    LLaVA                       pixel_values (images)                          2 x 2 patches, a token each
+    Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
+
+The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
+cannot give its twin images.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .vision import FAMILIES, ImageFamily
+
+# The twin's special tokens (image placeholders, begin and end of image...) move below its vocabulary's end
+SPECIAL_TOKEN_SUFFIXES = ("_token_id", "_token_index")
+PLAIN_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+# The twin's heads are 8 wide: 4 rotary frequencies, over time, height and width
+TWIN_MROPE_SECTION = (1, 1, 2)
+# Twin image grids (temporal, height, width, in merged patches) for the patch layout: tokens 4, 2 and 2
+TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
+
+
+def remap_special_tokens(values: dict, vocab_size: int) -> None:
+    """Move a config's special token ids that the twin's vocabulary cannot hold to its last ids, in place."""
+    names = sorted(
+        name
+        for name, value in values.items()
+        if name.endswith(SPECIAL_TOKEN_SUFFIXES)
+        and name not in PLAIN_TOKEN_FIELDS
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= vocab_size
+    )
+    for offset, name in enumerate(names, start=1):
+        values[name] = vocab_size - offset
+
+
+def twin_geometry(model_type: str, values: dict) -> None:
+    """Fix the shrunk config of a vision-language twin (`values`, as `to_dict` gives it) so its images are small and
+    its image features as wide as its language model, in place."""
+    vision, text = values.get("vision_config"), values.get("text_config")
+    if vision is None or text is None:
+        return
+    hidden = text["hidden_size"]
+    if model_type == "qwen2_vl":
+        vision["embed_dim"], vision["hidden_size"] = 32, hidden
+    if "out_hidden_size" in vision:
+        vision["out_hidden_size"] = hidden
+    if FAMILIES[model_type].layout == "patches":  # mRoPE: the rotary half of a head, split over time, height, width
+        rope = text.get("rope_parameters") or {}
+        text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
+    if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
+        vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
+    elif model_type == "llava":  # 2 x 2 patches, one token each
+        vision["image_size"], values["image_seq_length"] = 2 * vision["patch_size"], 4
+    elif model_type in ("idefics3", "smolvlm"):  # 2 x 2 tokens of scale_factor^2 patches each
+        vision["image_size"] = 2 * vision["patch_size"] * values["scale_factor"]
+
+
+def twin_image_inputs(config, family: ImageFamily, images_per_example: list[int], seed: int) -> tuple[dict, list[int]]:
+    """Random image inputs for a batch of examples holding `images_per_example` images each, laid out as the family's
+    processor and TRL's vision collator lay them out (every example's images on its chosen row, then again on its
+    rejected row), and the image tokens each image of an example takes (example by example)."""
+    vision = config.vision_config
+    generator = torch.Generator().manual_seed(seed)
+    images = sum(images_per_example)
+    if family.layout == "patches":
+        merge = vision.spatial_merge_size
+        grids = torch.tensor([TWIN_GRIDS[index % len(TWIN_GRIDS)] for index in range(images)])
+        grids[:, 1:] *= merge
+        width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        pixels = torch.randn(int(grids.prod(-1).sum()), width, generator=generator, dtype=torch.float64)
+        inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
+        return inputs, (grids.prod(-1) // merge**2).tolist()
+    side, channels = vision.image_size, getattr(vision, "num_channels", 3)
+    tokens = [_fixed_tokens(config)] * images
+    if family.layout == "images":
+        pixels = torch.randn(images, channels, side, side, generator=generator, dtype=torch.float64)
+        return {"pixel_values": torch.cat([pixels, pixels])}, tokens
+    most = max(images_per_example)
+    pixels = torch.zeros(len(images_per_example), most, channels, side, side, dtype=torch.float64)
+    mask = torch.zeros(len(images_per_example), most, side, side, dtype=torch.bool)
+    for row, count in enumerate(images_per_example):
+        pixels[row, :count] = torch.randn(count, channels, side, side, generator=generator, dtype=torch.float64)
+        mask[row, :count] = True
+    return {"pixel_values": torch.cat([pixels, pixels]), "pixel_attention_mask": torch.cat([mask, mask])}, tokens
+
+
+def _fixed_tokens(config) -> int:
+    """Image tokens per image of a fixed-size family's twin (its geometry, `twin_geometry`)."""
+    for name in ("mm_tokens_per_image", "image_seq_length"):
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    vision = config.vision_config
+    return (vision.image_size // vision.patch_size) ** 2 // config.scale_factor**2

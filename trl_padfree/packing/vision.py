@@ -1,0 +1,241 @@
+"""Vision-language preference batches packed into one row.
+
+TRL's `DataCollatorForVisionPreference` runs the model's processor on each batch (tokens and pixels, on the fly) and
+pads: one row per sequence, every chosen one then every rejected one, each row carrying its pair's images (so every
+image is in the batch twice). trl-padfree keeps all of that, TRL's own code and numbers, and packs what it returns:
+
+    TRL's padded batch     | p0 c0 . . | p1 c1 . | p0 r0 . | p1 r1 |   + images of rows 0, 1, 2, 3
+    packed row             | p0 c0 | p1 c1 | p0 r0 | p1 r1 |          + the same images, in row order
+    with prefix sharing    | p0 c0 | r0 | p1 c1 | r1 |                  + images of the chosen rows only
+
+Per-token inputs (Gemma 3's `token_type_ids`, Qwen-VL's `mm_token_type_ids`) are packed as the tokens are. Image
+inputs follow the image tokens: the row hands the model a row's images when that row's image tokens are in it. With
+prefix sharing a pair's prompt, its image tokens included, is laid out once, so its images are encoded once, not twice.
+
+How a processor lays out a batch's images, read from the keys it returns:
+
+    image_grid_thw           patches: `prod(grid)` rows of pixel_values per image, one grid row per image (Qwen-VL)
+    pixel_attention_mask     rows: pixel_values `(rows, images, C, H, W)`, one entry per row of the batch (Idefics3,
+                             SmolVLM)
+    neither                  images: every image input has one entry per image (LLaVA, Gemma 3)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..integrations.trl import DataCollatorForVisionPreference
+from ..refusals import check_image_inputs_layout, check_image_tokens, refuse_truncated_image
+from .collator import RowLayout, Sequences, lay_out_row, packed_row
+from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS
+
+# The padded batch's per-token text inputs; any other `(rows, width)` tensor is a per-token input of the model
+TEXT_KEYS = ("input_ids", "attention_mask", "completion_mask")
+IMAGE_INPUTS = "image_inputs"  # the packed batch's key for what the model takes besides the row's tokens
+# Qwen-VL's image grids in TRL's row order: the model's position function reads every sequence's images
+SEQUENCE_IMAGE_GRIDS = "sequence_image_grid_thw"
+IMAGES_PER_SEQUENCE = "images_per_sequence"
+
+
+def image_count(example: dict[str, Any]) -> int:
+    """Images of an example as TRL's vision collator reads them: `image` (one) or `images` (a list)."""
+    if "image" in example:
+        return int(example["image"] is not None)
+    return len(example.get("images") or [])
+
+
+@dataclass
+class ImageUnits:
+    """Every image input of a padded batch, cut into what each row of the batch holds."""
+
+    by_row: dict[str, list[torch.Tensor]]  # key -> per row, that row's part of the input (possibly empty)
+
+    @classmethod
+    def of(cls, inputs: dict[str, torch.Tensor], images_per_row: list[int]) -> ImageUnits:
+        rows, images = len(images_per_row), sum(images_per_row)
+        if "pixel_attention_mask" in inputs:  # one entry per row of the batch, images padded within it
+            check_image_inputs_layout({key: value.shape[0] for key, value in inputs.items()}, rows, "rows")
+            by_row = {
+                key: [value[row : row + (1 if images_per_row[row] else 0)] for row in range(rows)]
+                for key, value in inputs.items()
+            }
+            return cls(by_row)
+        per_image = {key: list(value.split(1)) for key, value in inputs.items()}
+        if "image_grid_thw" in inputs:  # pixel_values holds each image's patches, prod(grid) rows of them
+            patches = inputs["image_grid_thw"].prod(-1).tolist()
+            check_image_inputs_layout({"pixel_values": inputs["pixel_values"].shape[0]}, sum(patches), "patches")
+            per_image["pixel_values"] = list(inputs["pixel_values"].split(patches))
+        check_image_inputs_layout({key: len(parts) for key, parts in per_image.items()}, images, "images")
+        ends = list(itertools.accumulate(images_per_row))
+        by_row = {
+            key: [_cat(parts[end - count : end], inputs[key]) for end, count in zip(ends, images_per_row, strict=True)]
+            for key, parts in per_image.items()
+        }
+        return cls(by_row)
+
+    def of_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The image inputs of `rows`, in that order; none where those rows hold no image."""
+        inputs = {key: torch.cat([parts[row] for row in rows]) for key, parts in self.by_row.items()}
+        return {key: value for key, value in inputs.items() if value.shape[0] > 0}
+
+
+def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return torch.cat(parts) if parts else like[:0]
+
+
+def _row_values(padded: dict[str, torch.Tensor], key: str) -> list[list[int]]:
+    real = padded["attention_mask"].bool()
+    return [values[keep].tolist() for values, keep in zip(padded[key], real, strict=True)]
+
+
+def _checked_sequences(
+    padded: dict[str, torch.Tensor], images_per_row: list[int], image_token_id: int, max_length: int | None
+) -> Sequences:
+    """Each row's tokens and completion mask, cut as TRL's collator cuts them (the first `max_length`), refusing rows
+    whose image tokens disagree with their images or lose some to the cut."""
+    tokens, masks = _row_values(padded, "input_ids"), _row_values(padded, "completion_mask")
+    pairs = len(tokens) // 2
+    for row, (ids, images) in enumerate(zip(tokens, images_per_row, strict=True)):
+        image_tokens = ids.count(image_token_id)
+        check_image_tokens(row % pairs, images, image_tokens)
+        if max_length is not None and image_token_id in ids[max_length:]:
+            last = len(ids) - ids[::-1].index(image_token_id)
+            refuse_truncated_image(row % pairs, image_tokens, ids[:max_length].count(image_token_id), last, max_length)
+    tokens, masks = [ids[:max_length] for ids in tokens], [mask[:max_length] for mask in masks]
+    return Sequences(tokens[:pairs], tokens[pairs:], masks[:pairs], masks[pairs:])
+
+
+def _shared_prefixes(sequences: Sequences, image_token_id: int, min_prompt_tokens: int) -> list[int]:
+    """Prefix sharing's prefixes, but none for a pair whose rejected branch would hold an image token (a prompt that
+    ends on one): its images would then be needed twice, in the prefix and in the branch."""
+    prefixes = sequences.shared_prefixes(min_prompt_tokens)
+    return [
+        0 if image_token_id in rejected[prefix:] else prefix
+        for rejected, prefix in zip(sequences.rejected, prefixes, strict=True)
+    ]
+
+
+def _packed_per_token(padded: dict[str, torch.Tensor], key: str, layout: RowLayout, length: int) -> torch.Tensor:
+    """A per-token input laid out as the row's tokens are, 0 on the padding segment."""
+    values = _row_values(padded, key)
+    packed = [
+        value
+        for (sequence, start), (tokens, _, _) in zip(layout.sources, layout.segments, strict=True)
+        for value in values[sequence][start : start + len(tokens)]
+    ]
+    packed += [0] * (length - len(packed))
+    return torch.tensor([packed], dtype=padded[key].dtype)
+
+
+def pack_vision_batch(
+    padded: dict[str, Any],
+    images_per_row: list[int],
+    image_token_id: int,
+    max_length: int | None = None,
+    pad_token_id: int = 0,
+    pad_to_multiple_of: int | None = None,
+    return_attention_mask: bool = False,
+    prefix_sharing: bool = False,
+    prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS,
+) -> dict[str, Any]:
+    """Pack the padded batch TRL's vision collator returns (untruncated) into one row.
+
+    Args:
+        padded: TRL's `DataCollatorForVisionPreference` output with `max_length=None`: `input_ids`,
+            `attention_mask`, `completion_mask` and per-token inputs `(2 * pairs, width)`, and the image inputs.
+        images_per_row: images of each row (every chosen row, then every rejected row).
+        image_token_id: the model's image placeholder token (`config.image_token_id`).
+        max_length: TRL's truncation, applied here (`keep_start`, the one TRL allows with images).
+        pad_token_id, pad_to_multiple_of, return_attention_mask, prefix_sharing, prefix_sharing_min_prompt_tokens: as
+            for `concatenated_inputs`.
+
+    Returns:
+        What `concatenated_inputs` returns, plus `image_inputs` (the model's image inputs in row order and its
+        per-token inputs packed), `images_per_sequence` and, with image grids, `sequence_image_grid_thw` (every
+        sequence's grids in TRL's order, for the model's position function).
+    """
+    sequences = _checked_sequences(padded, images_per_row, image_token_id, max_length)
+    prefixes = (
+        _shared_prefixes(sequences, image_token_id, prefix_sharing_min_prompt_tokens) if prefix_sharing else None
+    )
+    layout = lay_out_row(sequences, prefixes)
+    row = packed_row(sequences, layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
+    width = padded["input_ids"].shape
+    per_token = [key for key, value in padded.items() if key not in TEXT_KEYS and _shape(value) == width]
+    image_inputs = {key: value for key, value in padded.items() if key not in TEXT_KEYS and key not in per_token}
+    # A row's images are in the packed row when its sequence is laid out from its first token (not a shared branch)
+    rows_with_images = [sequence for sequence, start in layout.sources if start == 0]
+    inputs = ImageUnits.of(image_inputs, images_per_row).of_rows(rows_with_images) if image_inputs else {}
+    length = row["input_ids"].shape[1]
+    inputs |= {key: _packed_per_token(padded, key, layout, length) for key in per_token}
+    row[IMAGE_INPUTS] = inputs
+    row[IMAGES_PER_SEQUENCE] = torch.tensor(images_per_row, dtype=torch.long)
+    if "image_grid_thw" in padded:
+        row[SEQUENCE_IMAGE_GRIDS] = padded["image_grid_thw"]
+    return row
+
+
+def _shape(value) -> torch.Size | None:
+    return value.shape if isinstance(value, torch.Tensor) else None
+
+
+def image_token_id_of(processor) -> int:
+    """The image placeholder token a processor writes, as the model reads it (Gemma 3's processor names its
+    begin-of-image token `image_token_id`; its tokenizer has the placeholder)."""
+    tokenizer = getattr(processor, "tokenizer", None)
+    token_id = getattr(tokenizer, "image_token_id", None)
+    return token_id if token_id is not None else processor.image_token_id
+
+
+@dataclass
+class PaddingFreeVisionPreferenceCollator(DataCollatorForVisionPreference):
+    """
+    TRL's vision preference collator with a `padding_free` switch: every chosen and rejected sequence of the batch in
+    one row, the images handed to the model in row order (see `pack_vision_batch`).
+
+    With `padding_free=False` it is exactly TRL's `DataCollatorForVisionPreference`. The trainer sets
+    `image_token_id` from the model's config.
+    """
+
+    padding_free: bool = True
+    image_token_id: int | None = None
+    return_attention_mask: bool = False
+    prefix_sharing: bool = False
+    prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS
+
+    @classmethod
+    def from_padded(
+        cls, collator: DataCollatorForVisionPreference, **overrides
+    ) -> PaddingFreeVisionPreferenceCollator:
+        """The padding-free twin of TRL's vision collator: same processor, truncation and row multiple."""
+        fields = {
+            "processor": collator.processor,
+            "max_length": collator.max_length,
+            "pad_to_multiple_of": collator.pad_to_multiple_of,
+            "return_tensors": collator.return_tensors,
+        }
+        return cls(**{**fields, **overrides})
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.padding_free:
+            return super().torch_call(examples)
+        images_per_example = [image_count(example) for example in examples]
+        # TRL's own tokenization and image processing; the cut to max_length is applied when packing, where an image
+        # it would cut can be told from one it keeps
+        padded = DataCollatorForVisionPreference(self.processor, return_tensors=self.return_tensors)(examples)
+        tokenizer = self.processor.tokenizer
+        return pack_vision_batch(
+            padded,
+            images_per_example * 2,
+            self.image_token_id if self.image_token_id is not None else image_token_id_of(self.processor),
+            max_length=self.max_length,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id or 0,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            return_attention_mask=self.return_attention_mask,
+            prefix_sharing=self.prefix_sharing,
+            prefix_sharing_min_prompt_tokens=self.prefix_sharing_min_prompt_tokens,
+        )
