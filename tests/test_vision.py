@@ -1,0 +1,210 @@
+"""Vision-language models trained padding-free equal TRL's padded vision trainer (tests/tiny_vision.py's tiny
+families, fp32, trainer_utils' tolerances), and the batches with images that cannot be packed are refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny_vision import VISION_FAMILIES, make_vision_trainer, vision_preference_rows
+from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
+from transformers import AutoConfig, PaliGemmaForConditionalGeneration
+
+from trl_padfree.modeling.packability import check_architecture
+from trl_padfree.modeling.vision import image_token_id
+from trl_padfree.packing.vision import IMAGE_INPUTS, pack_vision_batch
+
+# Images per example, cycled: single images, two images in one prompt
+IMAGES_PER_ROW = (1, 2, 1, 1)
+
+
+def rows(model_type: str, count: int = 8) -> list[dict]:
+    return vision_preference_rows(model_type, count, images_per_row=IMAGES_PER_ROW)
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True], ids=["row", "shared-prefix"])
+@pytest.mark.parametrize("model_type", VISION_FAMILIES)
+def test_one_step_equals_padded_trl(model_type, prefix_sharing):
+    data = rows(model_type)
+    padded = one_step(make_vision_trainer(model_type, False, data))
+    # Qwen3-VL-MoE's router loss over a shared-prefix row counts each prompt once: its own refusal (test_moe_aux_loss)
+    overrides = {"router_aux_loss_coef": 0.0} if model_type == "qwen3_vl_moe" and prefix_sharing else {}
+    packed_trainer = make_vision_trainer(model_type, True, data, prefix_sharing=prefix_sharing, **overrides)
+    if overrides:
+        padded = one_step(make_vision_trainer(model_type, False, data, **overrides))
+    packed = one_step(packed_trainer)
+
+    assert_same_step(padded, packed)
+    images = sum(IMAGES_PER_ROW)  # the first batch's 4 examples
+    assert packed.metrics["padfree/images_padded"] == 2 * images  # TRL hands every image over twice
+    # Prefix sharing lays each prompt, its images included, out once
+    assert packed.metrics["padfree/images_encoded"] == (images if prefix_sharing else 2 * images)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "gemma3", "idefics3"])
+def test_sgd_steps_with_accumulation_follow_padded_trl(model_type):
+    options = {
+        key: value for key, value in SGD_STEPS_WITH_ACCUMULATION.items() if key not in ("num_pairs", "batch_size")
+    }
+    options |= dict(per_device_train_batch_size=2, max_steps=3)
+    data = rows(model_type, 12)
+
+    padded = train_losses(make_vision_trainer(model_type, False, data, **options))
+    packed = train_losses(make_vision_trainer(model_type, True, data, **options))
+
+    assert len(packed) == 3
+    assert packed == pytest.approx(padded, rel=1e-5)
+    assert abs(packed[-1] - packed[0]) > 1e-3  # it learned
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "llava", "smolvlm"])
+def test_first_loss_is_ln2_when_policy_equals_reference(model_type):
+    packed = one_step(make_vision_trainer(model_type, True, rows(model_type), ref_seed=0))
+    assert packed.loss == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_frozen_vision_tower_trains_the_language_model_alone():
+    def frozen(padding_free):
+        trainer = make_vision_trainer("qwen2_5_vl", padding_free, rows("qwen2_5_vl"))
+        trainer.model.model.visual.requires_grad_(False)
+        return trainer
+
+    padded, packed = one_step(frozen(False)), one_step(frozen(True))
+    assert_same_step(padded, packed)
+    assert packed.grads and not any(".visual." in name for name in packed.grads)
+
+
+def count_vision_tower_images(trainer) -> list[int]:
+    """Images the policy's vision tower is handed per call (Qwen2.5-VL: one grid row per image)."""
+    calls = []
+    visual = trainer.model.model.visual
+    visual.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(len(kwargs["grid_thw"])), with_kwargs=True
+    )
+    return calls
+
+
+def test_prefix_sharing_hands_the_vision_tower_each_pairs_images_once():
+    data = rows("qwen2_5_vl")
+    calls = {}
+    for mode, options in {"padded": dict(padding_free=False), "row": {}, "shared": dict(prefix_sharing=True)}.items():
+        trainer = make_vision_trainer("qwen2_5_vl", options.pop("padding_free", True), data, **options)
+        calls[mode] = count_vision_tower_images(trainer)
+        one_step(trainer)
+    images = sum(IMAGES_PER_ROW)
+    assert calls == {"padded": [2 * images], "row": [2 * images], "shared": [images]}
+
+
+def test_rows_without_images_mix_with_rows_with_images():
+    data = rows("qwen2_5_vl")
+    for index in (1, 6):  # a text-only example in each batch
+        data[index] = dict(data[index], images=[])
+        data[index]["prompt"] = [{"role": "user", "content": [{"type": "text", "text": "the cat is red"}]}]
+    assert_same_step(
+        one_step(make_vision_trainer("qwen2_5_vl", False, data)),
+        one_step(make_vision_trainer("qwen2_5_vl", True, data)),
+    )
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "gemma3"])
+def test_evaluation_metrics_equal_padded_trl(model_type):
+    data = rows(model_type)
+
+    def evaluate(padding_free):
+        return make_vision_trainer(model_type, padding_free, data, eval_rows=data).evaluate()
+
+    padded, packed = evaluate(False), evaluate(True)
+    for key, value in padded.items():
+        if key.startswith("eval_") and not key.endswith(("runtime", "per_second")):
+            assert packed[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+# ---- what cannot be packed: refused, with advice ----
+
+
+def test_max_length_that_cuts_an_image_is_refused_with_the_length_that_keeps_it():
+    trainer = make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl"), max_length=6)
+    with pytest.raises(
+        ValueError, match=r"max_length=6 cuts the images of example \d.*Set max_length to at least \d+"
+    ):
+        one_step(trainer)
+
+
+def test_max_length_that_keeps_every_image_equals_padded_trl():
+    data = rows("gemma3")
+    # Every image token of these rows is within the first 14 tokens; the cut falls in the completions
+    padded = one_step(make_vision_trainer("gemma3", False, data, max_length=20))
+    packed = one_step(make_vision_trainer("gemma3", True, data, max_length=20))
+    assert_same_step(padded, packed)
+
+
+def test_images_and_placeholders_that_disagree_are_refused_by_the_processor():
+    data = rows("gemma3", 4)
+    data[1] = dict(data[1], images=[])
+    with pytest.raises(ValueError, match="does not match number of image placeholders"):
+        one_step(make_vision_trainer("gemma3", True, data))
+
+
+def padded_batch(model_type: str) -> tuple[dict, list[int], int]:
+    """TRL's padded batch of 2 examples (1 and 2 images), the images of each of its rows, and the image token."""
+    trainer = make_vision_trainer(model_type, False, rows(model_type, 2))
+    batch = trainer.data_collator([trainer.train_dataset[index] for index in range(2)])
+    return batch, [1, 2, 1, 2], image_token_id(trainer.model.config)
+
+
+def test_a_sequence_with_images_but_no_placeholder_is_refused():
+    batch, images, image_token = padded_batch("qwen2_5_vl")
+    for row in (0, 2):  # what a plain-text prompt without the image token gives: example 0's images, no placeholder
+        batch["input_ids"][row][batch["input_ids"][row] == image_token] = 5
+    with pytest.raises(ValueError, match=r"Example 0 of the batch has 1 image\(s\) but no image placeholder"):
+        pack_vision_batch(batch, images, image_token)
+
+
+def test_placeholders_without_images_are_refused():
+    batch, _, image_token = padded_batch("qwen2_5_vl")
+    with pytest.raises(ValueError, match=r"Example 0 of the batch has \d+ image tokens in its text but no image"):
+        pack_vision_batch(batch, [0, 2, 0, 2], image_token)
+
+
+def test_image_inputs_the_layout_cannot_cut_are_refused():
+    batch, images, image_token = padded_batch("llava")
+    batch["pixel_values"] = batch["pixel_values"][:-1]  # one image fewer than the rows' placeholders
+    with pytest.raises(ValueError, match="cannot tell which image inputs belong to which sequence"):
+        pack_vision_batch(batch, images, image_token)
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True], ids=["row", "shared-prefix"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "idefics3", "llava"])  # patches, rows, images
+def test_the_row_hands_over_the_images_of_its_sequences_in_row_order(model_type, prefix_sharing):
+    batch, images, image_token = padded_batch(model_type)
+    packed = pack_vision_batch(batch, images, image_token, prefix_sharing=prefix_sharing)
+
+    image_tokens = int((batch["input_ids"] == image_token).sum())
+    assert int((packed["input_ids"] == image_token).sum()) == image_tokens // (2 if prefix_sharing else 1)
+    image_keys = [key for key in packed[IMAGE_INPUTS] if batch[key].shape != batch["input_ids"].shape]
+    assert image_keys
+    for key in image_keys:
+        # TRL's rows: the chosen sequences' images, then the rejected ones' (the same again); a shared row holds each
+        # pair's prompt once, in its chosen sequence
+        expected = batch[key][: len(batch[key]) // 2] if prefix_sharing else batch[key]
+        torch.testing.assert_close(packed[IMAGE_INPUTS][key], expected, rtol=0, atol=0, msg=key)
+
+
+def test_an_unknown_vision_language_family_is_refused_with_advice():
+    verdict = check_architecture(
+        PaliGemmaForConditionalGeneration, AutoConfig.for_model("paligemma"), "padfree_varlen", images=True
+    )
+    assert not verdict.exact
+    assert "does not know how its processor lays out a batch's images" in verdict.reason
+    assert "qwen2_5_vl" in verdict.reason  # the families it knows
+
+
+def test_precomputed_reference_log_probs_are_refused_by_trl():
+    with pytest.raises(ValueError, match="precompute_ref_log_probs=True` is not supported for vision datasets"):
+        make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl", 4), precompute_ref_log_probs=True)
+
+
+def test_context_parallelism_is_refused_on_vision_language_rows():
+    with pytest.raises(ValueError, match="cannot split a vision-language row"):
+        make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl", 4), context_parallel_size=2)
