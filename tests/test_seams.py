@@ -97,6 +97,7 @@ INIT = "trl.trainer.dpo_trainer.DPOTrainer.__init__"
 COMPUTE_LOSS = "trl.trainer.dpo_trainer.DPOTrainer._compute_loss"
 PRECOMPUTE = "trl.trainer.dpo_trainer.DPOTrainer._precompute_ref_logps"
 FUSED_HEAD = "trl.trainer.utils.add_fused_lm_head"
+VISION_COLLATE = "trl.trainer.dpo_trainer.DataCollatorForVisionPreference.torch_call"
 # How TRL hands every batch key but these to the model, so the packed batch reaches the packed forward as a keyword
 MODEL_KWARGS = "model_kwargs = {k: v for k, v in inputs.items() if k not in _non_model_keys}"
 
@@ -206,8 +207,31 @@ TRL = [
         source={INIT: ("self._tp_size =",), COMPUTE_LOSS: ("num_tokens_in_batch // self._tp_size",)},
     ),
     Seam(
-        "trl", "trl.DPOTrainer._is_vision_dataset", "private: set by TRL's `__init__`; vision datasets are refused",
+        "trl", "trl.DPOTrainer._is_vision_dataset",
+        "private: set by TRL's `__init__`; a vision set gets the vision collator's packing twin and image checks",
         "integrations/trl.py", where=INIT, source={INIT: ("self._is_vision_dataset =",)},
+    ),
+    Seam(
+        "trl", "trl.trainer.dpo_trainer.DataCollatorForVisionPreference",
+        "subclassed (the packing twin) and called untruncated: its fields are copied by name, its rows are every "
+        "chosen then every rejected sequence, cut to the first `max_length` tokens (applied again when packing, "
+        "where a cut image can be told from a kept one)",
+        "integrations/trl.py, packing/vision.py",
+        keywords=("processor", "max_length", "pad_to_multiple_of", "return_tensors"),
+        source={
+            VISION_COLLATE: (
+                "input_ids = input_ids[:, : self.max_length]",
+                "completion_mask = completion_mask[:, : self.max_length]",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.__init__ (vision refusals)",
+        "TRL refuses `keep_end` truncation and precomputed reference log-probs on vision sets itself; trl-padfree "
+        "keeps those refusals rather than repeating them",
+        "packing/vision.py", where=INIT,
+        source={INIT: ("truncation_mode='keep_end' is not supported for vision-language models",
+                       "`precompute_ref_log_probs=True` is not supported for vision datasets")},
     ),
     Seam(
         "trl", "trl.DPOTrainer.aux_loss_enabled",
@@ -311,6 +335,52 @@ TRL = [
     ),
 ]  # fmt: skip
 
+QWEN_VL = ("qwen2_vl.Qwen2VL", "qwen2_5_vl.Qwen2_5_VL", "qwen3_vl.Qwen3VL", "qwen3_vl_moe.Qwen3VLMoe")
+TRANSFORMERS_VISION = [
+    *(
+        Seam(
+            "transformers", f"transformers.models.{family}Model.get_rope_index",
+            "the position function called on the packed row's padded view, by keyword",
+            "modeling/vision.py", keywords=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
+        )
+        for family in QWEN_VL
+    ),
+    *(
+        Seam(
+            "transformers", f"transformers.models.{family}TextModel.forward",
+            "reads `(4, 1, T)` position_ids as packed: row 0 plain text positions (mask-based attention keeps the "
+            "sequences apart), rows 1-3 the rotary positions",
+            "modeling/vision.py",
+            source={
+                f"transformers.models.{family}TextModel.forward": (
+                    "if position_ids.ndim == 3 and position_ids.shape[0] == 4:",
+                    "text_position_ids = position_ids[0]",
+                )
+            },
+        )
+        for family in QWEN_VL
+    ),
+    Seam(
+        "transformers", "transformers.PreTrainedModel.set_attn_implementation",
+        "switches the policy, the reference and the twins to the packed attention; a multimodal model's language "
+        "model alone, given `{text sub-config key: backend}`",
+        "integrations/transformers.py", parameters=("self", "attn_implementation"),
+        source={"transformers.PreTrainedModel.set_attn_implementation": ("isinstance(attn_implementation, dict)",)},
+    ),
+    Seam(
+        "transformers", "transformers.PretrainedConfig.get_text_config",
+        "the language model's config of a multimodal config (itself for a text model), found among `sub_configs`",
+        "integrations/transformers.py", check=Check("callable", callable),
+    ),
+    Seam(
+        "transformers", "transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask",
+        "Gemma 3 lets an image's tokens (token_type_ids == 1) attend to the whole image: padfree_varlen carries those "
+        "spans in the packed row (attention/bidirectional.py)",
+        "modeling/vision.py", parameters=("token_type_ids",),
+        source={"transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask": ("token_type_ids == 1",)},
+    ),
+]
+
 TRANSFORMERS = [
     Seam(
         "transformers", "transformers.integrations.hub_kernels.use_kernel_func_from_hub_with_fallback",
@@ -412,11 +482,6 @@ TRANSFORMERS = [
     Seam(
         "transformers", "transformers.PretrainedConfig._experts_implementation",
         "private: set to eager on the float64 twin's config", "integrations/transformers.py", check=is_property(),
-    ),
-    Seam(
-        "transformers", "transformers.PreTrainedModel.set_attn_implementation",
-        "switches the policy, the reference and the twins to the packed attention", "modeling/packability.py, modeling/padding_free.py",
-        parameters=("self", "attn_implementation"),
     ),
     Seam(
         "transformers", "transformers.PreTrainedModel.base_model",
@@ -665,7 +730,7 @@ PEFT = [
     ),
 ]  # fmt: skip
 
-SEAMS = TRL + TRANSFORMERS + ACCELERATE + DEEPSPEED + TORCH + PEFT
+SEAMS = TRL + TRANSFORMERS + TRANSFORMERS_VISION + ACCELERATE + DEEPSPEED + TORCH + PEFT
 
 
 # ---- checks ----

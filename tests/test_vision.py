@@ -208,3 +208,45 @@ def test_precomputed_reference_log_probs_are_refused_by_trl():
 def test_context_parallelism_is_refused_on_vision_language_rows():
     with pytest.raises(ValueError, match="cannot split a vision-language row"):
         make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl", 4), context_parallel_size=2)
+
+
+# ---- token budget: pairs measured with their image tokens ----
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True], ids=["row", "shared-prefix"])
+def test_token_budget_measures_each_pair_with_its_image_tokens(prefix_sharing):
+    data = rows("qwen2_5_vl", 8)
+    trainer = make_vision_trainer("qwen2_5_vl", True, data, max_tokens_per_batch=120, prefix_sharing=prefix_sharing)
+    sampler, collator = trainer._token_budget.sampler, trainer.data_collator
+
+    def real_tokens(indices):
+        row = collator([trainer.train_dataset[index] for index in indices])
+        return int(row["cu_seq_lens_q"][len(row["seq_lens"])])
+
+    assert sampler.lengths == [real_tokens([index]) for index in range(len(data))]
+    sampler.set_epoch(0)
+    micro_batches = list(sampler)
+    assert sorted(index for batch in micro_batches for index in batch) == list(range(len(data)))
+    assert all(real_tokens(batch) <= 120 for batch in micro_batches)
+    assert len(micro_batches) > 2  # the budget, not the batch size, cut them
+
+
+def test_token_budget_step_equals_padded_trl_on_the_same_pairs():
+    data = rows("gemma3", 8)
+    options = dict(max_steps=1, max_grad_norm=0.0, logging_steps=1, gradient_accumulation_steps=2)
+    trainer = make_vision_trainer("gemma3", True, data, max_tokens_per_batch=120, **options)
+    trainer.train()
+    sampler = trainer._token_budget.sampler
+    sampler.set_epoch(0)
+    pairs = [index for batch in list(sampler)[:2] for index in batch]
+
+    padded = make_vision_trainer(
+        "gemma3", False, [data[index] for index in pairs], per_device_train_batch_size=len(pairs)
+    )
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert logged["loss"] == pytest.approx(one_step(padded).loss, abs=1e-6)
+
+
+def test_a_vision_pair_over_the_budget_is_refused_with_advice_that_keeps_its_images():
+    with pytest.raises(ValueError, match=r"do not fit max_tokens_per_batch=40 .* shrink their images"):
+        make_vision_trainer("gemma3", True, rows("gemma3", 4), max_tokens_per_batch=40)

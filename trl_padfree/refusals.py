@@ -592,15 +592,22 @@ def check_tokenized_pairs(missing: Sequence[str]) -> None:
         )
 
 
-def check_pairs_fit(too_long: int, longest: tuple[int, int], budget: int, capacity: int, max_length) -> None:
+def check_pairs_fit(
+    too_long: int, longest: tuple[int, int], budget: int, capacity: int, max_length, images: bool = False
+) -> None:
     """`too_long` pairs exceed the row's `capacity`; `longest` is (pair index, its row tokens)."""
     if too_long:
         index, tokens = longest
+        # A shorter max_length would cut images, which is refused: on image data, only the budget or the data can give
+        shorter = (
+            "drop the longest pairs or shrink their images (their image tokens count)"
+            if images
+            else f"set max_length to at most {capacity // 2} so that TRL truncates every sequence to fit"
+        )
         raise ValueError(
             f"{too_long} pair(s) of the training set do not fit max_tokens_per_batch={budget} (the longest, pair "
             f"{index}, has {tokens} tokens in the packed row: prompt + chosen and prompt + rejected, cut to "
-            f"max_length={max_length}). Raise max_tokens_per_batch, or set max_length to at most {capacity // 2} so "
-            "that TRL truncates every sequence to fit."
+            f"max_length={max_length}). Raise max_tokens_per_batch, or {shorter}."
         )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import IterableDataset, Sampler
+from tqdm.auto import tqdm
 
 from ..integrations.accelerate import uneven_gathers
 from ..refusals import (
@@ -55,17 +56,33 @@ def pair_lengths(
     ]
 
 
+def collated_pair_lengths(dataset, collator, show_progress: bool = True) -> list[int]:
+    """Row tokens of every pair of a dataset TRL tokenizes only when collating (a vision-language set, whose image
+    tokens the processor writes then): each pair collated alone by the packing `collator`, with its images, truncation
+    and prefix sharing, and its row measured."""
+    lengths = []
+    for example in tqdm(
+        dataset, desc="Measuring pairs for max_tokens_per_batch", unit="pair", disable=not show_progress
+    ):
+        row = collator([example])
+        lengths.append(int(row["cu_seq_lens_q"][len(row["seq_lens"])]))  # before the padding segment
+    return lengths
+
+
 def usable_budget(budget: int, pad_to_multiple_of: int | None) -> int:
     """The most real tokens a row may hold so that, padded to a multiple, it still fits the budget."""
     multiple = pad_to_multiple_of or 1
     return budget // multiple * multiple
 
 
-def _check_pairs_fit(lengths: Sequence[int], budget: int, pad_to_multiple_of: int | None, max_length) -> None:
+def _check_pairs_fit(
+    lengths: Sequence[int], budget: int, pad_to_multiple_of: int | None, max_length, images: bool = False
+) -> None:
     capacity = usable_budget(budget, pad_to_multiple_of)
     too_long = [index for index, length in enumerate(lengths) if length > capacity]
     longest = max(too_long, key=lambda i: lengths[i], default=0)
-    check_pairs_fit(len(too_long), (longest, lengths[longest] if lengths else 0), budget, capacity, max_length)
+    longest_pair = (longest, lengths[longest] if lengths else 0)
+    check_pairs_fit(len(too_long), longest_pair, budget, capacity, max_length, images)
 
 
 def pack_window(indices: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -179,13 +196,17 @@ class TokenBudgetBatching:
             trainer.sequence_parallel_size,
             isinstance(trainer.train_dataset, IterableDataset),
         )
-        lengths = pair_lengths(
-            trainer.train_dataset,
-            args.max_length,
-            args.truncation_mode,
-            collator.prefix_sharing_min_prompt_tokens if collator.prefix_sharing else None,
-        )
-        _check_pairs_fit(lengths, budget, collator.pad_to_multiple_of, args.max_length)
+        if trainer.is_vision_dataset:
+            show_progress = trainer.accelerator.is_local_main_process
+            lengths = collated_pair_lengths(trainer.train_dataset, collator, show_progress)
+        else:
+            lengths = pair_lengths(
+                trainer.train_dataset,
+                args.max_length,
+                args.truncation_mode,
+                collator.prefix_sharing_min_prompt_tokens if collator.prefix_sharing else None,
+            )
+        _check_pairs_fit(lengths, budget, collator.pad_to_multiple_of, args.max_length, trainer.is_vision_dataset)
         sampler = TokenBudgetBatchSampler(
             lengths,
             budget,
