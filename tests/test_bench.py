@@ -84,3 +84,22 @@ def test_batching_run_writes_its_rows(tmp_path, capsys):
     assert row["pairs"] == 6 and row["fixed_steps_per_epoch"] == 2 and row["budget_steps_per_epoch"] <= 2
     assert row["fixed_tokens_per_s"] > 0 and row["budget_tokens_per_s"] > 0 and 0 < row["budget_fill"] <= 1
     assert "| ultrafeedback | 6 | 3 |" in capsys.readouterr().out
+
+
+def test_vision_run_counts_the_images_each_mode_encodes(tmp_path, capsys):
+    output = tmp_path / "vision.json"
+    args = ["bench", "--vision", "--device", "cpu", "--batches", "1", "--pairs-per-batch", "3"]
+    assert main([*args, "--output", str(output)]) == 0
+    rows = {row["mode"]: row for row in json.loads(output.read_text())}
+    assert list(rows) == ["padded", "padfree_varlen", "padfree_varlen+prefix_sharing"]
+    # TRL hands each image over with the chosen and again with the rejected sequence; a shared prompt holds it once
+    assert [row["images_encoded_per_step"] for row in rows.values()] == [6, 6, 3]
+    tokens = [row["language_model_tokens_per_step"] for row in rows.values()]
+    assert tokens[0] > tokens[1] > tokens[2]
+    assert rows["padded"]["speedup"] == 1.0
+    assert "| padfree_varlen+prefix_sharing |" in capsys.readouterr().out
+
+
+def test_vision_run_is_refused_on_a_text_model():
+    with pytest.raises(SystemExit):  # the CLI's one-line error
+        main(["bench", "--vision", "--model", "small"])

@@ -9,7 +9,9 @@ with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
      ...}
 
 The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
-gives a process its slice of the same global batches the single process sees whole.
+gives a process its slice of the same global batches the single process sees whole. With `--vision` the model folder
+holds a saved vision-language model and its processor (tests/tiny_vision.py's families whose processors save: gemma3,
+llava, idefics3), and the data is `tiny_vision.vision_preference_rows`, pairs with noise images.
 
 `--model` is a saved model folder, or a folder of them: a run named `NAME:<options>` trains `<model>/NAME`, so one
 launch can train several architectures one after the other (the report keys are the run names as given).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from itertools import pairwise
@@ -87,6 +90,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--max-length", type=int, default=192)
     parser.add_argument("--num-pairs", type=int, default=32, help="keep it equal across the runs compared")
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="the model folder holds a vision-language model and its processor: train on tests/tiny_vision.py's "
+        "image pairs (the model type read from the folder's config)",
+    )
+    parser.add_argument(
+        "--images-per-row", default="1", help="with --vision: comma-separated images per example, cycled over the rows"
+    )
     return parser.parse_args(argv)
 
 
@@ -157,11 +169,12 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     )
     ref_model = None
     if "explicit_ref" in flags:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+        auto_class = AutoModelForImageTextToText if options.vision else AutoModelForCausalLM
         with zero3_init_config(None):  # a plain model, as a user would load it
-            ref_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    dataset = load_demo_dataset("train").select(range(options.num_pairs))
+            ref_model = auto_class.from_pretrained(model, dtype=torch.float32)
+    dataset, processing_class = vision_data(model, options) if options.vision else text_data(options)
     if options.pairs:
         dataset = dataset.select([int(index) for index in options.pairs.split(",")])
     trainer = trainer_class(
@@ -169,13 +182,35 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         ref_model=ref_model,
         args=args,
         train_dataset=dataset,
-        processing_class=load_demo_tokenizer(),
+        processing_class=processing_class,
         **extra_trainer,
     )
     trainer.data_collator = RowRecorder(trainer.data_collator)
     if options.save_grads:
         trainer.add_callback(FirstStepGradients(options.save_grads))
     return trainer
+
+
+def text_data(options: argparse.Namespace):
+    """The shipped preference set's first `--num-pairs` pairs and the shipped tokenizer."""
+    return load_demo_dataset("train").select(range(options.num_pairs)), load_demo_tokenizer()
+
+
+def vision_data(model: str, options: argparse.Namespace):
+    """`--num-pairs` pairs with images from tests/tiny_vision.py for the model saved at `model`, and its processor."""
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoProcessor
+
+    # tests/, where tiny_vision.py lives: not on the path of a script launched from tests/distributed/
+    tests = str(Path(__file__).resolve().parent.parent)
+    if tests not in sys.path:
+        sys.path.append(tests)
+    from tiny_vision import vision_preference_rows
+
+    model_type = AutoConfig.from_pretrained(model).model_type
+    images_per_row = [int(count) for count in options.images_per_row.split(",")]
+    rows = vision_preference_rows(model_type, options.num_pairs, images_per_row=images_per_row)
+    return Dataset.from_list(rows), AutoProcessor.from_pretrained(model)
 
 
 class FirstStepGradients(TrainerCallback):

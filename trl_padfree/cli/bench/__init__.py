@@ -39,10 +39,12 @@ from .harness import (
     make_bench_trainer,
     markdown_table,
 )
+from .vision import VISION_MODEL_SHAPES, format_vision_table, run_vision_bench
 
 CPU_BACKENDS = ("padfree_varlen", "sdpa")
 # Padding-free with prefix sharing (on padfree_varlen, the attention it needs), timed next to the other modes
 PREFIX_SHARING = "padfree_varlen+prefix_sharing"
+VISION_MAX_WORDS = 96  # completions of up to 96 words, prompts of up to 24, next to the image
 GPU_BACKENDS = ("padfree_varlen", "flash_attention_2", "sdpa")
 ROW_KEYS = (
     "distribution",
@@ -278,18 +280,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: fixed pairs per micro-batch vs token-budget micro-batches at the same peak row length, "
         "padding-free both (tokens/s, optimizer steps per epoch)",
     )
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="instead: a Qwen2.5-VL-shaped model on pairs with one image each (--model qwen2.5-vl-demo, the default, "
+        "or qwen2.5-vl-3b): padded vs padding-free vs prefix sharing, with the images each mode encodes",
+    )
     parser.add_argument("--output", metavar="FILE.json", help="write the rows as a JSON list")
     parser.add_argument("--plot", metavar="FILE.png", help="plot speedup vs ideal per distribution")
     parser.set_defaults(run=run)
 
 
 def run(options: argparse.Namespace) -> int:
-    options.model = options.model or ("tiny" if options.quick else "small")
+    options.model = options.model or ("qwen2.5-vl-demo" if options.vision else "tiny" if options.quick else "small")
     options.batches = options.batches or (3 if options.quick else 8)
     if options.batches < 1 or options.pairs_per_batch < 1 or options.max_length < 3:
         raise ValueError("--batches and --pairs-per-batch must be at least 1, and --max-length at least 3.")
+    if options.vision and (options.model not in VISION_MODEL_SHAPES or options.batching or options.plot):
+        raise ValueError(f"--vision runs on --model {' or '.join(VISION_MODEL_SHAPES)}, without --batching or --plot.")
     datasets.disable_progress_bars()
-    if options.batching:
+    if options.vision:
+        options.max_words = VISION_MAX_WORDS
+        rows = run_vision_bench(options)
+        print(format_vision_table(rows))
+    elif options.batching:
         rows = run_batching_bench(options)
         print(format_batching_table(rows))
     else:
