@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from datasets import Dataset
-from PIL import Image
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForImageTextToText, Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil
 
@@ -110,6 +109,8 @@ def make_vision_bench_model(shape: dict, processor, dtype: torch.dtype, device: 
 def make_pairs(count: int, image_tokens: tuple[int, int], max_words: int, seed: int) -> list[dict]:
     """Conversational pairs with one noise image each, of a size between `image_tokens` tokens; prompts of 4 to
     `max_words // 4` words, completions of 4 to `max_words` words."""
+    from PIL import Image  # the `vision` extra; text benchmarks run without it
+
     rng = random.Random(seed)
     words = load_demo_tokenizer().convert_ids_to_tokens(list(range(8, 1008)))
     side = MERGE * PATCH
