@@ -94,6 +94,8 @@ def test_vision_run_counts_the_images_each_mode_encodes(tmp_path, capsys):
     assert list(rows) == ["padded", "padfree_varlen", "padfree_varlen+prefix_sharing"]
     # TRL hands each image over with the chosen and again with the rejected sequence; a shared prompt holds it once
     assert [row["images_encoded_per_step"] for row in rows.values()] == [6, 6, 3]
+    assert [row["images_encoded_per_pair"] for row in rows.values()] == [2, 2, 1]
+    assert rows["padded"]["ideal_speedup"] == 1.0 and rows["padfree_varlen+prefix_sharing"]["ideal_speedup"] > 1
     tokens = [row["language_model_tokens_per_step"] for row in rows.values()]
     assert tokens[0] > tokens[1] > tokens[2]
     assert rows["padded"]["speedup"] == 1.0
