@@ -20,6 +20,7 @@ launch can train several architectures one after the other (the report keys are 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import time
@@ -98,6 +99,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--images-per-row", default="1", help="with --vision: comma-separated images per example, cycled over the rows"
+    )
+    parser.add_argument(
+        "--watchdog",
+        type=float,
+        help="seconds: if the runs take longer, print every thread's stack and exit 1, so that processes stuck in "
+        "mismatched collectives fail with their tracebacks instead of at the launcher's timeout",
     )
     return parser.parse_args(argv)
 
@@ -358,6 +365,8 @@ def describe(trainer) -> dict:
 
 def main(argv=None) -> None:
     options = parse_args(argv)
+    if options.watchdog:
+        faulthandler.dump_traceback_later(options.watchdog, exit=True)
     output = Path(options.output)
     reports = {}
     for run in options.runs.split(","):
@@ -373,6 +382,7 @@ def main(argv=None) -> None:
         del trainer
     if is_main_process:
         output.write_text(json.dumps(reports, indent=1))
+    faulthandler.cancel_dump_traceback_later()
     # torch's gloo workers may still be releasing the last collectives (trl_padfree.cli.exit_without_finalizing)
     if torch.distributed.is_initialized():
         exit_without_finalizing()

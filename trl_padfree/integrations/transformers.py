@@ -178,6 +178,18 @@ def kernel_wrappers_replaced(replacement: Callable[[KernelWrapper, dict[str, Cal
 
 
 @contextlib.contextmanager
+def without_deepspeed_zero3() -> Iterator[None]:
+    """Models built in the block are whole: no DeepSpeed config is registered with transformers while it runs, and
+    the trainer's comes back after. A composite model (a vision-language model) builds its parts with `from_config`
+    inside its own constructor, which under a registered ZeRO-3 config partitions them with collectives."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    with deepspeed_config_restored():
+        hf_deepspeed.unset_hf_deepspeed_config()
+        yield
+
+
+@contextlib.contextmanager
 def deepspeed_config_restored() -> Iterator[None]:
     """Building a transformers DeepSpeed config registers it globally (a module-level weak reference that every new
     `HfDeepSpeedConfig` overwrites): put the previous one back after the block."""

@@ -34,6 +34,7 @@ from ..integrations.transformers import (
     attention_calls_counted,
     set_config_implementations,
     set_language_model_attention,
+    without_deepspeed_zero3,
 )
 from ..integrations.transformers import attn_implementation as running_attention
 from ..packing.collator import concatenated_inputs
@@ -287,9 +288,10 @@ def build_twin(model_class: type, config: PretrainedConfig, attn_implementation:
     try:
         tiny = twin_config(config)
         set_config_implementations(tiny, "eager", experts_implementation="eager")
-        with _private_rng():
+        # Built whole under ZeRO-3 too: each process checks its own twin, and a composite class would otherwise
+        # partition its parts (it builds them with `from_config`), in collectives the other processes never join
+        with _private_rng(), without_deepspeed_zero3():
             _check_twin_size(model_class, tiny)
-            # The class's own constructor, not `from_config`: that one would partition the twin under ZeRO-3
             default_dtype = torch.get_default_dtype()
             torch.set_default_dtype(TWIN_DTYPE)
             try:

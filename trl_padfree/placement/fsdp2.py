@@ -77,13 +77,18 @@ def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch
     # The LM head stays in the root: TRL's fused LM head reads its weight without calling it, so it would get no
     # unit of its own gathered
     embeddings = model.get_input_embeddings()
-    head = model.get_output_embeddings()
-    if not isinstance(embeddings, FSDPModule) and (head is None or head.weight is not embeddings.weight):
+    if not isinstance(embeddings, FSDPModule) and not lm_head_tied(model):
         fully_shard(embeddings, **shard_options)
     fully_shard(model, **shard_options)
     model.eval()
     model._padfree_reference_offloaded = offload  # what check_reference_sharded_by_layer looks for
     return model
+
+
+def lm_head_tied(model: torch.nn.Module) -> bool:
+    """Whether the LM head is the input embeddings' weight (or the model has no LM head)."""
+    head = model.get_output_embeddings()
+    return head is None or head.weight is model.get_input_embeddings().weight
 
 
 def check_reference_sharded_by_layer(model: torch.nn.Module | None, offload: bool) -> None:

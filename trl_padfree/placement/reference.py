@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..integrations.transformers import attn_implementation
 from ..integrations.trl import get_config_model_id
+from ..refusals import check_fsdp2_vision_lm_head
 from .deepspeed import (
     check_ref_offload,
     check_reference_offloaded,
@@ -24,6 +25,7 @@ from .deepspeed import (
 from .fsdp2 import (
     check_fsdp_engine,
     check_reference_sharded_by_layer,
+    lm_head_tied,
     planned_fsdp_version,
     reference_sharded_by_layer,
 )
@@ -56,6 +58,7 @@ class ReferencePlacement:
         """After TRL's `__init__`: the engine and the reference are what was asked for."""
         check_fsdp_engine(self.fsdp_version, trainer.accelerator)
         if self.fsdp_version == 2:
+            check_fsdp2_vision_lm_head(trainer.is_vision_dataset, lm_head_tied(trainer.model))
             check_reference_sharded_by_layer(trainer.ref_model, offload=self.offload)
         elif self.offload:
             check_reference_offloaded(trainer.ref_model)
