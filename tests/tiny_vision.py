@@ -75,6 +75,7 @@ from transformers import (
     SmolVLMProcessor,
 )
 
+from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "llava", "idefics3", "smolvlm")
@@ -82,7 +83,7 @@ QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
-QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>",)
 IDEFICS_TOKENS = (
@@ -159,32 +160,19 @@ def make_vision_tokenizer(model_type: str):
     return tokenizer
 
 
-class _WithoutVideoProcessor:
-    """Lets `video_processor=None` through: the video processors of Qwen-VL and SmolVLM need torchvision.
-
-    Such a processor handles images and text only, and `save_pretrained` fails on the missing video processor (the
-    tests train with `save_strategy="no"`).
-    """
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
-class TinyQwen2VLProcessor(_WithoutVideoProcessor, Qwen2VLProcessor):
+class TinyQwen2VLProcessor(WithoutVideoProcessor, Qwen2VLProcessor):
     """`Qwen2VLProcessor` without a video processor."""
 
 
-class TinyQwen2_5_VLProcessor(_WithoutVideoProcessor, Qwen2_5_VLProcessor):
+class TinyQwen2_5_VLProcessor(WithoutVideoProcessor, Qwen2_5_VLProcessor):
     """`Qwen2_5_VLProcessor` without a video processor."""
 
 
-class TinyQwen3VLProcessor(_WithoutVideoProcessor, Qwen3VLProcessor):
+class TinyQwen3VLProcessor(WithoutVideoProcessor, Qwen3VLProcessor):
     """`Qwen3VLProcessor` without a video processor."""
 
 
-class TinySmolVLMProcessor(_WithoutVideoProcessor, SmolVLMProcessor):
+class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
     """`SmolVLMProcessor` without a video processor, nor `num2words` (absent here, and only video prompts use it)."""
 
     def __init__(self, image_processor, tokenizer, video_processor=None, image_seq_len=169, chat_template=None):

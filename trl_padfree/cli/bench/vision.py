@@ -30,7 +30,7 @@ from ...data import load_demo_tokenizer
 from ...trainer import DPOTrainer
 from .harness import StepTimer, bench_device, device_name, format_peak_mb, markdown_table
 
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}{{ message['role'] | capitalize }}:"
     "{%- for part in message['content'] -%}"
@@ -59,8 +59,9 @@ VISION_MODEL_SHAPES = {
 MODES = ("padded", "padfree_varlen", "padfree_varlen+prefix_sharing")
 
 
-class _ImagesOnlyProcessor(Qwen2_5_VLProcessor):
-    """Qwen2.5-VL's processor without its video processor (which needs torchvision): images and text only."""
+class WithoutVideoProcessor:
+    """A processor mixin that lets `video_processor=None` through (Qwen-VL's and SmolVLM's video processors need
+    torchvision): such a processor handles images and text only, and its `save_pretrained` fails."""
 
     def check_argument_for_proper_class(self, argument_name, argument):
         if argument_name == "video_processor" and argument is None:
@@ -68,10 +69,14 @@ class _ImagesOnlyProcessor(Qwen2_5_VLProcessor):
         return super().check_argument_for_proper_class(argument_name, argument)
 
 
+class _ImagesOnlyProcessor(WithoutVideoProcessor, Qwen2_5_VLProcessor):
+    """Qwen2.5-VL's processor without its video processor."""
+
+
 def make_processor(image_tokens: tuple[int, int]) -> Qwen2_5_VLProcessor:
     """The shipped tokenizer with Qwen-VL's image tokens, images resized to `image_tokens` tokens (min, max)."""
     tokenizer = load_demo_tokenizer()
-    tokenizer.add_special_tokens({"extra_special_tokens": list(VISION_TOKENS)}, replace_extra_special_tokens=False)
+    tokenizer.add_special_tokens({"extra_special_tokens": list(QWEN_VL_TOKENS)}, replace_extra_special_tokens=False)
     token_pixels = (MERGE * PATCH) ** 2
     images = Qwen2VLImageProcessorPil(
         patch_size=PATCH,
@@ -91,7 +96,7 @@ def make_vision_bench_model(shape: dict, processor, dtype: torch.dtype, device: 
     text["rope_parameters"] = dict(rope_type="default", rope_theta=1e6, mrope_section=mrope_section)
     vision = dict(shape["vision"], out_hidden_size=text["hidden_size"], patch_size=PATCH, spatial_merge_size=MERGE)
     vision.update(temporal_patch_size=2, window_size=112)
-    start, end, image, video = processor.tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+    start, end, image, video = processor.tokenizer.convert_tokens_to_ids(list(QWEN_VL_TOKENS))
     config = AutoConfig.for_model(
         "qwen2_5_vl",
         text_config=dict(text, pad_token_id=0, bos_token_id=1, eos_token_id=2),
