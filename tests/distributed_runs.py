@@ -29,6 +29,18 @@ COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "lo
                     "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
 ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate_configs"
 
+# bf16 engines (FSDP2's bf16 mixed precision, DeepSpeed's bf16), packed vs padded, both with float32 log-probs
+# (`fp32_log_probs`, the default; tests/measure_bf16_log_probs.py). The loss is then a float32 number (quantum 6e-8
+# near ln 2), and what separates the two is the decoder's bf16 arithmetic on differently shaped tensors. Measured on
+# an AMD EPYC with AVX2 and no AVX-512 (`lscpu`), 2 processes, tiny Llama, 5 AdamW steps: loss 5.9e-4 (FSDP2) and
+# 6.2e-4 (ZeRO-3), `rewards/margins` 1.2e-3, `logps/*` 1.3e-5 relative. Every bf16 kernel rounds its output once to
+# bf16 (2^-9 relative), on AVX2 and AVX-512 alike: the spread is a sum of many such roundings, not one quantum, so the
+# bounds are about 5x the measured maxima. With bf16 sums (TRL's precision under FSDP2) the same two runs were 0.045
+# apart after one step: 15x the loss bound.
+BF16_LOSS_ATOL = 3e-3
+BF16_MARGIN_ATOL = 6e-3
+BF16_LOGPS_RTOL = 1e-4
+
 
 def assert_same_training(report: dict, expected: dict) -> None:
     """Every step's loss and compared metrics (grad_norm included) of `report` equal `expected`'s, within the bounds."""
@@ -36,6 +48,16 @@ def assert_same_training(report: dict, expected: dict) -> None:
     for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
         for key in COMPARED_METRICS:
             assert metrics[key] == pytest.approx(expected_metrics[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+
+
+def assert_same_bf16_training(report: dict, expected: dict) -> None:
+    """Two bf16 runs, both with float32 log-probs: every step's loss, margin and log-probs within the bf16 bounds."""
+    assert report["precision"]["log_probs"] == expected["precision"]["log_probs"] == "torch.float32"
+    assert report["losses"] == pytest.approx(expected["losses"], abs=BF16_LOSS_ATOL)
+    for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
+        assert metrics["rewards/margins"] == pytest.approx(expected_metrics["rewards/margins"], abs=BF16_MARGIN_ATOL)
+        for key in ("logps/chosen", "logps/rejected"):
+            assert metrics[key] == pytest.approx(expected_metrics[key], rel=BF16_LOGPS_RTOL), (step, key)
 
 
 def assert_split_row_training(report: dict, expected: dict) -> None:

@@ -13,10 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from distributed_runs import (
+    BF16_LOSS_ATOL,
     LOSS_ATOL,
     METRIC_ATOL,
     METRIC_RTOL,
     ROOT,
+    assert_same_bf16_training,
     assert_same_training,
     checkout_environment,
     free_port,
@@ -32,10 +34,8 @@ from trl_padfree.refusals import check_no_context_parallelism
 
 PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model
-# fp32, 2 processes vs 1: distributed_runs' bounds (measured here: see docs/fsdp.md)
-# bf16 autocast, packed vs padded, both under FSDP2: the bound of tests/test_deepspeed.py; the loss itself is a bf16
-# number (ln 2 comes out as 0.69140625)
-BF16_LOSS_ATOL = 5e-3
+# fp32, 2 processes vs 1, and bf16, packed vs padded with float32 log-probs: distributed_runs' bounds (measured here:
+# see docs/fsdp.md and docs/equivalence.md)
 
 RUNS = {
     "fsdp2": "padding_free+eval",
@@ -47,7 +47,8 @@ RUNS = {
     "lora": "padding_free+lora",
     "trl": "trl",
     "bf16": "padding_free+ref_offload+bf16+checkpointing",
-    "bf16_padded": "trl+bf16+checkpointing",
+    "bf16_padded": "padded+bf16+checkpointing",  # this package's trainer, padded: TRL's with float32 log-probs
+    "bf16_sums": "padding_free+bf16+checkpointing+bf16_sums",  # TRL's precision
     "sync": "padding_free+ref_offload+sync",
     "sync_padded": "trl+sync",
 }
@@ -143,12 +144,21 @@ def test_lora_under_fsdp2_matches_single_process_padded_lora(fsdp2_runs, single_
     assert_same_training(report, single_process_padded["lora"])
 
 
-def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_under_fsdp2(fsdp2_runs):
+def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_with_float32_log_probs(fsdp2_runs):
     packed, padded = fsdp2_runs["bf16"], fsdp2_runs["bf16_padded"]
     assert_policy_sharded(packed)
     assert packed["reference_fsdp"]["cpu_offload"]
-    assert packed["losses"][0] == pytest.approx(math.log(2), abs=BF16_LOSS_ATOL)
-    assert packed["losses"] == pytest.approx(padded["losses"], abs=BF16_LOSS_ATOL)
+    assert packed["precision"]["hidden_states"] == "torch.bfloat16"  # the engine really ran the model in bf16
+    assert packed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # float32 sums: policy = reference exactly
+    assert_same_bf16_training(packed, padded)
+
+
+def test_fsdp2_bf16_casts_log_probs_to_bf16_without_fp32_log_probs(fsdp2_runs):
+    # What fp32_log_probs prevents: FSDP2 rounds the fused head's float32 log-probs to bf16, and with them the sums,
+    # the margin and the loss (TRL's own trainer does the same)
+    rounded, kept = fsdp2_runs["bf16_sums"], fsdp2_runs["bf16"]
+    assert rounded["precision"]["log_probs"] == "torch.bfloat16"
+    assert max(abs(a - b) for a, b in zip(rounded["losses"], kept["losses"], strict=True)) > 5 * BF16_LOSS_ATOL
 
 
 def test_sync_ref_model_updates_an_offloaded_layer_sharded_reference(fsdp2_runs):

@@ -219,3 +219,32 @@ def test_unprepared_lookups_are_refused_by_name(model_type, router_logits, messa
         check_fused_lm_head_lookups(model, router_logits=router_logits)
     prepare_for_fused_lm_head(model, router_logits=True)
     check_fused_lm_head_lookups(model, router_logits=True)
+
+
+@pytest.mark.parametrize("cast", [False, True])
+def test_cast_lm_head_to_fp32_projects_the_scored_tokens_in_float32(cast):
+    # bf16 weights, no autocast (DeepSpeed's bf16): the head's log-probs are float32 either way; with the option its
+    # logits tiles are float32 too, so they equal a float32 log-softmax of the same bf16 hidden states and weights
+    trainer = make_trainer(True, dtype=torch.bfloat16, cast_lm_head_to_fp32=cast)
+    model = trainer.model
+    batch = first_batch(trainer)
+    captured = {}
+    handle = model.model.register_forward_hook(lambda module, args, output: captured.update(hidden=output[0]))
+    inputs = trainer._packed(batch, training=False)  # packed, then handed to TRL's loss code as padded views
+    labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+    with torch.no_grad():
+        model_kwargs = {k: v for k, v in inputs.items() if k not in ("completion_mask", "input_ids", "attention_mask")}
+        outputs = model(**model_kwargs, input_ids=inputs["input_ids"], labels=labels, fused_lm_head=True)
+    handle.remove()
+    assert outputs.log_probs.dtype == torch.float32
+    packed = inputs["packed_batch"]
+    hidden = captured["hidden"][0].float()  # (T, H), the packed row
+    logits = hidden @ model.lm_head.weight.float().T
+    row_log_probs = torch.log_softmax(logits, dim=-1)[:-1].gather(1, packed.input_ids[0, 1:, None])[:, 0]
+    expected = packed.padded_shifted(row_log_probs[None])
+    scored = labels[:, 1:] != -100
+    difference = (outputs.log_probs - expected)[scored].abs().max().item()
+    if cast:
+        assert difference < 1e-4  # float32 arithmetic, another summation order
+    else:
+        assert difference > 1e-4  # bf16 logits: each rounded to 8 significant bits (measured 6.9e-4 here)

@@ -251,10 +251,14 @@ TRL = [
         "trl", FUSED_HEAD,
         "the forward it installs looks up `base_model`, `get_output_embeddings()`, `text_config.num_experts` and "
         "`num_experts_per_tok` on every call, and takes `fused_lm_head`, `labels` and pre-shifted `shift_labels` "
-        "(split rows) by keyword",
+        "(split rows) by keyword; `cast_lm_head_to_fp32` (the option of that name) projects in float32 outside "
+        "autocast; its log-probs are float32 whatever the model's dtype (`fp32_log_probs` keeps them so under FSDP2)",
         "modeling/fused_lm_head.py, modeling/packed_forward.py", parameters=("model",),
+        keywords=("cast_lm_head_to_fp32",),
         source={
             FUSED_HEAD: (
+                "hidden_states = hidden_states.float()",
+                "autocast_ctx = torch.autocast(hidden_states.device.type, enabled=False)",
                 "text_config = model.config.get_text_config()",
                 'backbone_attr = "base_model"',
                 "self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs",

@@ -63,6 +63,25 @@ class DPOConfig(trl.DPOConfig):
             At least 2. Also unshared: pairs whose chosen and rejected sequences were truncated into the prompt by
             different amounts (`truncation_mode="keep_end"`). `padfree/shared_pairs` logs the fraction shared.
 
+    > Parameters that control numerics
+
+        fp32_log_probs (`bool`, *optional*, defaults to `True`):
+            Keep the per-token log-probs of TRL's fused LM head, and so their per-sequence sums and the DPO margin,
+            in float32 under an engine that would cast them to bf16. TRL's head computes them in float32 (online
+            log-sum-exp over its logits tiles), but FSDP2 with bf16 mixed precision casts a module's outputs to
+            `MixedPrecisionPolicy.output_dtype`, which accelerate sets to bf16: a sequence's log-prob near -500 is
+            then a multiple of 2 and the loss a bf16 number (measured: 0.04 off the float32-sum loss after one step;
+            docs/equivalence.md, "bf16 engines"). With it, FSDP2 leaves the outputs in the dtype they are computed in
+            (`output_dtype=None`, for the policy and the reference); costs nothing measurable. DeepSpeed, DDP and
+            autocast do not cast outputs, so there it changes nothing. `False` is TRL's behaviour.
+
+        cast_lm_head_to_fp32 (`bool`, *optional*, defaults to `False`):
+            Project onto the vocabulary in float32, outside autocast (TRL's `add_fused_lm_head(...,
+            cast_lm_head_to_fp32=True)`, its chunking kept), for the policy and the reference: the logits tiles are
+            float32 instead of bf16. Measured under ZeRO-3 bf16 it moves the loss by about 6e-4, the size of bf16
+            noise elsewhere in the model; it costs the LM head's GEMMs on the scored tokens in float32 (on a GPU
+            without TF32 several times their bf16 time) and a float32 logits tile (4,096 x 32,768 x 4 bytes).
+
     > Parameters that control memory under DeepSpeed and FSDP2
 
         sequence_parallel_size (`int`, *optional*, defaults to `1`):
@@ -128,6 +147,17 @@ class DPOConfig(trl.DPOConfig):
             "its own stage-3 config with offload_param cpu; FSDP2: CPUOffloadPolicy on the reference only), "
             "independent of the policy's offload settings."
         },
+    )
+    fp32_log_probs: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep per-token log-probs, their sums and the DPO margin in float32 under engines that cast "
+            "outputs to bf16 (FSDP2's output_dtype), for the policy and the reference."
+        },
+    )
+    cast_lm_head_to_fp32: bool = field(
+        default=False,
+        metadata={"help": "Run the fused LM head's projection in float32 (float32 logits tiles), outside autocast."},
     )
     context_parallel_size: int = field(
         default=1,

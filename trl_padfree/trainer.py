@@ -56,7 +56,11 @@ class DPOTrainer(TRLSeams):
         with contextlib.ExitStack() as scopes:
             scopes.enter_context(self._padding_free.around_init(args))
             scopes.enter_context(self._reference.preparing(args))
-            scopes.enter_context(fused_lm_head_lookups(self))
+            scopes.enter_context(
+                fused_lm_head_lookups(
+                    self, getattr(args, "fp32_log_probs", True), getattr(args, "cast_lm_head_to_fp32", False)
+                )
+            )
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
         self._reference.check(self)
         self._padding_free.after_init(self)

@@ -61,6 +61,8 @@ RUN_OPTIONS = (
     "aux",
     "bf16_weights",
     "cp",
+    "bf16_sums",
+    "fp32_head",
 )
 # The 'aux' option's router_aux_loss_coef: large enough that the load-balancing term moves the loss visibly
 AUX_LOSS_COEF = 0.05
@@ -77,7 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "with '+', optionally after 'NAME:' to train the model <model>/NAME ('trl': TRL's own trainer, padded; "
         "'padded': this package's trainer with padding_free=False, TRL's with its fused LM head's lookups fixed; "
         "'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model every step, half way; 'sp': "
-        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'bf16_weights': load in bfloat16)",
+        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'bf16_weights': load in bfloat16; 'bf16_sums': fp32_log_probs=False, TRL's own precision; 'fp32_head': "
+        "cast_lm_head_to_fp32=True)",
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
     parser.add_argument("--steps", type=int, default=3)
@@ -87,9 +90,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-tokens-per-batch", type=int, help="token-budget batching")
     parser.add_argument("--pairs", help="comma-separated indices: train on these pairs of the data only")
     parser.add_argument(
-        "--save-grads", help="save the first optimizer step's gradients (unclipped, process 0) to this file"
+        "--save-grads",
+        help="save the first optimizer step's gradients (unclipped, process 0) to this file ('{run}' in it: one file "
+        "per run)",
     )
     parser.add_argument("--max-length", type=int, default=192)
+    parser.add_argument(
+        "--model-tokenizer",
+        action="store_true",
+        help="tokenize with the model folder's own tokenizer (a real checkpoint) instead of the shipped one",
+    )
     parser.add_argument("--num-pairs", type=int, default=32, help="keep it equal across the runs compared")
     parser.add_argument(
         "--vision",
@@ -151,6 +161,10 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     if "aux" in flags:
         extra["router_aux_loss_coef"] = AUX_LOSS_COEF
+    if "bf16_sums" in flags:
+        extra["fp32_log_probs"] = False
+    if "fp32_head" in flags:
+        extra["cast_lm_head_to_fp32"] = True
     if "bf16_weights" in flags:  # TRL loads a model named by path in float32 unless told
         extra["model_init_kwargs"] = {"dtype": "bfloat16"}
     model = model_path(run, options)
@@ -181,7 +195,7 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         auto_class = AutoModelForImageTextToText if options.vision else AutoModelForCausalLM
         with zero3_init_config(None):  # a plain model, as a user would load it
             ref_model = auto_class.from_pretrained(model, dtype=torch.float32)
-    dataset, processing_class = vision_data(model, options) if options.vision else text_data(options)
+    dataset, processing_class = vision_data(model, options) if options.vision else text_data(model, options)
     if options.pairs:
         dataset = dataset.select([int(index) for index in options.pairs.split(",")])
     trainer = trainer_class(
@@ -194,13 +208,20 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     )
     trainer.data_collator = RowRecorder(trainer.data_collator)
     if options.save_grads:
-        trainer.add_callback(FirstStepGradients(options.save_grads))
+        trainer.add_callback(FirstStepGradients(options.save_grads.replace("{run}", run)))
+    trainer.add_callback(PrecisionProbe(trainer))
     return trainer
 
 
-def text_data(options: argparse.Namespace):
-    """The shipped preference set's first `--num-pairs` pairs and the shipped tokenizer."""
-    return load_demo_dataset("train").select(range(options.num_pairs)), load_demo_tokenizer()
+def text_data(model: str, options: argparse.Namespace):
+    """The shipped preference set's first `--num-pairs` pairs and the shipped tokenizer (or the model's own)."""
+    if options.model_tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    else:
+        tokenizer = load_demo_tokenizer()
+    return load_demo_dataset("train").select(range(options.num_pairs)), tokenizer
 
 
 def vision_data(model: str, options: argparse.Namespace):
@@ -228,11 +249,53 @@ class FirstStepGradients(TrainerCallback):
         self.saved = False
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        if not self.saved and state.is_world_process_zero:
-            torch.save(
-                {name: p.grad.detach().cpu() for name, p in model.named_parameters() if p.grad is not None}, self.path
-            )
+        from torch.distributed.tensor import DTensor
+
+        if not self.saved:
+            # FSDP2 holds each gradient as a DTensor shard: every process joins in gathering it
+            grads = {
+                name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().cpu()
+                for name, p in model.named_parameters()
+                if p.grad is not None
+            }
+            if state.is_world_process_zero:
+                torch.save(grads, self.path)
         self.saved = True
+
+
+class PrecisionProbe(TrainerCallback):
+    """Records the dtypes of the log-prob computation's stages in the first training forward of the policy, as TRL's
+    loss reads them: the backbone's hidden states, the logits tiles of TRL's fused LM head (float32 with
+    `cast_lm_head_to_fp32`, else the autocast or hidden dtype: trl/kernels/chunked_logprob.py's `compute_dtype`), and the
+    per-token log-probs the engine hands back (their per-sequence sums keep that dtype)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.dtypes = {}
+        self.hooks = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        policy = self.trainer.accelerator.unwrap_model(self.trainer.model_wrapped)
+        self.hooks = [
+            policy.base_model.register_forward_hook(self.backbone_output),
+            self.trainer.model_wrapped.register_forward_hook(self.model_output),
+        ]
+
+    def backbone_output(self, module, args, output):
+        if "hidden_states" not in self.dtypes and module.training and hasattr(output, "last_hidden_state"):
+            hidden = output.last_hidden_state.dtype
+            device = output.last_hidden_state.device.type
+            autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+            fp32 = getattr(self.trainer.args, "cast_lm_head_to_fp32", False) and isinstance(self.trainer, DPOTrainer)
+            self.dtypes["hidden_states"] = str(hidden)
+            self.dtypes["autocast"] = str(autocast)
+            self.dtypes["logits"] = str(torch.float32 if fp32 else autocast or hidden)
+
+    def model_output(self, module, args, output):
+        if "log_probs" not in self.dtypes and getattr(output, "log_probs", None) is not None and module.training:
+            self.dtypes["log_probs"] = str(output.log_probs.dtype)
+            for hook in self.hooks:
+                hook.remove()
 
 
 class RowRecorder:
@@ -330,7 +393,9 @@ def describe(trainer) -> dict:
     reference_bytes = None
     if trainer.ref_model is not None:
         reference_bytes = sum(p.numel() * p.element_size() for p in trainer.ref_model.parameters())
+    probe = next(callback for callback in trainer.callback_handler.callbacks if isinstance(callback, PrecisionProbe))
     return {
+        "precision": probe.dtypes,
         "model_type": policy.config.model_type,
         "attn_implementation": policy.config._attn_implementation,
         "dtype": str(parameters[0].ds_tensor.dtype if hasattr(parameters[0], "ds_tensor") else parameters[0].dtype),

@@ -22,9 +22,14 @@ reads it back as an extra attribute that no modeling code of these classes reads
 `fused_lm_head_lookups`, around `trl.DPOTrainer.__init__`, to exactly the models TRL patches, before any of them runs
 (the precomputed reference log-probs run inside `__init__`), and checked afterwards.
 
+The same place sets the precision of the log-probs (docs/equivalence.md, "bf16 engines"): with `fp32_log_probs` (on by
+default) FSDP2 leaves the models' float32 log-probs uncast (placement/fsdp2.py, `keep_root_outputs_dtype`), where it
+would round their sums near -500 to multiples of 2; with `cast_lm_head_to_fp32` TRL's head gets its own flag of that
+name (float32 logits tiles, outside autocast).
+
 TRL names this module depends on (TRL >=1.16,<1.17, see `_compat.py`); `tests/test_seams.py` asserts each:
 - `trl.trainer.dpo_trainer.add_fused_lm_head`: the module global `DPOTrainer.__init__` calls; swapped for the duration
-  of `__init__`.
+  of `__init__`; its `cast_lm_head_to_fp32` keyword.
 - the lookups inside the forward it installs: `getattr(self, "base_model")`, `self.get_output_embeddings()`,
   `text_config.num_experts` and `text_config.num_experts_per_tok`, `text_config` being
   `model.config.get_text_config()` taken when the head is added.
@@ -39,6 +44,7 @@ import functools
 from transformers import PreTrainedModel
 
 from ..integrations.trl import fused_lm_head_added_with
+from ..placement.fsdp2 import keep_root_outputs_dtype
 from ..refusals import check_fused_lm_head_backbone, check_fused_lm_head_experts, check_fused_lm_head_output
 
 # Where transformers configs keep the number of routed experts; TRL reads only the first
@@ -87,13 +93,17 @@ def check_fused_lm_head_lookups(model: PreTrainedModel, router_logits: bool | No
 
 
 @contextlib.contextmanager
-def fused_lm_head_lookups(trainer):
+def fused_lm_head_lookups(trainer, fp32_log_probs: bool = True, cast_lm_head_to_fp32: bool = False):
     """
     Around `trl.DPOTrainer.__init__` (the trainer's `super().__init__(...)`): every model that TRL gives a fused LM head
     is prepared by [`prepare_for_fused_lm_head`] as it is patched, whether it was passed in or loaded by TRL, and
     before any forward (reference log-probs are precomputed inside `__init__`). On leaving, checks that TRL did call
     the head through the expected name, and that each patched model resolves the expert count if training requests
     router logits (`trainer.aux_loss_enabled`, only known once `__init__` has run).
+
+    With `fp32_log_probs`, FSDP2 (set up by then: TRL adds the heads after building its Accelerator, before it shards
+    the reference) leaves the models' outputs in the dtype they were computed in; with `cast_lm_head_to_fp32`, each
+    head projects in float32.
     """
     patched_models = []
 
@@ -102,6 +112,10 @@ def fused_lm_head_lookups(trainer):
         def add_fused_lm_head_to_prepared(model, *args, **kwargs):
             prepare_for_fused_lm_head(model)
             patched_models.append(model)
+            if fp32_log_probs:
+                keep_root_outputs_dtype(trainer.accelerator)
+            if cast_lm_head_to_fp32:
+                kwargs["cast_lm_head_to_fp32"] = True
             return add_fused_lm_head(model, *args, **kwargs)
 
         return add_fused_lm_head_to_prepared

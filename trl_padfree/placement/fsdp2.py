@@ -15,6 +15,7 @@ The arithmetic is the same either way (sharding moves parameters, not the comput
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -83,6 +84,20 @@ def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch
     model.eval()
     model._padfree_reference_offloaded = offload  # what check_reference_sharded_by_layer looks for
     return model
+
+
+def keep_root_outputs_dtype(accelerator) -> None:
+    """Under FSDP2 with a low-precision `param_dtype`, stop `fully_shard` from casting module outputs to the policy's
+    `output_dtype` (accelerate sets it to the training dtype). Inside the model every output is in that dtype anyway;
+    what changes is the root's: TRL's fused LM head returns float32 log-probs, which the cast would round to bf16
+    (a sequence's log-prob of -500 to a multiple of 2). Applies to every model sharded afterwards, the policy
+    (prepared at train time) and the reference (`shard_reference`). No-op without FSDP2."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is None or plugin.fsdp_version != 2:
+        return
+    policy = plugin.mixed_precision_policy
+    if policy is not None and getattr(policy, "output_dtype", None) is not None:
+        plugin.mixed_precision_policy = dataclasses.replace(policy, output_dtype=None)
 
 
 def lm_head_tied(model: torch.nn.Module) -> bool:
