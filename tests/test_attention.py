@@ -653,10 +653,10 @@ def test_cuda_falls_back_to_per_segment_attention_and_says_why_once(
 
 
 def test_chunk_boundaries_are_cut_once_per_forward(monkeypatch):
-    # Every chunked layer of a packed forward reads the same row: one host sync, not one per layer
+    # Every chunked layer of a packed forward reads the same row, cut once on the host (from the row's host integers)
     calls = []
-    cut = rows.chunked_cu_seq_lens
-    monkeypatch.setattr(rows, "chunked_cu_seq_lens", lambda *args: calls.append(args) or cut(*args))
+    cut = rows.chunked_bounds
+    monkeypatch.setattr(rows, "chunked_bounds", lambda *args: calls.append(args) or cut(*args))
     model = make_llama4()
     add_packed_forward(model)
     lengths = [9, 1, 6]

@@ -7,6 +7,7 @@ import torch
 
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
+from trl_padfree.packing.layout import HostRow
 from trl_padfree.packing.prefix_sharing import SharedPrefixAttention
 from trl_padfree.parallel.context import ContextParallelRow, localize
 from trl_padfree.parallel.groups import RowGroup
@@ -83,13 +84,14 @@ def test_chunked_attention_layers_cut_the_row_before_it_is_split():
 def test_a_rejected_branch_reads_its_prefix_from_another_rank():
     # Segment 0 (5 tokens) is prefix + chosen branch, segment 1 (2 tokens) the rejected branch reading the first 3;
     # segment 2 is prefix + chosen again, segment 3 a rejected branch reading 6 tokens of it, across chunks
-    shared = SharedPrefixAttention.from_branches(
-        branch_starts=torch.tensor([5, 19]),
-        branch_lens=torch.tensor([2, 3]),
-        prefix_starts=torch.tensor([0, 7]),
-        prefix_lens=torch.tensor([3, 6]),
-        cu_seq_lens=CU_SEQ_LENS,
-    )
+    bounds = tuple(CU_SEQ_LENS.tolist())
+    starts = bounds[:-1]
+    prefix_starts, prefix_lens = [0] * len(starts), [0] * len(starts)
+    prefix_starts[starts.index(5)], prefix_lens[starts.index(5)] = 0, 3
+    prefix_starts[starts.index(19)], prefix_lens[starts.index(19)] = 7, 6
+    lengths = tuple(end - start for start, end in zip(bounds, bounds[1:], strict=False))
+    host = HostRow(bounds, lengths, starts, tuple(prefix_starts), tuple(prefix_lens))
+    shared = SharedPrefixAttention.of_row(host)
     query, key, value = row_tensors(3)
     expected, _ = padfree_varlen_attention(
         Layer(), query, key, value, None, packed_row=SharedPrefixRow(CU_SEQ_LENS, None, shared=shared)
@@ -103,12 +105,12 @@ def test_localize_keeps_the_keys_up_to_the_chunks_last_query():
     positions = torch.arange(ROW)
     bounds = CU_SEQ_LENS.tolist()
     ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
-    local = localize(positions, bounds, ranges, chunk=(8, 16), with_query_index=False)
+    local = localize(positions, bounds, ranges, chunk=(8, 16))
     # Chunk 8..16 holds queries 8..16 of segment 2 (7..19): keys 7..16
     assert local.segments == (2,)
     assert local.cu_seq_lens_q.tolist() == [0, 8] and local.cu_seq_lens_k.tolist() == [0, 9]
     assert local.key_index.tolist() == list(range(7, 16))
-    local = localize(positions, bounds, ranges, chunk=(16, 24), with_query_index=False)
+    local = localize(positions, bounds, ranges, chunk=(16, 24))
     assert local.segments == (2, 3, 4)
     assert local.cu_seq_lens_q.tolist() == [0, 3, 6, 8] and local.cu_seq_lens_k.tolist() == [0, 12, 15, 17]
 

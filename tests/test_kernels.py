@@ -192,15 +192,23 @@ def test_gpus_older_than_sm80_run_per_segment_and_say_so(caplog):
     assert PLAYED_CAPABILITY >= (8, 0)  # the stand-ins play an SM90 GPU
 
 
-def test_prefix_sharing_runs_both_calls_through_the_kernel():
+def test_prefix_sharing_runs_one_kernel_call_per_attention_call():
     share = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
     padded = one_step(make_trainer(False))
 
-    packed = packed_step_under(stand_in_kernels(varlen=varlen_stand_in("2.15")), **share)
+    make_trainer(True, **share)
+    with stand_in_kernels(varlen=varlen_stand_in("2.15")):
+        trainer = make_trainer(True, **share)
+        CALLS.clear()  # the architecture check's twin called it too
+        packed = one_step(trainer)
 
     assert_same_step(padded, packed)
-    # the row's segments (one boundary tensor for queries and keys), then the rejected branches against their prompts
-    assert {call.details["same_boundaries"] for call in calls_of("varlen_attn")} == {True, False}
+    # One call per layer and forward (the policy's and the reference's): the row's queries against keys gathered
+    # with each rejected branch's prompt first, so the key boundaries are not the query boundaries
+    calls = calls_of("varlen_attn")
+    assert len(calls) == 2 * trainer.model.config.num_hidden_layers
+    assert not any(call.details["same_boundaries"] for call in calls)
+    assert {call.details["backend"] for call in calls} == {"flash"}
 
 
 # ---- mixer kernels: decided from what the resolved function takes ----

@@ -40,6 +40,7 @@ from trl_padfree.modeling.packability import check_packable, resolve_attn_implem
 from trl_padfree.modeling.packed_forward import PackedBatch, run_packed
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths, kept_prompt_and_completion, ranges_index
+from trl_padfree.packing.layout import HostRow
 from trl_padfree.packing.prefix_sharing import SharedPrefixAttention, pair_row_tokens, shared_prefix_length
 from trl_padfree.tiny import TINY_CONFIGS
 
@@ -226,19 +227,21 @@ def test_per_segment_attention_aligns_causal_to_the_bottom_right_like_flash_atte
     torch.testing.assert_close(output, dense_attention(query, key, value, allowed), atol=1e-6, rtol=0)
 
 
-def test_shared_prefix_attention_indices():
-    shared = SharedPrefixAttention.from_branches(
-        branch_starts=torch.tensor([5, 10]),
-        branch_lens=torch.tensor([2, 3]),
-        prefix_starts=torch.tensor([0, 7]),
-        prefix_lens=torch.tensor([2, 1]),
-        cu_seq_lens=torch.tensor([0, 5, 7, 10, 13], dtype=torch.int32),
+def test_shared_prefix_keys_put_each_branchs_prefix_before_it():
+    # | p p c c c | p r | p c c | p r r |: pair 0 shares 2 prompt tokens, pair 1 one
+    row = HostRow(
+        cu_seq_lens=(0, 5, 7, 10, 13),
+        seq_lens=(5, 3, 4, 4),
+        seq_starts=(0, 7, 5, 10),
+        prefix_starts=(0, 0, 0, 7),
+        prefix_lens=(0, 0, 2, 1),
     )
-    assert shared.query_index.tolist() == [5, 6, 10, 11, 12]
-    assert shared.key_index.tolist() == [0, 1, 5, 6, 7, 10, 11, 12]
-    assert shared.cu_seq_lens_q.tolist() == [0, 2, 5] and shared.cu_seq_lens_k.tolist() == [0, 4, 8]
-    assert (shared.max_length_q, shared.max_length_k) == (3, 4)
+    shared = SharedPrefixAttention.of_row(row)
+    assert shared.key_index.tolist() == [0, 1, 2, 3, 4, 0, 1, 5, 6, 7, 8, 9, 7, 10, 11, 12]
+    assert shared.bounds_k == (0, 5, 9, 12, 16) and shared.cu_seq_lens_k.tolist() == [0, 5, 9, 12, 16]
+    assert shared.cu_seq_lens_k.dtype == torch.int32 and shared.max_length_k == 5
     assert shared.branch_segments == {1, 3}
+    assert SharedPrefixAttention.of_row(dataclasses.replace(row, prefix_lens=(0, 0, 0, 0))) is None
 
 
 def test_attention_without_the_layout_during_a_shared_forward_is_an_error():

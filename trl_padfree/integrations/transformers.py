@@ -2,6 +2,8 @@
 
 - a model's attention backend, `config._attn_implementation`, and its experts backend, `_experts_implementation`;
 - `ALL_ATTENTION_FUNCTIONS`, whose entry for a backend the architecture check counts calls of;
+- `AttentionMaskInterface._global_mapping`, which `create_causal_mask` reads first: a backend not in it gets no mask
+  built (and no packed-sequence detection, a host sync per forward);
 - the mixer kernel wrappers of `integrations.hub_kernels.use_kernel_func_from_hub_with_fallback`, whose closure says
   what a call runs, and which stand-ins and PyTorch fallbacks are swapped into;
 - the module-level weak reference to the DeepSpeed config `from_pretrained` builds under;
@@ -57,6 +59,23 @@ def set_config_implementations(config, attn_implementation: str, experts_impleme
 def register_attention(name: str, attention: Callable, mask: Callable) -> None:
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, mask)
+
+
+@contextlib.contextmanager
+def mask_creation_skipped(name: str) -> Iterator[None]:
+    """Around a packed forward on the registered backend `name`, which reads its row's segments itself: transformers
+    builds no mask for it. `create_causal_mask` exits early for a backend whose mask function is not registered, before
+    it reads `position_ids` to find packed sequences (a host sync per forward); the mask function, which only refuses a
+    padding mask, has nothing to refuse in a packed row, whose forward passes none."""
+    mapping = AttentionMaskInterface._global_mapping
+    if name not in mapping:
+        yield
+        return
+    mask = mapping.pop(name)
+    try:
+        yield
+    finally:
+        mapping[name] = mask
 
 
 class AttentionCalls:

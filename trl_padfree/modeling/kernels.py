@@ -94,12 +94,28 @@ def flash_backend() -> Iterator[None]:
         yield
 
 
+def user_backends() -> tuple:
+    """The SDPA backends enabled now (the user's choice), to restore inside a forward that chose Flash."""
+    from torch.nn.attention import SDPBackend
+
+    enabled = {
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+        SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+        SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled(),
+    }
+    return tuple(backend for backend, on in enabled.items() if on)
+
+
+VARLEN_BACKEND_MESSAGE = (
+    f"`padfree_varlen` attention runs torch {torch.__version__}'s varlen attention kernel on its Flash backend, "
+    "chosen explicitly (torch >= 2.15 would pick cuDNN for causal bf16/fp16 layers on SM90+; Flash is the backend the "
+    "GPU tests cover)."
+)
+
+
 def log_varlen_backend() -> None:
-    log_once(
-        f"`padfree_varlen` attention runs torch {torch.__version__}'s varlen attention kernel on its Flash backend, "
-        "chosen explicitly (torch >= 2.15 would pick cuDNN for causal bf16/fp16 layers on SM90+; Flash is the "
-        "backend the GPU tests cover)."
-    )
+    log_once(VARLEN_BACKEND_MESSAGE)  # formatted once, at import
 
 
 # ---- which branch a tensor takes ----

@@ -12,19 +12,21 @@ own code on the same numbers; only the forward differs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from ..integrations.transformers import attn_implementation
-from ..packing.layout import padded_view_index, to_padded_view
+from ..integrations.transformers import attn_implementation, mask_creation_skipped
+from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view
 from ..packing.prefix_sharing import SharedPrefixAttention
 from ..packing.vision import IMAGE_INPUTS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS
 from ..refusals import check_no_cache, check_packed_row_length, check_prefix_sharing_attention
 from .attention.bidirectional import BidirectionalSpans
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
+from .backends import ATTN_IMPLEMENTATION
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
 from .vision import bidirectional_marks, packed_position_ids
 
@@ -61,26 +63,25 @@ class PackedBatch:
     images_per_sequence: torch.Tensor | None = None
     # Set on a training batch whose row several ranks share (sequence or context parallelism, parallel/row_split.py)
     split: SplitRun | None = field(default=None, compare=False)
+    # The boundaries as host integers (the collator's): every index below is built from them without a device read
+    host: HostRow | None = field(default=None, compare=False)
 
     def __post_init__(self):
+        if self.host is None:
+            self.host = HostRow.of_tensors(
+                self.cu_seq_lens, self.seq_lens, self.seq_starts, self.shared_prefix_starts, self.shared_prefix_lens
+            )
         starts = self.seq_starts if self.seq_starts is not None else self.cu_seq_lens[: len(self.seq_lens)].long()
         prefix = (self.shared_prefix_starts, self.shared_prefix_lens)
-        self.width = int(self.seq_lens.max())
+        self.width = self.host.width
         self.token_index, self.token_valid = padded_view_index(starts, self.seq_lens, self.width, *prefix)
         # Shifted outputs: cell (i, j) scores token j + 1 of sequence i, computed at the packed position of token j.
         # (With prefix sharing, a rejected sequence's last prefix cell reads the output that scores the chosen
         # branch's first token: the same prompt token, never scored.)
         self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1, *prefix)
         self.shared_prefix = None
-        if self.shared_prefix_lens is not None and bool((self.shared_prefix_lens > 0).any()):
-            reads_prefix = self.shared_prefix_lens > 0
-            self.shared_prefix = SharedPrefixAttention.from_branches(
-                branch_starts=starts[reads_prefix],
-                branch_lens=(self.seq_lens - self.shared_prefix_lens)[reads_prefix],
-                prefix_starts=self.shared_prefix_starts[reads_prefix],
-                prefix_lens=self.shared_prefix_lens[reads_prefix],
-                cu_seq_lens=self.cu_seq_lens,
-            ).to(self.input_ids.device)
+        if self.shared_prefix_lens is not None:  # laid out by a prefix-sharing collator
+            self.shared_prefix = SharedPrefixAttention.of_row(self.host, self.input_ids.device)
 
     @classmethod
     def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:
@@ -97,12 +98,13 @@ class PackedBatch:
             image_inputs=batch.get(IMAGE_INPUTS),
             sequence_image_grid_thw=batch.get(SEQUENCE_IMAGE_GRIDS),
             images_per_sequence=batch.get(IMAGES_PER_SEQUENCE),
+            host=batch.get(HOST_ROW),
         )
 
     @property
     def real_row_tokens(self) -> int:
         """Tokens of the row before its padding segment (every pair lays out two segments, shared or not)."""
-        return int(self.cu_seq_lens[len(self.seq_lens)])
+        return self.host.real_row_tokens
 
     @property
     def row_length(self) -> int:
@@ -159,9 +161,12 @@ class PackedBatch:
         spans = (
             None if bidirectional_marks is None else BidirectionalSpans.of_row(bidirectional_marks, self.cu_seq_lens)
         )
+        bounds = self.host.cu_seq_lens
         if self.shared_prefix is not None:
-            return SharedPrefixRow(self.cu_seq_lens, self.max_length, shared=self.shared_prefix, spans=spans)
-        return PackedRow(self.cu_seq_lens, self.max_length, spans=spans)
+            return SharedPrefixRow(
+                self.cu_seq_lens, self.max_length, shared=self.shared_prefix, spans=spans, bounds=bounds
+            )
+        return PackedRow(self.cu_seq_lens, self.max_length, spans=spans, bounds=bounds)
 
     def model_kwargs(
         self, position_ids: torch.Tensor | None = None, bidirectional_marks: torch.Tensor | None = None
@@ -229,9 +234,24 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     model_kwargs = packed_batch.model_kwargs(
         packed_position_ids(module, packed_batch), bidirectional_marks(module, packed_batch)
     )
-    with row_in_flight(model_kwargs[PACKED_ROW_KWARG]):
+    row = model_kwargs[PACKED_ROW_KWARG]
+    with row_in_flight(row), _once_per_forward(row, packed_batch, module):
         outputs = forward(**{**kwargs, **model_kwargs})
     return packed_batch.to_padded_outputs(outputs)
+
+
+@contextlib.contextmanager
+def _once_per_forward(row: PackedRow, packed_batch: PackedBatch, module):
+    """What the attention calls of a packed text row would otherwise each do: the Flash backend chosen once around
+    the forward (the user's flags restored after, and for layers that run per segment), and no mask built for a
+    backend that reads the row itself (modeling/backends.py)."""
+    attention = attn_implementation(module) if getattr(module, "config", None) is not None else None
+    with contextlib.ExitStack() as scopes:
+        if attention == ATTN_IMPLEMENTATION:
+            scopes.enter_context(mask_creation_skipped(attention))
+            if packed_batch.image_inputs is None:  # a vision tower's own attention would run under the flags too
+                scopes.enter_context(row.session.flash_around_forward(packed_batch.input_ids))
+        yield
 
 
 def add_packed_forward(model: torch.nn.Module) -> None:

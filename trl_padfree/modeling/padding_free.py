@@ -182,28 +182,31 @@ def _packing_collator(collator, args, vision_config=None):
 
 
 def _models(trainer) -> list[torch.nn.Module]:
-    """The policy (its base model under PEFT) and the reference model, unwrapped."""
-    policy = trainer.accelerator.unwrap_model(trainer.model)
+    """The policy (its base model under PEFT) and the reference model, unwrapped: `torch.compile`'s wrapper too
+    (accelerate compiles the reference at TRL's `__init__` under `torch_compile=True`), so each model's own class is
+    checked and its own forward packed, which the compiled wrapper calls."""
+    policy = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
     if is_peft_model(policy):
         check_not_prompt_learning(policy.peft_config[policy.active_adapter].is_prompt_learning)
         policy = policy.get_base_model()
     models = [policy]
     if trainer.ref_model is not None:
-        models.append(trainer.accelerator.unwrap_model(trainer.ref_model))
+        models.append(trainer.accelerator.unwrap_model(trainer.ref_model, keep_torch_compile=False))
     return models
 
 
 def _counts(packed_batch: PackedBatch, plan: PackingPlan) -> dict[str, float]:
-    sequences = len(packed_batch.seq_lens)
+    # From the host integers: none of these waits for the device
+    host = packed_batch.host
+    sequences = len(host.seq_lens)
     padded_width = pad_length_to_multiple(packed_batch.width, plan.padded_pad_to_multiple_of)
-    shared = 0 if packed_batch.shared_prefix_lens is None else int((packed_batch.shared_prefix_lens > 0).sum())
     return {
-        "real_tokens": packed_batch.seq_lens.sum().item(),
+        "real_tokens": sum(host.seq_lens),
         "padded_tokens": sequences * padded_width,
         "row_length": packed_batch.row_length,
         "pairs": sequences // 2,
         "row_tokens": packed_batch.real_row_tokens,
-        "shared_pairs": shared,
+        "shared_pairs": host.shared_pairs,
         "images_encoded": packed_batch.images_encoded,
         "images_padded": 0
         if packed_batch.images_per_sequence is None

@@ -16,7 +16,14 @@ from ..refusals import (
     check_reference_log_probs,
     check_truncation_mode,
 )
-from .layout import cu_seq_lens_from_lengths, kept_slice, pad_length_to_multiple, position_ids_from_lengths
+from .layout import (
+    HOST_ROW,
+    HostRow,
+    cu_seq_lens_from_lengths,
+    kept_slice,
+    pad_length_to_multiple,
+    position_ids_from_lengths,
+)
 from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
 
 REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -170,8 +177,8 @@ def concatenated_inputs(
     Returns:
         A dict with `input_ids`, `position_ids`, `completion_mask` of shape `(1, total_length)`; `seq_lens` (one
         length per sequence, chosen then rejected); `cu_seq_lens_q`/`cu_seq_lens_k` (int32 segment boundaries,
-        padding segment included) and `max_length_q`/`max_length_k` for varlen kernels; and the reference log-probs
-        when the examples carry them. With `prefix_sharing`, also `seq_starts`, `shared_prefix_starts` and
+        padding segment included) and `max_length_q`/`max_length_k` for varlen kernels; `host_row`, the same
+        boundaries as host integers (`HostRow`); and the reference log-probs when the examples carry them. With `prefix_sharing`, also `seq_starts`, `shared_prefix_starts` and
         `shared_prefix_lens` (per sequence: row start of its own tokens, and of the prefix it reads first).
     """
     _validate_examples(examples)
@@ -211,6 +218,13 @@ def packed_row(
         "max_length_q": max(segment_lens),
         "max_length_k": max(segment_lens),
         "seq_lens": torch.tensor(sequences.lengths, dtype=torch.long),
+        HOST_ROW: HostRow(
+            tuple(itertools.accumulate(segment_lens, initial=0)),
+            tuple(sequences.lengths),
+            tuple(layout.seq_starts),
+            tuple(layout.prefix_starts),
+            tuple(layout.prefix_lens),
+        ),
     }
     if return_attention_mask:
         row["attention_mask"] = torch.tensor([[1] * real_length + [0] * padding_length], dtype=torch.long)

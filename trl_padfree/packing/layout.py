@@ -15,7 +15,10 @@ is written once here: which tokens TRL's truncation keeps (`kept_slice`), and th
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -53,6 +56,62 @@ def pair_tokens(prompt: int, chosen: int, rejected: int, max_length: int | None)
 
 def _length(kept: slice) -> int:
     return kept.stop - kept.start
+
+
+# ---- the row on the host ----
+
+HOST_ROW = "host_row"  # the collated batch's key for its `HostRow`
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """A packed row's boundaries as host integers, as the collator laid it out.
+
+    The step builds every index it needs from these, never from the row's device tensors: on a GPU each read of a
+    tensor's value (`.item()`, `int(...)`, `.tolist()`) waits for every kernel queued before it. Plain tuples, so the
+    Trainer and accelerate hand it on untouched when they move the batch's tensors to the device.
+    """
+
+    cu_seq_lens: tuple[int, ...]  # segment boundaries, the padding segment included
+    seq_lens: tuple[int, ...]  # per sequence, chosen then rejected
+    seq_starts: tuple[int, ...]  # row start of each sequence's own tokens
+    prefix_starts: tuple[int, ...]  # row start of the shared prefix it reads first (prefix sharing)
+    prefix_lens: tuple[int, ...]  # tokens of that prefix, 0 if none
+
+    @classmethod
+    def of_tensors(cls, cu_seq_lens, seq_lens, seq_starts=None, prefix_starts=None, prefix_lens=None) -> HostRow:
+        """From a batch's tensors, for a batch built without one (each read waits for the device)."""
+        bounds, lengths = tuple(cu_seq_lens.tolist()), tuple(seq_lens.tolist())
+        none = (0,) * len(lengths)
+        return cls(
+            bounds,
+            lengths,
+            bounds[: len(lengths)] if seq_starts is None else tuple(seq_starts.tolist()),
+            none if prefix_starts is None else tuple(prefix_starts.tolist()),
+            none if prefix_lens is None else tuple(prefix_lens.tolist()),
+        )
+
+    @property
+    def width(self) -> int:
+        """The longest sequence: the width of the padded views."""
+        return max(self.seq_lens)
+
+    @property
+    def max_length(self) -> int:
+        """The longest segment."""
+        return max(end - start for start, end in itertools.pairwise(self.cu_seq_lens))
+
+    @property
+    def real_row_tokens(self) -> int:
+        """Tokens before the padding segment (every pair lays out two segments, shared or not)."""
+        return self.cu_seq_lens[len(self.seq_lens)]
+
+    @property
+    def shared_pairs(self) -> int:
+        return sum(1 for prefix in self.prefix_lens if prefix > 0)
+
+    def segment_of(self, row_position: int) -> int:
+        return bisect.bisect_right(self.cu_seq_lens, row_position) - 1
 
 
 # ---- positions and boundaries ----
@@ -155,16 +214,30 @@ def cu_seq_lens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([starts, total]).to(torch.int32)
 
 
+def chunked_bounds(bounds: Sequence[int], chunk_size: int) -> list[int]:
+    """Segment boundaries (host integers) that also cut each segment every `chunk_size` tokens from its start (Llama
+    4's chunked attention layers).
+
+    >>> chunked_bounds([0, 5, 6, 15], chunk_size=4)
+    [0, 4, 5, 6, 10, 14, 15]
+    """
+    cut = [position for start, end in itertools.pairwise(bounds) for position in range(start, end, chunk_size)]
+    return cut + [bounds[-1]]
+
+
 def chunked_cu_seq_lens(cu_seq_lens: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """Segment boundaries that also cut each segment every `chunk_size` tokens from its start (Llama 4's chunked
-    attention layers), as int32.
+    """`chunked_bounds` of a boundary tensor, as int32 on its device (reads the boundaries once).
 
     >>> chunked_cu_seq_lens(torch.tensor([0, 5, 6, 15]), chunk_size=4).tolist()
     [0, 4, 5, 6, 10, 14, 15]
     """
-    boundaries = cu_seq_lens.cpu().long()  # on the host: one device sync, not one per op below
-    starts, ends = boundaries[:-1], boundaries[1:]
-    chunks = (ends - starts + chunk_size - 1) // chunk_size  # per segment, none if it is empty
-    chunk_in_segment = ranges_index(torch.zeros_like(chunks), chunks)  # 0, 1, ... for each segment's chunks
-    chunk_starts = torch.repeat_interleave(starts, chunks) + chunk_in_segment * chunk_size
-    return torch.cat([chunk_starts, ends[-1:]]).to(device=cu_seq_lens.device, dtype=torch.int32)
+    bounds = chunked_bounds(cu_seq_lens.tolist(), chunk_size)
+    return torch.tensor(bounds, dtype=torch.int32, device=cu_seq_lens.device)
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor built on the host, copied to `device` without waiting for the device's queued work (pinned and
+    asynchronous on CUDA: an ordinary copy from pageable memory synchronizes)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

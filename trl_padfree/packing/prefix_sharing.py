@@ -11,19 +11,26 @@ position scores one next token, so the rejected branch repeats p3 to score r0 fr
 same position in both branches, so its hidden states are equal: one token per pair is computed twice instead of the
 whole prompt, and every token is scored exactly as in the unshared layout.
 
-Attention for that layout (modeling/attention/rows.py) is two varlen calls: the row's segments (prefix + chosen branch, rejected
-branch, ...) as usual, then every rejected branch again against its gathered prefix and branch keys, whose outputs
-replace the first call's. `SharedPrefixAttention` holds the gather indices of that second call.
+Attention for that layout (modeling/attention/rows.py) is one varlen call per layer. The queries are the row as it is;
+the keys are gathered so that each segment has its own tokens, except a rejected branch, which has its prefix first:
+
+    queries      | p0 p1 p2 p3 c0 c1 |          p3 r0 r1 r2 |        cu_seq_lens_q  0 6 10
+    keys         | p0 p1 p2 p3 c0 c1 | p0 p1 p2 p3 r0 r1 r2 |        cu_seq_lens_k  0 6 13
+
+Causal attention aligned to the bottom-right corner (flash attention's varlen convention, and the per-segment
+reference's) then lets branch token i see the whole prefix and the branch up to itself: exactly the keys of the
+unshared rejected sequence. `SharedPrefixAttention` holds that gather, built once per step from host integers.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
 import torch
 
-from .layout import cu_seq_lens_from_lengths, kept_prompt_and_completion, pair_tokens, ranges_index
+from .layout import HostRow, host_to_device, kept_prompt_and_completion, pair_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -64,55 +71,45 @@ def pair_row_tokens(
     return pair_tokens(prompt, chosen, rejected, max_length) - prefix
 
 
-@dataclass
+@dataclass(frozen=True)
 class SharedPrefixAttention:
-    """The second attention call of a prefix-sharing row, passed to the model as the `shared_prefix` kwarg.
+    """The keys of a prefix-sharing row's attention: every segment's own tokens, a rejected branch's prefix first.
 
-    Queries are the tokens of every rejected branch that reads a prefix; its keys are that pair's prefix, then the
-    branch, so causal attention aligned to the bottom-right corner (flash attention's convention when a segment has
-    more keys than queries) lets each query see the whole prefix and the branch up to itself.
+    One call per layer computes the row: queries `cu_seq_lens_q` (the row's segments) against the keys
+    `key_index` gathers, segment by segment (`cu_seq_lens_k`), causal aligned to the bottom-right corner.
     """
 
-    query_index: torch.Tensor  # (Q,) row positions of the rejected-branch tokens
-    key_index: torch.Tensor  # (K,) row positions of each pair's prefix, then of its rejected branch
-    cu_seq_lens_q: torch.Tensor  # (pairs + 1,) int32
-    cu_seq_lens_k: torch.Tensor  # (pairs + 1,) int32
-    max_length_q: int
+    key_index: torch.Tensor  # (K,) row positions of the keys, segment after segment
+    cu_seq_lens_k: torch.Tensor  # (segments + 1,) int32
+    bounds_k: tuple[int, ...]  # the same boundaries, on the host
     max_length_k: int
-    branch_segments: frozenset[int]  # the row segments these branches are, whose first-call outputs are replaced
+    branch_segments: frozenset[int]  # the segments that read a prefix
 
     @classmethod
-    def from_branches(
-        cls,
-        branch_starts: torch.Tensor,
-        branch_lens: torch.Tensor,
-        prefix_starts: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        cu_seq_lens: torch.Tensor,
-    ) -> SharedPrefixAttention:
-        """From the row ranges of each rejected branch and of the prefix it reads (one entry per shared pair), and
-        the row's segment boundaries."""
-        branch_segments = torch.searchsorted(cu_seq_lens.long(), branch_starts)
-        key_starts = torch.stack([prefix_starts, branch_starts], dim=1).reshape(-1)
-        key_lens = torch.stack([prefix_lens, branch_lens], dim=1).reshape(-1)
+    def of_row(cls, row: HostRow, device: torch.device | None = None) -> SharedPrefixAttention | None:
+        """From the row's host integers; None when no pair of the row shares its prefix."""
+        prefixes = {
+            row.segment_of(start): (prefix_start, prefix_len)
+            for start, prefix_start, prefix_len in zip(row.seq_starts, row.prefix_starts, row.prefix_lens, strict=True)
+            if prefix_len > 0
+        }
+        if not prefixes:
+            return None
+        key_ranges, key_lens = [], []
+        for segment, (start, end) in enumerate(itertools.pairwise(row.cu_seq_lens)):
+            prefix_start, prefix_len = prefixes.get(segment, (0, 0))
+            if prefix_len:
+                key_ranges.append(torch.arange(prefix_start, prefix_start + prefix_len))
+            key_ranges.append(torch.arange(start, end))
+            key_lens.append(prefix_len + end - start)
+        bounds_k = tuple(itertools.accumulate(key_lens, initial=0))
+        device = device or torch.device("cpu")
         return cls(
-            query_index=ranges_index(branch_starts, branch_lens),
-            key_index=ranges_index(key_starts, key_lens),
-            cu_seq_lens_q=cu_seq_lens_from_lengths(branch_lens.tolist()),
-            cu_seq_lens_k=cu_seq_lens_from_lengths((prefix_lens + branch_lens).tolist()),
-            max_length_q=int(branch_lens.max()),
-            max_length_k=int((prefix_lens + branch_lens).max()),
-            branch_segments=frozenset(branch_segments.tolist()),
-        )
-
-    def to(self, device: torch.device) -> SharedPrefixAttention:
-        moved = {name: getattr(self, name).to(device) for name in ("query_index", "key_index")}
-        moved |= {name: getattr(self, name).to(device) for name in ("cu_seq_lens_q", "cu_seq_lens_k")}
-        return SharedPrefixAttention(
-            **moved,
-            max_length_q=self.max_length_q,
-            max_length_k=self.max_length_k,
-            branch_segments=self.branch_segments,
+            key_index=host_to_device(torch.cat(key_ranges), device),
+            cu_seq_lens_k=host_to_device(torch.tensor(bounds_k, dtype=torch.int32), device),
+            bounds_k=bounds_k,
+            max_length_k=max(key_lens),
+            branch_segments=frozenset(prefixes),
         )
 
 

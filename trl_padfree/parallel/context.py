@@ -14,8 +14,8 @@ its own queries to them, segment by segment:
 A rank's part of a segment is a run of its queries and every key of the segment up to its last query, with causal
 attention aligned to the bottom-right corner (flash attention's varlen convention, what `padfree_varlen` computes):
 exactly what those queries see in the whole row. A sequence may span any number of chunks. No head-count limit: heads
-are never split, only the row (padded to a multiple of C). Prefix sharing keeps its second call: a rejected branch's
-queries on this rank attend to its prefix, wherever in the row it lies, gathered like every other key.
+are never split, only the row (padded to a multiple of C). With prefix sharing a rejected branch's keys are its prefix,
+wherever in the row it lies, then itself (packing/prefix_sharing.py): one call still, gathered like every other key.
 
 The per-token outputs (log-probs, ...) are all-gathered back into the whole row, as under Ulysses (ulysses.py), so
 every rank computes the same per-sequence sums and TRL's loss, unchanged. `ContextParallelRow` is one kind of row of
@@ -24,7 +24,7 @@ modeling/attention/rows.py: the registered attention hands it its layer's segmen
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, ClassVar
@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from ..modeling.attention.rows import PackedRow
 from ..modeling.attention.varlen import varlen_attention
-from ..packing.layout import cu_seq_lens_from_lengths
+from ..packing.layout import host_to_device
 from ..packing.prefix_sharing import SharedPrefixAttention
 from ..refusals import check_processes_share_rows
 from .groups import RowGroup
@@ -49,9 +49,9 @@ class LocalSegments:
     cu_seq_lens_k: torch.Tensor  # int32
     max_length_q: int
     max_length_k: int
-    segments: tuple[int, ...]  # the row segment (or shared branch) each local segment is part of
-    query_index: torch.Tensor | None = None  # (Q,) chunk positions of the queries; None: the whole chunk, in order
-    replaced: frozenset[int] = frozenset()  # local segments whose outputs prefix sharing's second call replaces
+    segments: tuple[int, ...]  # the row segment each local segment is part of
+    bounds_q: tuple[int, ...] = ()  # cu_seq_lens_q and cu_seq_lens_k on the host
+    bounds_k: tuple[int, ...] = ()
 
 
 def localize(
@@ -59,7 +59,6 @@ def localize(
     cu_seq_lens_k: list[int],
     query_ranges: list[tuple[int, int]],
     chunk: tuple[int, int],
-    with_query_index: bool,
 ) -> LocalSegments:
     """The part of each segment that the queries of `chunk` (row positions `[start, end)`) compute.
 
@@ -69,7 +68,7 @@ def localize(
     it sees in the whole row.
     """
     chunk_start, chunk_end = chunk
-    keys, query_index, lengths_q, lengths_k, segments = [], [], [], [], []
+    keys, lengths_q, lengths_k, segments = [], [], [], []
     for segment, (query_start, query_end) in enumerate(query_ranges):
         first, last = max(query_start, chunk_start), min(query_end, chunk_end)
         if first >= last:
@@ -77,20 +76,21 @@ def localize(
         key_start, key_end = cu_seq_lens_k[segment], cu_seq_lens_k[segment + 1]
         kept_keys = key_end - key_start - (query_end - last)  # not the keys after this chunk's last query
         keys.append(key_index[key_start : key_start + kept_keys])
-        if with_query_index:
-            query_index.append(torch.arange(first - chunk_start, last - chunk_start))
         lengths_q.append(last - first)
         lengths_k.append(kept_keys)
         segments.append(segment)
     device = key_index.device
+    bounds_q, bounds_k = itertools.accumulate(lengths_q, initial=0), itertools.accumulate(lengths_k, initial=0)
+    bounds_q, bounds_k = tuple(bounds_q), tuple(bounds_k)
     return LocalSegments(
         key_index=torch.cat(keys) if keys else key_index.new_zeros(0),
-        cu_seq_lens_q=cu_seq_lens_from_lengths(lengths_q, device=device),
-        cu_seq_lens_k=cu_seq_lens_from_lengths(lengths_k, device=device),
+        cu_seq_lens_q=host_to_device(torch.tensor(bounds_q, dtype=torch.int32), device),
+        cu_seq_lens_k=host_to_device(torch.tensor(bounds_k, dtype=torch.int32), device),
         max_length_q=max(lengths_q, default=0),
         max_length_k=max(lengths_k, default=0),
         segments=tuple(segments),
-        query_index=torch.cat(query_index).to(device) if with_query_index and query_index else None,
+        bounds_q=bounds_q,
+        bounds_k=bounds_k,
     )
 
 
@@ -114,32 +114,18 @@ class ContextParallelRow(PackedRow):
         return self.group.rank * length, (self.group.rank + 1) * length
 
     def row_segments(self, cu_seq_lens: torch.Tensor) -> LocalSegments:
-        """The local part of the row's segments (or of a chunked layer's finer ones): computed once per forward."""
+        """The local part of the row's segments (or of a chunked layer's finer ones), each with its keys (with prefix
+        sharing, a rejected branch's prefix first): computed once per forward, from host integers."""
         cached = self._layouts.get(id(cu_seq_lens))
         if cached is not None and cached[0] is cu_seq_lens:
             return cached[1]
-        bounds = cu_seq_lens.tolist()
-        positions = torch.arange(self.row_length, device=cu_seq_lens.device)
-        layout = localize(positions, bounds, list(pairwise(bounds)), self.chunk, with_query_index=False)
-        if self.shared_prefix is not None:  # once per forward, not per layer
-            branches = self.shared_prefix.branch_segments
-            replaced = frozenset(index for index, segment in enumerate(layout.segments) if segment in branches)
-            layout = dataclasses.replace(layout, replaced=replaced)
+        bounds = self.host_bounds(cu_seq_lens) or tuple(cu_seq_lens.tolist())
+        if self.shared_prefix is not None and cu_seq_lens is self.cu_seq_lens:
+            key_index, bounds_k = self.shared_prefix.key_index, self.shared_prefix.bounds_k
+        else:
+            key_index, bounds_k = torch.arange(self.row_length, device=cu_seq_lens.device), bounds
+        layout = localize(key_index, list(bounds_k), list(pairwise(bounds)), self.chunk)
         self._layouts[id(cu_seq_lens)] = (cu_seq_lens, layout)  # held, so the id stays this tensor's
-        return layout
-
-    def shared_branches(self) -> LocalSegments:
-        """The local part of prefix sharing's second call: this chunk's rejected-branch queries against their prefix
-        and branch keys."""
-        cached = self._layouts.get("shared")
-        if cached is not None:
-            return cached[1]
-        shared = self.shared_prefix
-        starts = shared.query_index[shared.cu_seq_lens_q[:-1].long()].tolist()
-        lengths = (shared.cu_seq_lens_q[1:] - shared.cu_seq_lens_q[:-1]).tolist()
-        ranges = [(start, start + length) for start, length in zip(starts, lengths, strict=True)]
-        layout = localize(shared.key_index, shared.cu_seq_lens_k.tolist(), ranges, self.chunk, with_query_index=True)
-        self._layouts["shared"] = (None, layout)
         return layout
 
     def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
@@ -148,35 +134,24 @@ class ContextParallelRow(PackedRow):
         self.attention_calls += 1
         key, value = self.gather_keys_and_values(key, value)
         local = self.row_segments(cu_seq_lens)
-        output = _attend_segments(query, key, value, local, options, local.replaced)
-        if self.shared_prefix is not None:
-            branches = self.shared_branches()
-            if branches.query_index is not None:
-                branch_output = _attend_segments(query, key, value, branches, options)
-                output = output.index_copy(1, branches.query_index, branch_output)
-        return output
+        return varlen_attention(
+            query,
+            key.index_select(2, local.key_index),
+            value.index_select(2, local.key_index),
+            local.cu_seq_lens_q,
+            local.cu_seq_lens_k,
+            local.max_length_q,
+            local.max_length_k,
+            session=self.session,
+            bounds=(local.bounds_q, local.bounds_k),
+            **options,
+        )
 
     def gather_keys_and_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole row's keys and values `(1, kv_heads, T, dim)` from every rank's chunk, differentiably."""
         both = torch.cat([key, value], dim=-1)  # one collective for the two
         gathered = self.group.gather(both, dim=2)
         return gathered[..., : key.shape[-1]], gathered[..., key.shape[-1] :]
-
-
-def _attend_segments(query, key, value, local: LocalSegments, options, skipped=frozenset()):
-    if local.query_index is not None:
-        query = query[:, :, local.query_index]
-    return varlen_attention(
-        query,
-        key[:, :, local.key_index],
-        value[:, :, local.key_index],
-        local.cu_seq_lens_q,
-        local.cu_seq_lens_k,
-        local.max_length_q,
-        local.max_length_k,
-        skip_segments=skipped,
-        **options,
-    )
 
 
 # ---- groups ----

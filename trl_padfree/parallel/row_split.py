@@ -72,7 +72,7 @@ class SplitRowRun:
         if self.context is not None:  # carries prefix sharing's layout, localized to the chunk
             model_kwargs[PACKED_ROW_KWARG] = ContextParallelRow(
                 packed_batch.cu_seq_lens, None, group=self.context, row_length=packed_batch.row_length,
-                shared_prefix=packed_batch.shared_prefix,
+                shared_prefix=packed_batch.shared_prefix, bounds=packed_batch.host.cu_seq_lens,
             )  # fmt: skip
         with contextlib.ExitStack() as scopes:
             scopes.enter_context(row_in_flight(model_kwargs[PACKED_ROW_KWARG]))

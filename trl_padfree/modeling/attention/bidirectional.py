@@ -39,10 +39,11 @@ class BidirectionalSpans:
         return cls(span_ids, frozenset(segments.unique().tolist()))
 
     def attend(
-        self, query, key, value, cu_seq_lens: torch.Tensor, output: torch.Tensor, options: dict
+        self, query, key, value, cu_seq_lens: torch.Tensor, output: torch.Tensor, options: dict, bounds=None
     ) -> torch.Tensor:
-        """`output` `(1, T, heads, dim)` with the segments holding spans computed again under their mask."""
-        bounds = cu_seq_lens.tolist()
+        """`output` `(1, T, heads, dim)` with the segments holding spans computed again under their mask; `bounds`:
+        `cu_seq_lens` on the host, when known."""
+        bounds = cu_seq_lens.tolist() if bounds is None else bounds
         index, values = [], []
         for segment in sorted(self.segments):
             start, end = bounds[segment], bounds[segment + 1]

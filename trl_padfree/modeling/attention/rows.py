@@ -3,9 +3,12 @@ keyword (transformers passes a model's keyword arguments down to its attention f
 
     PackedRow           each segment attends to itself: the plain packed row (with image spans, bidirectional.py,
                         the segments holding an image attend under Gemma 3's mask)
-    SharedPrefixRow     prefix sharing (packing/prefix_sharing.py): the row's segments, then each rejected branch
-                        against its prompt and itself, whose outputs replace the first call's
+    SharedPrefixRow     prefix sharing (packing/prefix_sharing.py): one call, each rejected branch's keys gathered
+                        after its prompt's
     ContextParallelRow  (parallel/context.py) this rank's chunk of the row against the row's gathered keys
+
+A row is made for one forward and carries what its attention calls share (`KernelSession`: the kernel and its plans,
+decided once) and its boundaries as host integers (`bounds`), so no call reads the device.
 
 The registered attention (interface.py) validates a call, asks the row for its segments as the layer cuts them
 (chunked layers cut finer, once per forward) and lets the row attend: no attention code knows which kind of row it
@@ -27,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from ...packing.layout import chunked_cu_seq_lens
+from ...packing.layout import chunked_bounds, chunked_cu_seq_lens, host_to_device
 from ...packing.prefix_sharing import SharedPrefixAttention
 from ...refusals import (
     refuse_image_spans_with_chunked_layers,
@@ -36,7 +39,7 @@ from ...refusals import (
     refuse_prefix_sharing_with_chunked_layers,
 )
 from .bidirectional import BidirectionalSpans
-from .varlen import varlen_attention
+from .varlen import KernelSession, varlen_attention
 
 PACKED_ROW_KWARG = "packed_row"
 # What a row with image spans needs of every attention call, as `must_be_read` says it
@@ -56,6 +59,9 @@ class PackedRow:
     attention_calls: int = field(default=0, compare=False)
     _chunked: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     spans: BidirectionalSpans | None = field(default=None, kw_only=True)  # image tokens that see each other
+    bounds: tuple[int, ...] | None = field(default=None, kw_only=True)  # `cu_seq_lens` on the host, when known
+    session: KernelSession = field(default_factory=KernelSession, kw_only=True, repr=False, compare=False)
+    _chunked_bounds: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     # Set on rows that every attention call must read: their name, what a layer without them would do, the way out
     layout: ClassVar[str | None] = None
@@ -78,18 +84,32 @@ class PackedRow:
         if self.spans is not None:
             refuse_image_spans_with_chunked_layers()
         if chunk_size not in self._chunked:
-            self._chunked[chunk_size] = chunked_cu_seq_lens(self.cu_seq_lens, chunk_size)
+            if self.bounds is None:
+                self._chunked[chunk_size] = chunked_cu_seq_lens(self.cu_seq_lens, chunk_size)
+            else:  # from the host integers: no read of the device
+                bounds = chunked_bounds(self.bounds, chunk_size)
+                self._chunked_bounds[chunk_size] = tuple(bounds)
+                chunked = torch.tensor(bounds, dtype=torch.int32)
+                self._chunked[chunk_size] = host_to_device(chunked, self.cu_seq_lens.device)
         # Still the longest segment: a segment longer than a chunk leaves a whole chunk
         max_length = None if self.max_length is None else min(self.max_length, chunk_size)
         return self._chunked[chunk_size], max_length
+
+    def host_bounds(self, cu_seq_lens: torch.Tensor) -> tuple[int, ...] | None:
+        """The host integers of `cu_seq_lens` (the row's, or a chunked layer's), if known."""
+        if cu_seq_lens is self.cu_seq_lens:
+            return self.bounds
+        size = next((size for size, cut in self._chunked.items() if cut is cu_seq_lens), None)
+        return self._chunked_bounds.get(size)
 
     def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
         """`(1, T_q, heads, dim)` for `(1, heads, T, dim)` inputs; `options`: scaling, sliding_window, dropout,
         softcap, sinks."""
         self.attention_calls += 1
+        bounds = self.host_bounds(cu_seq_lens)
         output = varlen_attention(
             query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
-            skip_segments=self.span_segments(), **options,
+            skip_segments=self.span_segments(), session=self.session, bounds=bounds and (bounds, bounds), **options,
         )  # fmt: skip
         return self.with_spans(query, key, value, cu_seq_lens, output, options)
 
@@ -98,13 +118,15 @@ class PackedRow:
 
     def with_spans(self, query, key, value, cu_seq_lens, output, options: dict) -> torch.Tensor:
         """`output` with the segments holding image spans attended under their mask."""
-        return output if self.spans is None else self.spans.attend(query, key, value, cu_seq_lens, output, options)
+        if self.spans is None:
+            return output
+        return self.spans.attend(query, key, value, cu_seq_lens, output, options, self.host_bounds(cu_seq_lens))
 
 
 @dataclass
 class SharedPrefixRow(PackedRow):
-    """A prefix-sharing row: the row's segments as usual, then every rejected branch again against its gathered
-    prefix and branch keys (`shared`), whose outputs replace the first call's for those tokens."""
+    """A prefix-sharing row: one call, the row's queries against keys gathered so that each rejected branch reads its
+    prefix first (`shared`, packing/prefix_sharing.py); causal alignment to the bottom-right corner does the rest."""
 
     shared: SharedPrefixAttention | None = None
 
@@ -120,23 +142,21 @@ class SharedPrefixRow(PackedRow):
     def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
         self.attention_calls += 1
         shared = self.shared
-        # The first call lets each rejected branch attend to itself only: skip those segments, then replace them
         output = varlen_attention(
-            query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
-            skip_segments=shared.branch_segments | self.span_segments(), **options,
-        )  # fmt: skip
-        output = self.with_spans(query, key, value, cu_seq_lens, output, options)
-        branches = varlen_attention(
-            query[:, :, shared.query_index],
-            key[:, :, shared.key_index],
-            value[:, :, shared.key_index],
-            shared.cu_seq_lens_q,
+            query,
+            key.index_select(2, shared.key_index),
+            value.index_select(2, shared.key_index),
+            cu_seq_lens,
             shared.cu_seq_lens_k,
-            shared.max_length_q,
+            max_length,
             shared.max_length_k,
+            skip_segments=self.span_segments(),
+            session=self.session,
+            bounds=None if self.bounds is None else (self.bounds, shared.bounds_k),
             **options,
         )
-        return output.index_copy(1, shared.query_index, branches)
+        # Image spans lie in prompts, so in the segments that hold their prefix: those keys are the row's own
+        return self.with_spans(query, key, value, cu_seq_lens, output, options)
 
 
 # The row of the forward in flight, when every attention call must read it

@@ -9,6 +9,8 @@ with the sum of the squared segment lengths, not with the square of the row as a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -86,17 +88,22 @@ def per_segment_attention(
     skip_segments: frozenset[int] = frozenset(),
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    bounds: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Exact causal attention per segment, one `scaled_dot_product_attention` each (or `explicit_attention` with
     `softcap` or `sinks`). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`.
 
     Same semantics as flash attention's varlen kernel: segment i has queries `cu_seq_lens_q[i]:cu_seq_lens_q[i + 1]`
     and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal aligned to the bottom-right corner when it has more keys.
-    Segments in `skip_segments` are not computed (zeros): their outputs are about to be replaced.
+    Segments in `skip_segments` are not computed (zeros): their outputs are about to be replaced. `bounds`: the same
+    boundaries as host integers, when the caller has them (else read from the tensors).
     """
     outputs = []
-    bounds_q = cu_seq_lens_q.tolist()
-    bounds_k = bounds_q if cu_seq_lens_k is cu_seq_lens_q else cu_seq_lens_k.tolist()  # one host sync for both
+    if bounds is not None:
+        bounds_q, bounds_k = bounds
+    else:
+        bounds_q = cu_seq_lens_q.tolist()
+        bounds_k = bounds_q if cu_seq_lens_k is cu_seq_lens_q else cu_seq_lens_k.tolist()  # one read for both
     segments = zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True)
     for segment, (start_q, end_q, start_k, end_k) in enumerate(segments):
         if end_q == start_q:

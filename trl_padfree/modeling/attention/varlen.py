@@ -5,10 +5,15 @@ The kernel's keyword arguments differ between torch releases: `varlen_kernel_pla
 stand-in, modeling/kernels.py) accepts. A layer it cannot compute (logit softcapping, attention sinks, dropout, a
 sliding window or custom scale the installed torch cannot pass, fp32, a GPU older than SM80) runs per segment, and
 says so once in an INFO line on this module's logger.
+
+An attention call does its kernel and the reshapes around it, nothing more: what depends only on the forward (which
+kernel is in force, each layer signature's plan, the GPU's capability, the Flash backend's flags) is decided once per
+forward by its `KernelSession`, which the row carries (rows.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -26,6 +31,7 @@ from ..kernels import (
     flash_backend,
     log_varlen_backend,
     takes_cuda_branch,
+    user_backends,
     varlen_kernel,
 )
 from .segments import per_segment_attention
@@ -106,20 +112,89 @@ def varlen_kernel_plan(
     return VarlenKernelPlan(options, expand_heads=grouped and "enable_gqa" not in parameters)
 
 
-def _kernel_plan(kernel: VarlenKernel, query, key, scaling, sliding_window, dropout, softcap=None, sinks=None):
-    return varlen_kernel_plan(
-        kernel.parameters,
-        dtype=query.dtype,
-        grouped=query.shape[1] != key.shape[1],
-        head_dim=query.shape[-1],
-        scaling=scaling,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        sinks=sinks is not None,
-        dropout=dropout,
-        dtypes=kernel.dtypes,
-        capability=kernel.device_capability(query.device),
-    )
+class KernelSession:
+    """What the attention calls of one forward share, decided at its first call: whether the CUDA branch runs, the
+    kernel in force, its plan for each layer signature, and whether the Flash backend is already chosen around the
+    forward (`flash_chosen`, with the user's backends to restore for layers that run per segment)."""
+
+    def __init__(self):
+        self.cuda_branch: bool | None = None
+        self.kernel: VarlenKernel | None = None
+        self.capability: tuple[int, int] | None = None
+        self.plans: dict[tuple, VarlenKernelPlan] = {}
+        self.flash_chosen = False
+        self.user_backends: tuple | None = None
+
+    def takes_kernel(self, query: torch.Tensor) -> bool:
+        if self.cuda_branch is None:
+            self.cuda_branch = takes_cuda_branch(query)
+        return self.cuda_branch
+
+    def kernel_in_force(self) -> VarlenKernel:
+        if self.kernel is None:
+            self.kernel = varlen_kernel()
+        return self.kernel
+
+    def plan(self, query, key, scaling, sliding_window, dropout, softcap=None, sinks=None) -> VarlenKernelPlan:
+        signature = (query.dtype, query.shape[1], key.shape[1], query.shape[-1], scaling, sliding_window, dropout)
+        signature += (softcap, sinks is not None)
+        plan = self.plans.get(signature)
+        if plan is None:
+            if self.capability is None:
+                self.capability = self.kernel_in_force().device_capability(query.device)
+            plan = self.plans[signature] = varlen_kernel_plan(
+                self.kernel.parameters,
+                dtype=query.dtype,
+                grouped=query.shape[1] != key.shape[1],
+                head_dim=query.shape[-1],
+                scaling=scaling,
+                sliding_window=sliding_window,
+                softcap=softcap,
+                sinks=sinks is not None,
+                dropout=dropout,
+                dtypes=self.kernel.dtypes,
+                capability=self.capability,
+            )
+            if plan.fallback is None:
+                log_varlen_backend()
+            else:
+                _log_fallback_once(
+                    f"`{ATTN_IMPLEMENTATION}` attention runs exact per-segment attention on CUDA, not torch's varlen "
+                    f"kernel, for layers with {plan.fallback}."
+                )
+        return plan
+
+    @contextlib.contextmanager
+    def flash_around_forward(self, query_like: torch.Tensor):
+        """Around a text row's forward: the Flash backend chosen once, not per call (flags restored after)."""
+        if not self.takes_kernel(query_like):
+            yield
+            return
+        self.user_backends = user_backends()
+        with flash_backend():
+            self.flash_chosen = True
+            try:
+                yield
+            finally:
+                self.flash_chosen = False
+
+    def kernel_backend(self):
+        return contextlib.nullcontext() if self.flash_chosen else flash_backend()
+
+    def segment_backends(self):
+        """For per-segment attention inside a forward that chose Flash: the user's own backends back."""
+        if not self.flash_chosen:
+            return contextlib.nullcontext()
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(list(self.user_backends))
+
+
+def _int32_on(boundaries: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # The rows' boundaries are int32 on the device already: no copy, no kernel
+    if boundaries.dtype == torch.int32 and boundaries.device == device:
+        return boundaries
+    return boundaries.to(device=device, dtype=torch.int32)
 
 
 def torch_varlen_attention(
@@ -132,22 +207,22 @@ def torch_varlen_attention(
     max_length_k: int,
     scaling: float | None,
     sliding_window: int | None,
+    session: KernelSession | None = None,
 ) -> torch.Tensor:
     """PyTorch's varlen attention (CUDA) on its Flash backend, called as the installed torch accepts. Inputs
     `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`."""
-    kernel = varlen_kernel()
-    plan = _kernel_plan(kernel, query, key, scaling, sliding_window, dropout=0.0)
+    session = session or KernelSession()
+    plan = session.plan(query, key, scaling, sliding_window, dropout=0.0)
     if plan.fallback is not None:
         raise ValueError(f"torch's varlen_attn cannot compute this attention: {plan.fallback}.")
     if plan.expand_heads:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    boundaries_q = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
+    boundaries_q = _int32_on(cu_seq_lens_q, query.device)
     # Self-attention passes one tensor for both, as torch's kernels expect of it
-    same = cu_seq_lens_k is cu_seq_lens_q
-    boundaries_k = boundaries_q if same else cu_seq_lens_k.to(device=query.device, dtype=torch.int32)
-    with flash_backend():
-        output = kernel.function(
+    boundaries_k = boundaries_q if cu_seq_lens_k is cu_seq_lens_q else _int32_on(cu_seq_lens_k, query.device)
+    with session.kernel_backend():
+        output = session.kernel_in_force().function(
             query[0].transpose(0, 1),
             key[0].transpose(0, 1),
             value[0].transpose(0, 1),
@@ -160,35 +235,39 @@ def torch_varlen_attention(
     return output.unsqueeze(0)
 
 
-def varlen_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, **options):
+def varlen_attention(
+    query,
+    key,
+    value,
+    cu_seq_lens_q,
+    cu_seq_lens_k,
+    max_length_q,
+    max_length_k,
+    *,
+    session: KernelSession | None = None,
+    bounds: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    **options,
+):
     """The CUDA kernel where it can compute this layer's attention, else the per-segment reference with the same
     semantics (which skips `skip_segments`; one kernel call computes them at little extra cost).
 
-    `options`: `scaling`, `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `skip_segments`.
+    `session`: the forward's (a call on its own gets one of its own); `bounds`: the query and key boundaries as host
+    integers, when known (the per-segment path reads them from the tensors otherwise). `options`: `scaling`,
+    `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `skip_segments`.
     """
     skip_segments = options.pop("skip_segments", frozenset())
-    if takes_cuda_branch(query):
-        plan = _kernel_plan(varlen_kernel(), query, key, **options)
+    session = session or KernelSession()
+    if session.takes_kernel(query):
+        plan = session.plan(query, key, **options)
         if plan.fallback is None:
-            log_varlen_backend()
-            if max_length_q is None:
+            if max_length_q is None:  # a direct call without the row's lengths: read them
                 max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
                 max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())
             return torch_varlen_attention(
-                query,
-                key,
-                value,
-                cu_seq_lens_q,
-                cu_seq_lens_k,
-                max_length_q,
-                max_length_k,
-                scaling=options["scaling"],
-                sliding_window=options["sliding_window"],
-            )
-        _log_fallback_once(
-            f"`{ATTN_IMPLEMENTATION}` attention runs exact per-segment attention on CUDA, not torch's varlen kernel, "
-            f"for layers with {plan.fallback}."
+                query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
+                scaling=options["scaling"], sliding_window=options["sliding_window"], session=session,
+            )  # fmt: skip
+    with session.segment_backends():
+        return per_segment_attention(
+            query, key, value, cu_seq_lens_q, cu_seq_lens_k, skip_segments=skip_segments, bounds=bounds, **options
         )
-    return per_segment_attention(
-        query, key, value, cu_seq_lens_q, cu_seq_lens_k, skip_segments=skip_segments, **options
-    )

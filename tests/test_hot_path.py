@@ -1,0 +1,102 @@
+"""The hot path, counted: what an attention call and a training step ask of the device, through the packed forward's
+CUDA branches on CPU (stand-in kernels of torch 2.15's `varlen_attn`, tests/stand_in_kernels.py).
+
+A host read (tests/host_reads.py) is a read of a tensor's value on the host, or an op whose output size depends on
+values: on a GPU each one waits for every kernel queued before it. Counted per training step (policy and reference
+forwards, loss, metrics, backward) against TRL's padded step on the same batch, and inside every attention call,
+where there must be none. docs/kernels.md states the counts.
+"""
+
+import functools
+
+import pytest
+from host_reads import HostReads, kernel_call
+from stand_in_kernels import CALLS, calls_of, varlen_stand_in
+from trainer_utils import first_batch, make_trainer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
+from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
+
+SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
+# A prefix-sharing or plain packed step may read the host at most this many times more than TRL's padded step
+EXTRA_READS_ALLOWED = 2
+
+
+def counted_stand_in() -> VarlenKernel:
+    """torch 2.15's stand-in, its own reads (the kernel's work on the device) not counted."""
+    stand_in = varlen_stand_in("2.15")
+
+    @functools.wraps(stand_in.function)
+    def varlen_attn(*args, **kwargs):
+        with kernel_call():
+            return stand_in.function(*args, **kwargs)
+
+    return VarlenKernel(varlen_attn, stand_in.dtypes, stand_in.capability)
+
+
+class AttentionCalls:
+    """Per call of the registered attention: the host reads and ops it made, and the kernel calls it made."""
+
+    def __init__(self, reads: HostReads):
+        self.reads, self.calls = reads, []
+
+    def wrap(self, attention):
+        @functools.wraps(attention)
+        def counted(*args, **kwargs):
+            reads, ops, kernels = self.reads.count, self.reads.ops, len(calls_of("varlen_attn"))
+            output = attention(*args, **kwargs)
+            self.calls.append(
+                (self.reads.count - reads, self.reads.ops - ops, len(calls_of("varlen_attn")) - kernels)
+            )
+            return output
+
+        return counted
+
+
+def step_counts(monkeypatch, padding_free: bool, **options) -> tuple[HostReads, AttentionCalls]:
+    """One training step (forward, loss, metrics, backward) on the first batch, counted."""
+    make_trainer(padding_free, **options)  # imports the model's modules before the stand-ins are in force
+    with stand_in_kernels(varlen=counted_stand_in()):
+        trainer = make_trainer(padding_free, **options)
+        trainer.model.train()
+        batch = first_batch(trainer)
+        reads = HostReads()
+        attention = AttentionCalls(reads)
+        monkeypatch.setitem(
+            ALL_ATTENTION_FUNCTIONS, ATTN_IMPLEMENTATION, attention.wrap(ALL_ATTENTION_FUNCTIONS[ATTN_IMPLEMENTATION])
+        )
+        CALLS.clear()
+        with reads, trainer.compute_loss_context_manager():
+            trainer.compute_loss(trainer.model, batch).backward()
+    return reads, attention
+
+
+@pytest.fixture(scope="module")
+def padded_reads():
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        reads, _ = step_counts(monkeypatch, False)
+    return reads.count
+
+
+@pytest.mark.parametrize("options", [{}, SHARE], ids=["packed", "prefix_sharing"])
+def test_attention_calls_make_one_kernel_call_and_never_read_the_host(monkeypatch, options):
+    _, attention = step_counts(monkeypatch, True, **options)
+    assert attention.calls, "the registered attention never ran"
+    for reads, _, kernels in attention.calls:
+        assert reads == 0
+        assert kernels == 1
+
+
+def test_prefix_sharing_adds_a_gather_and_nothing_else_to_an_attention_call(monkeypatch):
+    _, plain = step_counts(monkeypatch, True)
+    _, shared = step_counts(monkeypatch, True, **SHARE)
+    plain_ops = max(ops for _, ops, _ in plain.calls)
+    # The keys' and the values' gather (index_select), and nothing per call beyond what the plain row does
+    assert max(ops for _, ops, _ in shared.calls) <= plain_ops + 2
+
+
+@pytest.mark.parametrize("options", [{}, SHARE], ids=["packed", "prefix_sharing"])
+def test_a_packed_step_reads_the_host_at_most_twice_more_than_trls_padded_step(monkeypatch, padded_reads, options):
+    reads, _ = step_counts(monkeypatch, True, **options)
+    assert reads.count <= padded_reads + EXTRA_READS_ALLOWED, reads.where
