@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import CONFIG_MAPPING, PretrainedConfig, PreTrainedModel
 
+from ..integrations.torch import uncompiled
 from ..integrations.transformers import (
     attention_calls_counted,
     set_config_implementations,
@@ -667,7 +668,8 @@ def architecture_verdict(
 ) -> Verdict:
     """Whether `model`'s architecture packs exactly on `attn_implementation` (default: the model's own), with
     `images` on image data, measured on its tiny twin and cached per architecture: the model's weights, dtype and
-    partitioning play no part."""
+    partitioning play no part. A model compiled with `torch.compile` is judged on the class under the wrapper."""
+    model = uncompiled(model)
     attn_implementation = attn_implementation or running_attention(model)
     backend = checked_backend(attn_implementation)
     return check_architecture(type(model), model.config, backend, prefix_sharing, images)
