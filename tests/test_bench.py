@@ -1,12 +1,39 @@
-"""`trl-padfree bench`: the batches it builds, and a tiny run's JSON rows (no timing is asserted)."""
+"""`trl-padfree bench`: the batches it builds, the FLOP model it measures against, the structure of its timed steps,
+and a tiny run's JSON rows (no timing is asserted)."""
 
+import argparse
+import ast
 import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from trl_padfree.cli import main
-from trl_padfree.cli.bench import DISTRIBUTIONS, PREFIX_SHARING, ROW_KEYS
-from trl_padfree.cli.bench.harness import make_batches
+from trl_padfree.cli.bench import (
+    DISTRIBUTIONS,
+    PREFIX_SHARING,
+    PREFIX_SHARING_AUTO,
+    ROW_KEYS,
+    harness,
+    set_step_counts,
+)
+from trl_padfree.cli.bench.harness import StepTimer, batch_work, decoder_shape, make_batches, make_bench_model
+from trl_padfree.plan import flops
+from trl_padfree.plan.flops import (
+    BatchWork,
+    DecoderShape,
+    Segment,
+    causal_pairs,
+    flop_ideal_speedup,
+    forward_flops,
+    packed_row_work,
+    padded_batch_work,
+    prefix_shared_segments,
+    training_step_flops,
+)
 
 
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
@@ -34,18 +61,23 @@ def test_unknown_distribution_is_refused():
         make_batches("hh", 1, 1, 100, 2048, seed=0)
 
 
-def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
+def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
+    steps = []  # every step the harness runs, warm-up or measured
+    timed_step = harness.timed_step
+    monkeypatch.setattr(harness, "timed_step", lambda *args: steps.append(1) or timed_step(*args))
     output, plot = tmp_path / "rows.json", tmp_path / "speedup.png"
-    args = ["bench", "--quick", "--batches", "1", "--pairs-per-batch", "3", "--max-length", "128"]
+    # No warm-up (the default is 1 on CPU) and 2 measured steps: as many steps as the default's 1 + 1, counted apart
+    args = ["bench", "--quick", "--warmup", "0", "--steps", "2", "--pairs-per-batch", "3", "--max-length", "128"]
     args += ["--distributions", "ultrafeedback", "shipped", "--output", str(output), "--plot", str(plot)]
     assert main(args) == 0
     rows = json.loads(output.read_text())
     assert [(row["distribution"], row["backend"]) for row in rows] == [
         (distribution, backend)
         for distribution in ("ultrafeedback", "shipped")
-        for backend in ("padfree_varlen", "sdpa", PREFIX_SHARING)
+        for backend in ("padfree_varlen", "sdpa", PREFIX_SHARING, PREFIX_SHARING_AUTO)
     ]
+    assert len(steps) == 2 * 5 * (0 + 2)  # distributions x modes (padded + 4) x (warm-up + measured)
     for row in rows:
         assert set(ROW_KEYS) <= row.keys()
         assert row["device"].startswith("cpu")
@@ -53,6 +85,8 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
         assert row["ideal_speedup"] == pytest.approx(row["padded_tokens"] / row["row_tokens"])
         if row["backend"] == PREFIX_SHARING:
             assert row["row_tokens"] < row["real_tokens"]
+        if row["backend"] in (PREFIX_SHARING, PREFIX_SHARING_AUTO):  # auto may lay a batch out unshared
+            assert row["row_tokens"] <= row["real_tokens"]
             assert row["ideal_speedup_over_unshared"] == pytest.approx(row["real_tokens"] / row["row_tokens"])
             assert row["speedup_over_unshared"] > 0
         else:
@@ -60,8 +94,26 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys):
         assert row["speedup"] == pytest.approx(row["padded_step_s"] / row["padfree_step_s"])
         assert row["padded_step_s"] > 0 and row["padfree_step_s"] > 0 and row["real_tokens_per_s"] > 0
         assert row["padded_peak_mem_mb"] > 0 and row["padfree_peak_mem_mb"] > 0
+        _assert_spread_host_time_and_flops(row, warmup=0, steps=2)
     assert plot.stat().st_size > 0
-    assert "| ultrafeedback | padfree_varlen |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| ultrafeedback | padfree_varlen |" in out and "| FLOP ideal | of FLOP ideal |" in out
+    assert "| shipped | padded | 0 + 2 |" in out  # the step table: padded TRL once per distribution
+
+
+def _assert_spread_host_time_and_flops(row: dict, warmup: int, steps: int) -> None:
+    assert row["warmup_steps"] == warmup and row["batches"] == steps
+    for mode in ("padded", "padfree"):
+        times = row[f"{mode}_step_times_s"]
+        assert len(times) == len(row[f"{mode}_host_times_s"]) == steps
+        assert min(times) <= row[f"{mode}_step_s_median"] <= max(times)
+        assert row[f"{mode}_step_s"] == pytest.approx(sum(times) / steps)
+        assert row[f"{mode}_host_step_s"] > 0 and row[f"{mode}_host_bound"] is None  # no marker on CPU
+    assert row["speedup_per_batch_min"] <= row["speedup_per_batch_median"] <= row["speedup_per_batch_max"]
+    assert row["padded_step_flops"] >= row["padfree_step_flops"] > 0  # equal where no pair needed padding
+    assert row["flop_ideal_speedup"] == pytest.approx(row["padded_step_flops"] / row["padfree_step_flops"])
+    assert row["fraction_of_flop_ideal"] == pytest.approx(row["speedup"] / row["flop_ideal_speedup"])
+    assert row["fraction_of_ideal"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
 
 
 def test_batching_schemes_hold_the_same_pairs_and_budget_rows_fit_the_fixed_peak():
@@ -105,3 +157,187 @@ def test_vision_run_counts_the_images_each_mode_encodes(tmp_path, capsys):
 def test_vision_run_is_refused_on_a_text_model():
     with pytest.raises(SystemExit):  # the CLI's one-line error
         main(["bench", "--vision", "--model", "small"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Step counts and the timed steps' structure
+
+
+@pytest.mark.parametrize(
+    "device, quick, expected", [("cuda", False, (3, 20)), ("cpu", False, (1, 8)), ("cpu", True, (1, 3))]
+)
+def test_default_step_counts_per_device(device, quick, expected):
+    def counts(warmup, steps):
+        options = argparse.Namespace(
+            device=device, quick=quick, warmup=warmup, batches=steps, pairs_per_batch=8, max_length=1024
+        )
+        set_step_counts(options)
+        return options.warmup, options.batches
+
+    assert counts(None, None) == expected
+    assert counts(0, 5) == (0, 5)  # given counts are kept
+
+
+def test_zero_measured_steps_are_refused():
+    with pytest.raises(SystemExit):  # the CLI's one-line error
+        main(["bench", "--steps", "0"])
+
+
+class _FakeCudaEvent:
+    def __init__(self, log, enable_timing=False):
+        self.log = log
+
+    def record(self, stream=None):
+        self.log.append("event")
+
+    def elapsed_time(self, other):
+        return 2.0  # milliseconds
+
+
+class _FakeTrainer:
+    """What the harness touches of a trainer, logging its step."""
+
+    def __init__(self, log):
+        self.log = log
+        self.model = torch.nn.Linear(1, 1)
+        self.data_collator = lambda batch: batch
+
+    def training_step(self, model, inputs):
+        self.log.append("step")
+
+
+def test_no_cache_is_emptied_inside_the_timed_steps(monkeypatch):
+    """The CUDA path of the timer, with CUDA's calls logged: `empty_cache` runs once per mode before its warm-ups,
+    never between a measured step's opening synchronisation and its closing one, nor between measured steps."""
+    log = []
+    fakes = dict(
+        empty_cache=lambda: log.append("empty_cache"),
+        synchronize=lambda device=None: log.append("synchronize"),
+        reset_peak_memory_stats=lambda device=None: log.append("reset_peak"),
+        max_memory_allocated=lambda device=None: 3 * 2**20,
+        Event=lambda enable_timing=False: _FakeCudaEvent(log, enable_timing),
+    )
+    for name, fake in fakes.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(harness, "cuda_sync_blocks", lambda device: True)
+    monkeypatch.setattr(harness.gc, "collect", lambda: 0)  # a full collection per step: seconds in a test process
+    trainer, modes = _FakeTrainer(log), ("padded", "padfree")
+    timer = StepTimer(torch.device("cuda"), modes)
+    for _mode in modes:
+        timer.warm_up(trainer, [["warm-up batch"]] * 3)
+    warm_up_log, log[:] = list(log), []
+    for index in range(4):
+        for mode in modes if index % 2 == 0 else reversed(modes):
+            timer.step(mode, trainer, ["batch"])
+
+    one_step = ["reset_peak", "synchronize", "event", "step", "event", "synchronize"]
+    assert warm_up_log == (["empty_cache"] + 3 * one_step) * 2
+    assert log == one_step * 8  # measured: no empty_cache anywhere
+    stats = timer.stats("padded")
+    assert stats.times_s == [0.002] * 4 and len(stats.host_times_s) == 4 and stats.peak_mb == 3.0
+    assert stats.host_bound is False  # the fake step does no host work against 2 ms of "GPU" time
+
+
+def test_host_bound_marks_a_step_whose_host_time_nears_its_time(monkeypatch):
+    monkeypatch.setattr(harness, "cuda_sync_blocks", lambda device: True)
+    timer = StepTimer(torch.device("cuda"), ["launch-bound", "compute-bound"])
+    timer.times_s = {"launch-bound": [1.0, 1.0], "compute-bound": [1.0, 1.0]}
+    timer.host_times_s = {"launch-bound": [0.8, 0.85], "compute-bound": [0.3, 0.9]}
+    assert timer.stats("launch-bound").host_bound is True
+    assert timer.stats("compute-bound").host_bound is False  # 0.6 of the steps' time
+    monkeypatch.setattr(harness, "cuda_sync_blocks", lambda device: False)  # a spinning wait counts as host time
+    assert StepTimer(torch.device("cuda"), ["a"]).host_time_is_work is False
+    assert StepTimer(torch.device("cpu"), ["a"]).stats("a").host_bound is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The FLOP model (trl_padfree/plan/flops.py), on hand-computed cases
+
+
+def test_causal_pairs_count_each_query_over_its_keys():
+    assert causal_pairs(1) == 1 and causal_pairs(3) == 1 + 2 + 3
+    assert causal_pairs(2, prefix=4) == (4 + 1) + (4 + 2)  # each branch token reads the 4 prefix tokens and itself
+    assert prefix_shared_segments(prompt=5, chosen=3, rejected=2) == [Segment(8), Segment(2, prefix=5)]
+
+
+def test_packed_and_padded_work():
+    # Row [a a a | b b] with b reading a 4-token prefix, 4 scored tokens, a 3-token padding segment at the end
+    assert packed_row_work([3, Segment(2, prefix=4)], scored_tokens=4) == BatchWork(5, 4, 6 + 11)
+    assert packed_row_work([3, Segment(2, prefix=4)], scored_tokens=4, row_tokens=8).tokens == 8
+    # Two sequences of 3 and 5 padded to 5: 10 tokens, two full 5 x 5 squares under the padding mask
+    assert padded_batch_work([3, 5], scored_tokens=4) == BatchWork(10, 4, 2 * 25)
+    assert padded_batch_work([3, 5], scored_tokens=4, padded_length=8) == BatchWork(16, 4, 2 * 64)
+    assert padded_batch_work([4, 4], scored_tokens=2) == BatchWork(8, 2, 2 * 10)  # no padding, no mask: causal
+    assert BatchWork(1, 2, 3) + BatchWork(10, 20, 30) == BatchWork(11, 22, 33)
+    assert sum([BatchWork(1, 1, 1)] * 3, BatchWork()) == BatchWork(3, 3, 3)
+
+
+TOY_SHAPE = DecoderShape(
+    linear_params=10, hidden_size=2, vocab_size=3, attention_layers=2, num_attention_heads=2, head_dim=4
+)
+
+
+def test_flops_of_a_forward_and_a_training_step():
+    work = BatchWork(tokens=5, scored_tokens=4, attention_pairs=17)
+    linear, lm_head, attention = 10 * 5, (2 * 3) * 4, 2 * (2 * 4) * 17 * 2  # QK^T and PV x heads x head_dim x layers
+    assert forward_flops(TOY_SHAPE, work) == 2 * (linear + lm_head + attention) == 1236
+    assert training_step_flops(TOY_SHAPE, work) == 4 * 1236  # policy forward + backward (3) + reference (1)
+    assert training_step_flops(TOY_SHAPE, work, reference_forward=False) == 3 * 1236
+    padded = padded_batch_work([3, 5], scored_tokens=4)  # 10 tokens, 50 pairs
+    packed = packed_row_work([3, 5], scored_tokens=4)  # 8 tokens, 6 + 15 pairs
+    expected = (10 * 10 + 24 + 16 * 50 * 2) / (10 * 8 + 24 + 16 * 21 * 2)
+    assert flop_ideal_speedup(TOY_SHAPE, padded, packed) == pytest.approx(expected)
+
+
+def test_decoder_shape_from_a_config_dense_and_mixture_of_experts():
+    dense = SimpleNamespace(
+        hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+        intermediate_size=16, vocab_size=10,
+    )  # fmt: skip
+    attention = 8 * 4 * (2 + 2 * 1 + 2)  # q and o: 2 heads; k and v: 1 head; of 4 x 8 each
+    assert DecoderShape.from_config(dense) == DecoderShape(
+        linear_params=2 * (attention + 3 * 8 * 16), hidden_size=8, vocab_size=10, attention_layers=2,
+        num_attention_heads=2, head_dim=4,
+    )  # fmt: skip
+    # Layer 0 dense (Qwen-MoE's mlp_only_layers); layer 1: router over 4 experts, 2 routed experts of 6, 1 shared
+    moe = SimpleNamespace(**vars(dense), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
+    moe.mlp_only_layers, moe.n_shared_experts = [0], 1
+    routed_layer = attention + 8 * 4 + 3 * 8 * (2 * 6 + 6)
+    assert DecoderShape.from_config(moe).linear_params == (attention + 3 * 8 * 16) + routed_layer
+    hybrid = SimpleNamespace(**vars(dense), layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(ValueError, match=r"not \['linear_attention'\]: pass linear_params"):
+        DecoderShape.from_config(hybrid)
+    assert DecoderShape.from_config(hybrid, linear_params=99).attention_layers == 1
+
+
+def test_bench_model_shape_counts_the_layers_parameters():
+    # The demo Llama: the config's formula plus the RMSNorm weights (2 per layer and the final one) it leaves out
+    model = make_bench_model("tiny", "sdpa", torch.float32)
+    counted, from_config = decoder_shape(model), DecoderShape.from_config(model.config)
+    assert counted.linear_params - from_config.linear_params == 64 * (2 * 2 + 1)
+    assert counted.attention_layers == 2 and counted.vocab_size == 2048
+
+
+def test_batch_work_reads_the_collated_layout():
+    padded = {
+        "input_ids": torch.zeros(2, 5, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+        "completion_mask": torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 1]]),
+    }
+    assert batch_work(padded) == BatchWork(tokens=10, scored_tokens=5, attention_pairs=50)
+    # Prefix sharing: chosen sequence of 6 (prompt 3 + 3), rejected of 5 reading those 3 prompt tokens: a 2-token branch
+    shared = {
+        "input_ids": torch.zeros(1, 8, dtype=torch.long),
+        "completion_mask": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]),
+        "seq_lens": torch.tensor([6, 5]),
+        "shared_prefix_lens": torch.tensor([0, 3]),
+    }
+    assert batch_work(shared) == BatchWork(tokens=8, scored_tokens=5, attention_pairs=21 + (2 * 3 + 3))
+
+
+def test_the_flop_model_imports_the_standard_library_only():
+    """Reusable in a cost model or a launcher without torch: its imports are the standard library's."""
+    tree = ast.parse(Path(flops.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names)

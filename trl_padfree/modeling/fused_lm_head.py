@@ -45,10 +45,8 @@ from transformers import PreTrainedModel
 
 from ..integrations.trl import fused_lm_head_added_with
 from ..placement.fsdp2 import keep_root_outputs_dtype
+from ..plan.flops import EXPERT_COUNT_NAMES  # where configs keep the number of routed experts; TRL reads the first
 from ..refusals import check_fused_lm_head_backbone, check_fused_lm_head_experts, check_fused_lm_head_output
-
-# Where transformers configs keep the number of routed experts; TRL reads only the first
-EXPERT_COUNT_NAMES = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
 def prepare_for_fused_lm_head(model: PreTrainedModel, router_logits: bool | None = None) -> None:

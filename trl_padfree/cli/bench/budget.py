@@ -85,7 +85,7 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
     fixed, budgeted, budget = batching_schemes(pairs, options.pairs_per_batch, options.seed)
     schemes = {"fixed": fixed, "budget": budgeted}
     timer = StepTimer(device, schemes)
-    timer.warm_up(trainer, fixed[0])
+    timer.warm_up(trainer, [fixed[index % len(fixed)] for index in range(options.warmup)])
     progress = tqdm(total=REPEATS * (len(fixed) + len(budgeted)), desc=distribution, unit="batch", leave=False)
     for repeat in range(REPEATS):
         for name in schemes if repeat % 2 == 0 else reversed(list(schemes)):

@@ -13,8 +13,10 @@ import ctypes
 import gc
 import platform
 import random
+import statistics
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,14 @@ from ...config import DPOConfig
 from ...data import load_demo_dataset, load_demo_tokenizer
 from ...data.length_models import MULTI_TURN, SINGLE_TURN, LengthModel
 from ...packing.layout import kept_prompt_and_completion
+from ...plan.flops import (
+    EXPERT_COUNT_NAMES,
+    BatchWork,
+    DecoderShape,
+    Segment,
+    packed_row_work,
+    padded_batch_work,
+)
 from ...tiny import DEMO_MODEL_SIZES, make_demo_model, make_model
 from ...trainer import DPOTrainer
 
@@ -158,7 +168,11 @@ def make_bench_model(
 
 
 def make_bench_trainer(
-    model_name: str, backend: str | None, device: torch.device, dtype: torch.dtype, prefix_sharing: bool = False
+    model_name: str,
+    backend: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    prefix_sharing: bool | str = False,
 ) -> DPOTrainer:
     """A padded (`backend=None`) or padding-free trainer whose models sit on `device`."""
     config = DPOConfig(
@@ -183,6 +197,15 @@ def make_bench_trainer(
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Measurement
+#
+# One timed step:   collate | reset peak | sync | [host clock, start event | training_step | end event, sync] | ...
+#                   (untimed)                     (timed)
+# Nothing in the timed bracket frees or trims memory: `torch.cuda.empty_cache()` runs once per mode, before its
+# warm-ups (`StepTimer.warm_up`), so a timed step meets the caching allocator as training does, warm.
+
+CU_CTX_SCHED_BLOCKING_SYNC = 4  # cuda.h: the host thread sleeps in a synchronisation instead of spinning
+CU_CTX_SCHED_MASK = 7
+HOST_BOUND_FRACTION = 0.8  # host CPU time at least this share of a step's time: the GPU waits on the host
 
 
 class PeakMemory:
@@ -192,10 +215,17 @@ class PeakMemory:
         self.device = device
         self._libc = ctypes.CDLL("libc.so.6") if device.type == "cpu" and platform.system() == "Linux" else None
 
-    def reset(self) -> None:
-        gc.collect()
+    def release_cached(self) -> None:
+        """Hand cached blocks back: once per mode before its warm-ups, never before a timed step (the next steps
+        would pay the allocator's cudaMalloc calls, which training never does). On CPU there is no cache to hand back:
+        `reset` trims the heap before every step, outside the timed bracket."""
         if self.device.type == "cuda":
+            gc.collect()  # tensors only a reference cycle holds, so their blocks are free to hand back
             torch.cuda.empty_cache()
+
+    def reset(self) -> None:
+        gc.collect()  # so no collection of an earlier step's garbage lands inside this one
+        if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self._libc is not None:
             self._libc.malloc_trim(0)  # give freed heap back, or the last mode's leftovers count as this one's peak
@@ -212,41 +242,184 @@ class PeakMemory:
         return None
 
 
-def timed_step(trainer: DPOTrainer, batch: list[dict], memory: PeakMemory) -> tuple[float, float | None]:
+@dataclass(frozen=True)
+class StepTiming:
+    """One timed step: its time (CUDA events on GPU, wall clock on CPU), the CPU time of the training thread over
+    it, and the peak memory."""
+
+    seconds: float
+    host_seconds: float
+    peak_mb: float | None
+
+
+def timed_step(trainer: DPOTrainer, batch: list[dict], memory: PeakMemory) -> StepTiming:
+    """One `training_step` on `batch`, collated outside the timed bracket; gradients dropped after it."""
     inputs = trainer.data_collator(batch)
     memory.reset()
-    if memory.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    trainer.training_step(trainer.model, inputs)
-    if memory.device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds, host_seconds = _run_timed(lambda: trainer.training_step(trainer.model, inputs), memory.device)
     trainer.model.zero_grad(set_to_none=True)
-    return seconds, memory.peak_mb()
+    return StepTiming(seconds, host_seconds, memory.peak_mb())
+
+
+def _run_timed(run, device: torch.device) -> tuple[float, float]:
+    """Seconds and host CPU seconds (`time.thread_time`, this thread only) of `run()`; on CUDA, synchronised before
+    and after, timed by events on the stream."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)  # the previous step's kernels are not this one's
+        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host_start, wall_start = time.thread_time(), time.perf_counter()
+    if cuda:
+        start_event.record()
+    run()
+    if cuda:
+        end_event.record()
+        torch.cuda.synchronize(device)
+    host_seconds, seconds = time.thread_time() - host_start, time.perf_counter() - wall_start
+    if cuda:
+        seconds = start_event.elapsed_time(end_event) / 1000
+    return seconds, host_seconds
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """A mode's measured steps: their times and host CPU times, in order, and its peak memory over them.
+
+    `host_bound` is True when the training thread was busy for at least `HOST_BOUND_FRACTION` of the steps' time on
+    CUDA: the GPU waited on Python, kernel launches or collation. None on CPU, where the host does the compute, and
+    where CUDA spins in synchronisations (they would count as host time).
+    """
+
+    times_s: list[float]
+    host_times_s: list[float]
+    peak_mb: float | None
+    host_bound: bool | None
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(self.times_s)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def host_mean_s(self) -> float:
+        return statistics.fmean(self.host_times_s)
 
 
 class StepTimer:
-    """Total seconds and peak memory of the training steps of each mode (a backend, a batching scheme, ...)."""
+    """Step times, host CPU times and peak memory of the training steps of each mode (a backend, a batching scheme,
+    ...), kept per step so the spread and any drift across the run show."""
 
     def __init__(self, device: torch.device, modes):
         self.memory = PeakMemory(device)
-        self.seconds = dict.fromkeys(modes, 0.0)
+        self.times_s: dict[Any, list[float]] = {mode: [] for mode in modes}
+        self.host_times_s: dict[Any, list[float]] = {mode: [] for mode in modes}
         self.peaks: dict[Any, float | None] = dict.fromkeys(modes)
+        # Host time means host work only where a waiting thread sleeps (see `request_blocking_cuda_sync`)
+        self.host_time_is_work = device.type == "cuda" and cuda_sync_blocks(device)
 
-    def warm_up(self, trainer: DPOTrainer, batch: list[dict]) -> None:
-        timed_step(trainer, batch, self.memory)
+    def warm_up(self, trainer: DPOTrainer, batches: Iterable[list[dict]]) -> None:
+        """Untimed steps of one mode, after handing the cached memory back (the only place it is)."""
+        self.memory.release_cached()
+        for batch in batches:
+            timed_step(trainer, batch, self.memory)
 
     def step(self, mode, trainer: DPOTrainer, batch: list[dict]) -> None:
-        seconds, peak = timed_step(trainer, batch, self.memory)
-        self.seconds[mode] += seconds
-        if peak is not None:
-            self.peaks[mode] = max(self.peaks[mode] or 0.0, peak)
+        timing = timed_step(trainer, batch, self.memory)
+        self.times_s[mode].append(timing.seconds)
+        self.host_times_s[mode].append(timing.host_seconds)
+        if timing.peak_mb is not None:
+            self.peaks[mode] = max(self.peaks[mode] or 0.0, timing.peak_mb)
+
+    @property
+    def seconds(self) -> dict[Any, float]:
+        """Total measured seconds per mode."""
+        return {mode: sum(times) for mode, times in self.times_s.items()}
+
+    def stats(self, mode) -> StepStats:
+        times, host_times = self.times_s[mode], self.host_times_s[mode]
+        host_bound = sum(host_times) >= HOST_BOUND_FRACTION * sum(times) if self.host_time_is_work else None
+        return StepStats(list(times), list(host_times), self.peaks[mode], host_bound)
+
+
+def request_blocking_cuda_sync(device: torch.device) -> bool:
+    """Ask the CUDA driver to put a waiting host thread to sleep (CU_CTX_SCHED_BLOCKING_SYNC) rather than spin: a
+    spinning wait (the default with fewer CUDA contexts than cores) burns CPU time, so the training thread's CPU time
+    would equal the step's time whatever the host did. Costs microseconds of wake-up per synchronisation. Set on the
+    primary context before it is created (before any model is built), through the driver API (`libcuda.so.1`, the
+    one every CUDA runtime in the process shares). Returns whether the flag holds."""
+    driver = _cuda_driver()
+    handle = ctypes.c_int()
+    if driver is None or driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(handle), device.index or 0):
+        return False
+    # The _v2 entry point (CUDA 11+) may set the flags of a primary context already active; the first may not
+    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or driver.cuDevicePrimaryCtxSetFlags
+    set_flags(handle, CU_CTX_SCHED_BLOCKING_SYNC)
+    return cuda_sync_blocks(device)
+
+
+def cuda_sync_blocks(device: torch.device) -> bool:
+    """Whether a host thread waiting on `device` sleeps (blocking sync) rather than spins."""
+    driver = _cuda_driver()
+    handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if driver is None or driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(handle), device.index or 0):
+        return False
+    if driver.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)):
+        return False
+    return flags.value & CU_CTX_SCHED_MASK == CU_CTX_SCHED_BLOCKING_SYNC
+
+
+def _cuda_driver() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def decoder_shape(model) -> DecoderShape:
+    """The FLOP model's shape of a bench model: its layers' parameters counted (exact for hybrids too), except for a
+    mixture of experts, whose count would include the experts a token skips: read from the config."""
+    config = model.config.get_text_config()
+    if any(getattr(config, name, None) for name in EXPERT_COUNT_NAMES):
+        return DecoderShape.from_config(config)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    excluded = embedding.weight.numel()
+    if head is not None and head.weight is not embedding.weight:  # untied: the LM head is counted apart
+        excluded += head.weight.numel()
+    counted = sum(parameter.numel() for parameter in model.parameters()) - excluded
+    return DecoderShape.from_config(config, linear_params=counted)
+
+
+def batch_work(collated: dict[str, Any]) -> BatchWork:
+    """What one forward of a collated batch processes: a padded batch (`attention_mask`, no `seq_lens`) at its padded
+    width, or a packed row's segments, each sequence's own tokens reading its shared prefix where it has one."""
+    scored_tokens = int(collated["completion_mask"].sum())
+    if "seq_lens" not in collated:
+        lengths = collated["attention_mask"].sum(dim=1).tolist()
+        return padded_batch_work(lengths, scored_tokens, padded_length=collated["input_ids"].shape[1])
+    lengths = collated["seq_lens"].tolist()
+    prefixes = collated.get("shared_prefix_lens")
+    prefixes = prefixes.tolist() if prefixes is not None else [0] * len(lengths)
+    segments = [Segment(length - prefix, prefix) for length, prefix in zip(lengths, prefixes, strict=True)]
+    return packed_row_work(segments, scored_tokens, row_tokens=collated["input_ids"].shape[1])
+
+
+def default_device(requested: str | None) -> torch.device:
+    """`requested`, else CUDA when there is one."""
+    return torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def bench_device(requested: str | None) -> tuple[torch.device, torch.dtype]:
-    """The device to time on (`requested`, else CUDA when there is one) and the dtype the models are built in."""
-    device = torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """The device to time on (`default_device`) and the dtype the models are built in."""
+    device = default_device(requested)
+    if device.type == "cuda":
+        request_blocking_cuda_sync(device)  # before any model is built; whether it held, `StepTimer` reads back
     return device, torch.bfloat16 if device.type == "cuda" else torch.float32
 
 

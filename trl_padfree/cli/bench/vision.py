@@ -205,18 +205,21 @@ def run_vision_bench(options: argparse.Namespace) -> list[VisionBenchRow]:
     shape = VISION_MODEL_SHAPES[options.model]
     processor = make_processor(shape["image_tokens"])
     batches_of_pairs = make_pairs(
-        (options.batches + 1) * options.pairs_per_batch, shape["image_tokens"], options.max_words, options.seed
+        (options.warmup + options.batches) * options.pairs_per_batch,
+        shape["image_tokens"],
+        options.max_words,
+        options.seed,
     )
     batches = [
         batches_of_pairs[start : start + options.pairs_per_batch]
         for start in range(0, len(batches_of_pairs), options.pairs_per_batch)
     ]
-    warmup, measured = batches[0], batches[1:]
-    trainers = {mode: make_vision_bench_trainer(mode, shape, processor, warmup, device, dtype) for mode in MODES}
+    warmup, measured = batches[: options.warmup], batches[options.warmup :]
+    trainers = {mode: make_vision_bench_trainer(mode, shape, processor, batches[0], device, dtype) for mode in MODES}
     timer = StepTimer(device, MODES)
     encoded = {mode: count_encoded_images(trainer) for mode, trainer in trainers.items()}
     for mode in MODES:
-        timer.warm_up(trainers[mode], fresh(warmup))
+        timer.warm_up(trainers[mode], [fresh(batch) for batch in warmup])
         encoded[mode].clear()
     for index, batch in enumerate(tqdm(measured, desc="vision", unit="batch", leave=False)):
         for mode in MODES if index % 2 == 0 else reversed(MODES):
