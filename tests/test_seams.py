@@ -473,6 +473,21 @@ TRANSFORMERS = [
         ),
     ),
     Seam(
+        "transformers", "transformers.masking_utils.AttentionMaskInterface._global_mapping",
+        "private: the registry of mask functions `create_causal_mask` checks before anything else; a backend not in it "
+        "gets no mask and no packed-sequence detection (a host read per forward). A packed forward on `padfree_varlen` "
+        "takes its entry out while it runs",
+        "integrations/transformers.py",
+        check=Check("a dict holding 'sdpa'", lambda mapping: isinstance(mapping, dict) and "sdpa" in mapping),
+        source={
+            "transformers.masking_utils._preprocess_mask_arguments": (
+                "if config._attn_implementation not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:",
+                "return True, None, None, None, None, None, None",
+            ),
+            "transformers.masking_utils.create_causal_mask": ("if early_exit:",),
+        },
+    ),
+    Seam(
         "transformers", "transformers.configuration_utils.ALLOWED_LAYER_TYPES",
         f"`{CHUNKED_LAYER_TYPE}` is the layer type of chunked attention layers (llama4), cut into chunks by "
         "`padfree_varlen`", "modeling/attention/interface.py",
@@ -696,6 +711,18 @@ TORCH = [
         "torch", "torch.distributed.fsdp.MixedPrecisionPolicy", "the reference's default precision policy", "placement/fsdp2.py"
     ),
     Seam("torch", "torch.distributed.fsdp.FSDPModule", "recognizes a reference already sharded", "placement/fsdp2.py"),
+    Seam(
+        "torch", "torch._dynamo.eval_frame.OptimizedModule",
+        "the wrapper `torch.compile(module)` returns, which accelerate puts around the models it prepares under "
+        "`torch_compile=True`: the architecture check judges the class under it",
+        "integrations/torch.py, modeling/packability.py", check=instance_of(type),
+    ),
+    Seam(
+        "torch", "torch._dynamo.eval_frame.OptimizedModule._orig_mod",
+        "the module under the compiled wrapper, an instance attribute",
+        "integrations/torch.py, modeling/packability.py", where="torch._dynamo.eval_frame.OptimizedModule.__init__",
+        source={"torch._dynamo.eval_frame.OptimizedModule.__init__": ("self._orig_mod = mod",)},
+    ),
     Seam(
         "torch", "torch.nn.attention.varlen.varlen_attn",
         "PyTorch's varlen flash attention: its seven leading arguments passed by position; the keywords after them "
