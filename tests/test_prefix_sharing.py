@@ -38,10 +38,18 @@ from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
 from trl_padfree.modeling.attention.segments import per_segment_attention
 from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
 from trl_padfree.modeling.packed_forward import PackedBatch, run_packed
+from trl_padfree.packing import prefix_sharing
 from trl_padfree.packing.collator import concatenated_inputs
-from trl_padfree.packing.layout import cu_seq_lens_from_lengths, kept_prompt_and_completion, ranges_index
-from trl_padfree.packing.layout import HostRow
-from trl_padfree.packing.prefix_sharing import SharedPrefixAttention, pair_row_tokens, shared_prefix_length
+from trl_padfree.packing.layout import HostRow, cu_seq_lens_from_lengths, kept_prompt_and_completion, ranges_index
+from trl_padfree.packing.prefix_sharing import (
+    GATHER_FLOPS_PER_ELEMENT,
+    SharedPrefixAttention,
+    SharingCost,
+    pair_row_tokens,
+    shared_prefix_length,
+    shares_pay,
+)
+from trl_padfree.plan.flops import DecoderShape
 from trl_padfree.tiny import TINY_CONFIGS
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
@@ -387,7 +395,9 @@ def test_token_budget_counts_shared_rows():
     assert sum(trainer._token_budget.sampler.lengths) < sum(unshared._token_budget.sampler.lengths)
     for micro_batch in trainer._token_budget.sampler:
         batch = trainer.data_collator([trainer.train_dataset[index] for index in micro_batch])
-        assert batch["input_ids"].shape[1] == sum(trainer._token_budget.sampler.lengths[index] for index in micro_batch)
+        assert batch["input_ids"].shape[1] == sum(
+            trainer._token_budget.sampler.lengths[index] for index in micro_batch
+        )
         assert batch["input_ids"].shape[1] <= 160
     trainer.train()
     assert all(0 < entry["padfree/budget_fill"] <= 1 for entry in trainer.state.log_history if "loss" in entry)
@@ -518,3 +528,47 @@ def test_streaming_training_set_shares_without_reading_it_up_front(caplog, tmp_p
     assert "Prefix sharing:" not in caplog.text  # nothing to count without consuming the stream
     trainer.train()
     assert trainer.state.log_history[0]["padfree/shared_pairs"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# prefix_sharing="auto"
+
+
+def sharing_cost(hidden: int, layers: int, kv_width: int, gather: float) -> SharingCost:
+    shape = DecoderShape(
+        linear_params=12 * hidden * hidden * layers, hidden_size=hidden, vocab_size=1000, attention_layers=layers,
+        num_attention_heads=hidden // 64, head_dim=64,
+    )  # fmt: skip
+    return SharingCost(shape, kv_width, gather)
+
+
+def test_auto_shares_when_the_saved_work_outweighs_the_gather():
+    lengths, scored = [(300, 250), (120, 180)], 200
+    big = sharing_cost(hidden=4096, layers=32, kv_width=1024, gather=GATHER_FLOPS_PER_ELEMENT["cuda"])
+    unshared, shared = big.step_costs(lengths, [100, 60], scored)
+    assert shared < unshared and shares_pay(big, lengths, [100, 60], scored)
+    # A model this narrow gains less per saved token than the row's keys and values cost to gather
+    narrow = sharing_cost(hidden=64, layers=2, kv_width=64, gather=GATHER_FLOPS_PER_ELEMENT["cuda"])
+    assert not shares_pay(narrow, lengths, [2, 1], scored)
+    assert not shares_pay(big, lengths, [0, 0], scored)  # nothing to share
+
+
+def test_auto_trains_equal_to_unshared_padded_trl_and_logs_its_choice(caplog, monkeypatch):
+    monkeypatch.setattr(prefix_sharing, "_OUTCOMES_LOGGED", set())  # logged once per process: an earlier test may have
+    padded = one_step(make_trainer(False))
+    with caplog.at_level(logging.INFO, logger="trl_padfree.packing.prefix_sharing"):
+        trainer = make_trainer(True, prefix_sharing="auto")
+        packed = one_step(trainer)
+    assert_same_step(padded, packed)
+    assert trainer.data_collator.prefix_sharing == "auto" and trainer.data_collator.prefix_sharing_cost is not None
+    assert 'prefix_sharing="auto"' in caplog.text
+
+
+@pytest.mark.parametrize("value", ["auto", "true", "false"])
+def test_prefix_sharing_takes_auto_true_and_false_on_the_command_line(value):
+    from trl import TrlParser
+
+    (args,) = TrlParser((DPOConfig,)).parse_args_into_dataclasses(
+        ["--output_dir", "out", "--padding_free", "true", "--use_cpu", "true", "--prefix_sharing", value]
+    )
+    assert args.prefix_sharing == {"auto": "auto", "true": True, "false": False}[value]

@@ -14,6 +14,7 @@ from .refusals import (
     check_context_parallel_config,
     check_positive,
     check_prefix_sharing_config,
+    check_prefix_sharing_value,
     check_prefix_sharing_without_sequence_parallel,
     check_sequence_parallel_not_under_fsdp,
     check_sequence_parallel_sizes_agree,
@@ -50,12 +51,15 @@ class DPOConfig(trl.DPOConfig):
             many pairs, and each window packed best-fit decreasing. Larger windows fill rows better; smaller ones mix
             lengths more.
 
-        prefix_sharing (`bool`, *optional*, defaults to `False`):
+        prefix_sharing (`bool` or `"auto"`, *optional*, defaults to `False`):
             Compute each pair's prompt once: the pair is laid out as `[prompt | chosen | rejected]`, the rejected
             tokens attending to the prompt and themselves but not to the chosen ones, with positions continuing from
             the prompt. Losses, gradients and metrics equal unshared training. Needs `padding_free=True` and the
             `padfree_varlen` attention (`packed_attn_implementation="auto"` picks it); not with sequence parallelism
-            or a Mixture-of-Experts auxiliary loss.
+            or a Mixture-of-Experts auxiliary loss. `"auto"`: each batch is laid out shared when this model's cost
+            model predicts a cheaper step (tokens and attention saved against the keys' and values' gather,
+            docs/prefix-sharing.md), unshared otherwise; logged once per outcome. Vision-language batches always
+            share under `"auto"` (each shared pair also encodes its images once).
 
         prefix_sharing_min_prompt_tokens (`int`, *optional*, defaults to `8`):
             With `prefix_sharing`: pairs whose prompt is shorter are laid out unshared (the automatic fallback), where
@@ -129,11 +133,14 @@ class DPOConfig(trl.DPOConfig):
         default=1000,
         metadata={"help": "With max_tokens_per_batch: pairs per shuffled window packed best-fit decreasing."},
     )
-    prefix_sharing: bool = field(
+    # A string field, so that the command line takes "auto" (HfArgumentParser reads `bool | str` as bool); `true` and
+    # `false`, from a YAML file or the command line, become booleans in __post_init__
+    prefix_sharing: str = field(
         default=False,
         metadata={
             "help": "Compute each pair's prompt once, as [prompt | chosen | rejected] with rejected tokens not seeing "
-            "chosen ones (needs padding_free=True and the padfree_varlen attention)."
+            "chosen ones (needs padding_free=True and the padfree_varlen attention): true, false, or 'auto' (each "
+            "batch shared when the model's cost model predicts a gain)."
         },
     )
     prefix_sharing_min_prompt_tokens: int = field(
@@ -175,6 +182,7 @@ class DPOConfig(trl.DPOConfig):
     )
 
     def __post_init__(self):
+        self.prefix_sharing = prefix_sharing_setting(self.prefix_sharing)
         check_at_least_one("sequence_parallel_size", self.sequence_parallel_size)
         check_context_parallel_config(self.context_parallel_size, self.padding_free)
         if self.max_tokens_per_batch is not None:
@@ -198,6 +206,16 @@ class DPOConfig(trl.DPOConfig):
             )
         super().__post_init__()
         check_sequence_parallel_not_under_fsdp(self.sequence_parallel_size, planned_fsdp_version(self))
+
+
+def prefix_sharing_setting(value) -> bool | str:
+    """`prefix_sharing` as set in Python, YAML or on the command line: True, False or "auto"."""
+    if isinstance(value, bool):
+        return value
+    normalized = str(value).strip().lower()
+    settings = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "auto": "auto"}
+    check_prefix_sharing_value(value, normalized in settings)
+    return settings[normalized]
 
 
 def _sequence_parallel_size_from_accelerate_launch() -> int:

@@ -26,10 +26,16 @@ def check_positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be positive, got {value}.")
 
 
+def check_prefix_sharing_value(value, known: bool) -> None:
+    if not known:
+        raise ValueError(f"prefix_sharing must be true, false or 'auto', got {value!r}.")
+
+
 def check_prefix_sharing_config(prefix_sharing: bool, padding_free: bool, min_prompt_tokens: int) -> None:
     if prefix_sharing and not padding_free:
         raise ValueError(
-            "prefix_sharing=True needs padding_free=True: the shared layout is a packed row. Set padding_free=True."
+            f"prefix_sharing={prefix_sharing!r} needs padding_free=True: the shared layout is a packed row. Set "
+            "padding_free=True."
         )
     if min_prompt_tokens < 2:
         raise ValueError(

@@ -24,7 +24,7 @@ from ..integrations.transformers import attn_implementation, set_language_model_
 from ..integrations.trl import padding_free_hidden
 from ..packing.collator import PaddingFreePreferenceCollator
 from ..packing.layout import pad_length_to_multiple
-from ..packing.prefix_sharing import log_sharing_summary
+from ..packing.prefix_sharing import AUTO, MIN_SHARED_PROMPT_TOKENS, SharingCost, log_sharing_summary
 from ..packing.vision import PaddingFreeVisionPreferenceCollator
 from ..refusals import (
     check_attention_switched,
@@ -85,6 +85,9 @@ class PaddingFree:
         collator = _packing_collator(trainer.data_collator, trainer.args, models[0].config if images else None)
         check_moe_aux_loss_without_row_padding(trainer.aux_loss_enabled, collator.pad_to_multiple_of)
         check_prefix_sharing_without_moe_aux_loss(collator.prefix_sharing, trainer.aux_loss_enabled)
+        if collator.prefix_sharing == AUTO and not images:  # weighed per batch by this model's cost model
+            cost = SharingCost.of_model(models[0], trainer.accelerator.device.type)
+            collator = dataclasses.replace(collator, prefix_sharing_cost=cost)
         trainer.data_collator = collator
         requested = getattr(trainer.args, "packed_attn_implementation", "auto")
         # Prefix sharing and context parallelism run in `padfree_varlen`: 'auto' picks it for them
@@ -111,10 +114,12 @@ class PaddingFree:
         dataloader_config.dispatch_batches = False
         collator = trainer.data_collator
         if collator.prefix_sharing and not trainer.is_vision_dataset:  # (a vision set is tokenized batch by batch)
+            min_prompt_tokens = collator.prefix_sharing_min_prompt_tokens
+            if collator.prefix_sharing == AUTO:  # every prompt that can share may, as the batch's cost decides
+                min_prompt_tokens = MIN_SHARED_PROMPT_TOKENS
             log_sharing_summary(
-                trainer.train_dataset, trainer.args.max_length, trainer.args.truncation_mode,
-                collator.prefix_sharing_min_prompt_tokens,
-            )  # fmt: skip
+                trainer.train_dataset, trainer.args.max_length, trainer.args.truncation_mode, min_prompt_tokens
+            )
 
     def pad_rows_to(self, trainer, ranks_per_row: int) -> None:
         """Rows a multiple of the ranks that share each one (sequence and context parallelism)."""
@@ -174,9 +179,11 @@ def _packing_collator(collator, args, vision_config=None):
             collator = dataclasses.replace(collator, image_token_id=image_token_id(vision_config))
     elif not isinstance(collator, PaddingFreePreferenceCollator):
         collator = PaddingFreePreferenceCollator.from_padded(collator)
-    if getattr(args, "prefix_sharing", False):  # set in the config, or on a collator passed in
+    if getattr(args, "prefix_sharing", False):  # set in the config (True or "auto"), or on a collator passed in
         collator = dataclasses.replace(
-            collator, prefix_sharing=True, prefix_sharing_min_prompt_tokens=args.prefix_sharing_min_prompt_tokens
+            collator,
+            prefix_sharing=args.prefix_sharing,
+            prefix_sharing_min_prompt_tokens=args.prefix_sharing_min_prompt_tokens,
         )
     return collator
 

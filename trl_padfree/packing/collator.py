@@ -24,7 +24,14 @@ from .layout import (
     pad_length_to_multiple,
     position_ids_from_lengths,
 )
-from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
+from .prefix_sharing import (
+    AUTO,
+    DEFAULT_MIN_PROMPT_TOKENS,
+    MIN_SHARED_PROMPT_TOKENS,
+    SharingCost,
+    shared_prefix_length,
+    shares_pay,
+)
 
 REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -148,8 +155,9 @@ def concatenated_inputs(
     truncation_mode: str = "keep_start",
     pad_to_multiple_of: int | None = None,
     return_attention_mask: bool = False,
-    prefix_sharing: bool = False,
+    prefix_sharing: bool | str = False,
     prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS,
+    prefix_sharing_cost: SharingCost | None = None,
 ) -> dict[str, Any]:
     """Pack the chosen and rejected sequences of a batch into one row, with no padding between them.
 
@@ -171,8 +179,10 @@ def concatenated_inputs(
         pad_to_multiple_of: pad the row (not each sequence) to a multiple of this length.
         return_attention_mask: also return `attention_mask` (1 on real tokens, 0 on the padding segment). It is for
             callers that want it; transformers treats a row with a mask as one sequence, so never pass it to a model.
-        prefix_sharing: compute each pair's prompt once (needs the `padfree_varlen` attention).
+        prefix_sharing: compute each pair's prompt once (needs the `padfree_varlen` attention); `"auto"`: when
+            `prefix_sharing_cost` predicts the batch's step is cheaper shared (every prompt of 2 tokens or more).
         prefix_sharing_min_prompt_tokens: share only prompts of at least this many tokens (at least 2).
+        prefix_sharing_cost: the model's cost model, for `"auto"` (without one, `"auto"` shares).
 
     Returns:
         A dict with `input_ids`, `position_ids`, `completion_mask` of shape `(1, total_length)`; `seq_lens` (one
@@ -183,7 +193,7 @@ def concatenated_inputs(
     """
     _validate_examples(examples)
     sequences = Sequences.of(examples, max_length, truncation_mode)
-    prefixes = sequences.shared_prefixes(prefix_sharing_min_prompt_tokens) if prefix_sharing else None
+    prefixes = _shared_prefixes(sequences, prefix_sharing, prefix_sharing_min_prompt_tokens, prefix_sharing_cost)
     output = packed_row(
         sequences, lay_out_row(sequences, prefixes), pad_token_id, pad_to_multiple_of, return_attention_mask
     )
@@ -191,6 +201,20 @@ def concatenated_inputs(
         for column in REF_COLUMNS:
             output[column] = torch.tensor([example[column] for example in examples])
     return output
+
+
+def _shared_prefixes(
+    sequences: Sequences, prefix_sharing: bool | str, min_prompt_tokens: int, cost: SharingCost | None
+) -> list[int] | None:
+    """Each pair's shared prefix (None: TRL's order, unshared); with "auto", all of them or none, as `cost` says."""
+    if prefix_sharing != AUTO:
+        return sequences.shared_prefixes(min_prompt_tokens) if prefix_sharing else None
+    prefixes = sequences.shared_prefixes(MIN_SHARED_PROMPT_TOKENS)
+    scored = sum(map(sum, sequences.chosen_masks + sequences.rejected_masks))
+    lengths = [
+        (len(chosen), len(rejected)) for chosen, rejected in zip(sequences.chosen, sequences.rejected, strict=True)
+    ]
+    return prefixes if shares_pay(cost, lengths, prefixes, scored) else [0] * len(prefixes)
 
 
 def packed_row(
@@ -276,8 +300,9 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
 
     padding_free: bool = True
     return_attention_mask: bool = False
-    prefix_sharing: bool = False
+    prefix_sharing: bool | str = False
     prefix_sharing_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS
+    prefix_sharing_cost: SharingCost | None = None  # the model's, for prefix_sharing="auto" (set by the trainer)
 
     @classmethod
     def from_padded(cls, collator: DataCollatorForPreference, **overrides) -> PaddingFreePreferenceCollator:
@@ -304,4 +329,5 @@ class PaddingFreePreferenceCollator(DataCollatorForPreference):
             return_attention_mask=self.return_attention_mask,
             prefix_sharing=self.prefix_sharing,
             prefix_sharing_min_prompt_tokens=self.prefix_sharing_min_prompt_tokens,
+            prefix_sharing_cost=self.prefix_sharing_cost,
         )

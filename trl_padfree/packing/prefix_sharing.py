@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 from .layout import HostRow, host_to_device, kept_prompt_and_completion, pair_tokens
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,81 @@ class SharedPrefixAttention:
             max_length_k=max(key_lens),
             branch_segments=frozenset(prefixes),
         )
+
+
+# ---- prefix_sharing="auto": share a batch's prompts when the cost model says it pays ----
+
+AUTO = "auto"
+# What gathering one key or value element costs, in FLOPs the device could have done meanwhile: its arithmetic over its
+# memory bandwidth. A GPU (H100: ~989 TFLOP/s in bf16 over ~3.35 TB/s, 2-byte elements) ~600; a 2-core CPU (~50 GFLOP/s
+# in fp32 over ~10 GB/s, 4-byte elements) ~20. Estimates: the decision only needs their order of magnitude
+GATHER_FLOPS_PER_ELEMENT = {"cuda": 600.0, "cpu": 20.0}
+# The gather runs in the policy's forward, its backward (a scatter-add) and the reference's forward
+GATHER_PASSES = 3
+
+_OUTCOMES_LOGGED: set[bool] = set()  # once per process for each outcome, as the kernels' choices are
+
+
+@dataclass(frozen=True)
+class SharingCost:
+    """The cost model behind `prefix_sharing="auto"`, for one model: a batch is laid out shared when its step's FLOPs
+    with the shared layout (fewer tokens, less attention: plan/flops.py) plus the keys' and values' gather (each
+    attention layer copies the row's keys and values, every prefix's again) cost less than the unshared layout's."""
+
+    shape: DecoderShape
+    key_value_width: int  # key-value heads x head dim
+    gather_flops_per_element: float
+
+    @classmethod
+    def of_model(cls, model: torch.nn.Module, device_type: str = "cuda") -> SharingCost:
+        """From a causal LM: its config's attention shape, its linear parameters counted (any architecture; ZeRO-3's
+        partitioned parameters by their full size), the gather priced for `device_type`."""
+        text = model.config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        outside = {
+            id(p)
+            for module in (model.get_input_embeddings(), model.get_output_embeddings())
+            if module is not None
+            for p in module.parameters()
+        }
+        linear = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if id(p) not in outside)
+        gather = GATHER_FLOPS_PER_ELEMENT.get(device_type, GATHER_FLOPS_PER_ELEMENT["cuda"])
+        return cls(DecoderShape.from_config(text, linear_params=linear), kv_heads * head_dim, gather)
+
+    def step_costs(self, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> tuple[float, float]:
+        """(unshared, shared) costs of a batch's row: `lengths` the (chosen, rejected) tokens of each pair, `prefixes`
+        the tokens each rejected sequence would read from its chosen one, `scored` the completion tokens."""
+        unshared = [length for pair in lengths for length in pair]
+        shared = [
+            segment
+            for (chosen, rejected), prefix in zip(lengths, prefixes, strict=True)
+            for segment in (Segment(chosen), Segment(rejected - prefix, prefix=prefix))
+        ]
+        unshared_cost = training_step_flops(self.shape, packed_row_work(unshared, scored))
+        shared_cost = training_step_flops(self.shape, packed_row_work(shared, scored))
+        gathered = sum(unshared)  # the shared row's keys, and every prefix a second time
+        gather = GATHER_PASSES * self.shape.attention_layers * 2 * self.key_value_width * gathered
+        return float(unshared_cost), shared_cost + gather * self.gather_flops_per_element
+
+
+def shares_pay(cost: SharingCost | None, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> bool:
+    """Whether `prefix_sharing="auto"` lays this batch out shared; logged once per outcome, with the reason."""
+    if not any(prefixes):
+        return False
+    if cost is None:  # a collator used without a trainer: no model to weigh
+        return True
+    unshared, shared = cost.step_costs(lengths, prefixes, scored)
+    share = shared < unshared
+    if share not in _OUTCOMES_LOGGED:
+        _OUTCOMES_LOGGED.add(share)
+        verdict = "shares the prompts of" if share else "lays out unshared"
+        logger.info(
+            f'prefix_sharing="auto" {verdict} a batch whose shared layout the cost model puts at {shared / unshared:.3f}x '
+            "the unshared one's cost (step FLOPs, the keys' and values' gather included; docs/prefix-sharing.md). "
+            "Logged once per outcome."
+        )
+    return share
 
 
 def sharing_summary(
