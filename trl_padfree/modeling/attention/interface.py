@@ -92,7 +92,8 @@ def padfree_varlen_attention(
         sinks=None if s_aux is None else s_aux.numel(),
         heads=query.shape[1],
     )
-    check_row_received(packed_row)
+    if packed_row is None:  # a call without the row: refused if one that must be read is in flight
+        check_row_received(packed_row)
     cu_seq_lens, max_length = row.segments(attention_chunk_size(module))
     options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout, softcap=softcap, sinks=s_aux)
     return row.attend(query, key, value, cu_seq_lens, max_length, options).contiguous(), None
