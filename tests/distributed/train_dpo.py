@@ -87,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sp-size", type=int, default=2, help="sequence_parallel_size of the 'sp' option")
     parser.add_argument("--cp-size", type=int, default=2, help="context_parallel_size of the 'cp' option")
     parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--max-tokens-per-batch", type=int, help="token-budget batching")
     parser.add_argument("--pairs", help="comma-separated indices: train on these pairs of the data only")
     parser.add_argument(
@@ -176,7 +177,7 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         per_device_eval_batch_size=options.batch_size,
         gradient_accumulation_steps=options.grad_accum,
         max_steps=options.steps,
-        learning_rate=1e-3,
+        learning_rate=options.learning_rate,
         lr_scheduler_type="constant",
         max_length=options.max_length,
         logging_steps=1,
