@@ -46,9 +46,7 @@ class AttentionCalls:
         def counted(*args, **kwargs):
             reads, ops, kernels = self.reads.count, self.reads.ops, len(calls_of("varlen_attn"))
             output = attention(*args, **kwargs)
-            self.calls.append(
-                (self.reads.count - reads, self.reads.ops - ops, len(calls_of("varlen_attn")) - kernels)
-            )
+            self.calls.append((self.reads.count - reads, self.reads.ops - ops, len(calls_of("varlen_attn")) - kernels))
             return output
 
         return counted
