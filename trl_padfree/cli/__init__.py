@@ -1,5 +1,5 @@
-"""The `trl-padfree` command: `demo`, `bench`, `plan` and `models`, each imported only when it runs (`bench` and
-`demo` build trainers; `--help` and the other commands need none of that).
+"""The `trl-padfree` command: `demo`, `bench`, `plan`, `models` and `balance`, each imported only when it runs
+(`bench` and `demo` build trainers; `--help` and the other commands need none of that).
 
 Errors a user can fix (a bad option, a missing file) print as one line; `TRL_PADFREE_DEBUG=1` shows the traceback.
 """
@@ -93,6 +93,13 @@ SUBCOMMANDS = {
         "Check every decoder-only causal-LM type of the installed transformers, or one model's config.json with "
         "--check, on tiny float64 twins: packed forward and backward against each sequence alone. See "
         "docs/models-and-backends.md.",
+    ),
+    "balance": (
+        "trl_padfree.cli.balance",
+        "simulate how much data-parallel processes wait for the slowest row, dealt as usual or balanced by cost",
+        "Simulate optimizer steps of pairs (the bench's length models or a local dataset) over many data-parallel "
+        "processes: the expected slowest row over the mean row, with pairs dealt as usual and balanced by their FLOPs "
+        "(LPT per micro-step), and the step-time gain. No model or GPU needed. See docs/balancing.md.",
     ),
 }
 

@@ -125,12 +125,12 @@ def make_batches(
 
     pairs = [
         {"prompt_ids": tokens(p), "chosen_ids": tokens(c), "rejected_ids": tokens(r)}
-        for p, c, r in (_truncate(*draw, max_length) for draw in draws)
+        for p, c, r in (truncated_pair_lengths(*draw, max_length) for draw in draws)
     ]
     return [pairs[start : start + pairs_per_batch] for start in range(0, len(pairs), pairs_per_batch)]
 
 
-def _truncate(prompt: int, chosen: int, rejected: int, max_length: int) -> tuple[int, int, int]:
+def truncated_pair_lengths(prompt: int, chosen: int, rejected: int, max_length: int) -> tuple[int, int, int]:
     # What TRL's keep_start truncation leaves of a pair (packing.layout's model), one token kept for the EOS and at
     # least one for each completion
     prompt = min(prompt, max_length - 2)
