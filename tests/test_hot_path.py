@@ -52,8 +52,9 @@ class AttentionCalls:
         return counted
 
 
-def step_counts(monkeypatch, padding_free: bool, **options) -> tuple[HostReads, AttentionCalls]:
-    """One training step (forward, loss, metrics, backward) on the first batch, counted."""
+def step_counts(monkeypatch, padding_free: bool, on_step=None, **options) -> tuple[HostReads, AttentionCalls]:
+    """One training step (forward, loss, metrics, backward) on the first batch, counted; `on_step()` is called right
+    before it (after the trainer's construction, whose architecture check runs forwards too)."""
     make_trainer(padding_free, **options)  # imports the model's modules before the stand-ins are in force
     with stand_in_kernels(varlen=counted_stand_in()):
         trainer = make_trainer(padding_free, **options)
@@ -65,6 +66,8 @@ def step_counts(monkeypatch, padding_free: bool, **options) -> tuple[HostReads, 
             ALL_ATTENTION_FUNCTIONS, ATTN_IMPLEMENTATION, attention.wrap(ALL_ATTENTION_FUNCTIONS[ATTN_IMPLEMENTATION])
         )
         CALLS.clear()
+        if on_step is not None:
+            on_step()
         with reads, trainer.compute_loss_context_manager():
             trainer.compute_loss(trainer.model, batch).backward()
     return reads, attention
@@ -98,3 +101,30 @@ def test_prefix_sharing_adds_a_gather_and_nothing_else_to_an_attention_call(monk
 def test_a_packed_step_reads_the_host_at_most_twice_more_than_trls_padded_step(monkeypatch, padded_reads, options):
     reads, _ = step_counts(monkeypatch, True, **options)
     assert reads.count <= padded_reads + EXTRA_READS_ALLOWED, reads.where
+
+
+def test_the_flash_backend_is_chosen_once_per_forward_and_the_users_flags_restored(monkeypatch):
+    import contextlib
+
+    import torch
+
+    from trl_padfree.modeling.attention import varlen
+
+    entered = []
+    flash_backend = varlen.flash_backend
+
+    @contextlib.contextmanager
+    def counted():
+        entered.append(1)
+        with flash_backend():
+            yield
+
+    monkeypatch.setattr(varlen, "flash_backend", counted)
+    flags = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(False)  # the user's choice, which the kernel call overrides and then restores
+    try:
+        _, attention = step_counts(monkeypatch, True, on_step=entered.clear, **SHARE)
+        assert len(attention.calls) == 4 and len(entered) == 2  # one per forward (policy, reference), not per call
+        assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_flash_sdp(flags[0])
