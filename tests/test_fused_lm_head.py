@@ -248,3 +248,12 @@ def test_cast_lm_head_to_fp32_projects_the_scored_tokens_in_float32(cast):
         assert difference < 1e-4  # float32 arithmetic, another summation order
     else:
         assert difference > 1e-4  # bf16 logits: each rounded to 8 significant bits (measured 6.9e-4 here)
+
+
+def test_cast_lm_head_to_fp32_trains_packed_equal_to_padded_under_bf16_autocast():
+    # Both modes with float32 logits tiles; the bounds of tests/test_trainer.py's bf16 autocast comparison
+    padded = one_step(make_trainer(False, bf16=True, cast_lm_head_to_fp32=True))
+    packed = one_step(make_trainer(True, bf16=True, cast_lm_head_to_fp32=True))
+    assert packed.loss == pytest.approx(padded.loss, abs=5e-3)
+    for key in ("logps/chosen", "logps/rejected"):
+        assert packed.metrics[key] == pytest.approx(padded.metrics[key], rel=2e-3)

@@ -40,7 +40,7 @@ from trl_padfree.modeling.packability import check_packable, resolve_attn_implem
 from trl_padfree.modeling.packed_forward import PackedBatch, run_packed
 from trl_padfree.packing import prefix_sharing
 from trl_padfree.packing.collator import concatenated_inputs
-from trl_padfree.packing.layout import HostRow, cu_seq_lens_from_lengths, kept_prompt_and_completion, ranges_index
+from trl_padfree.packing.layout import HostRow, cu_seq_lens_from_lengths, kept_prompt_and_completion
 from trl_padfree.packing.prefix_sharing import (
     GATHER_FLOPS_PER_ELEMENT,
     SharedPrefixAttention,
@@ -160,11 +160,6 @@ def test_pair_row_tokens_count_the_collators_row(truncation_mode):
                 )
                 expected = batch["input_ids"].shape[1]
                 assert pair_row_tokens(*shape, max_length, truncation_mode, minimum) == expected, (shape, max_length)
-
-
-def test_ranges_index():
-    assert ranges_index(torch.tensor([4, 0]), torch.tensor([2, 3])).tolist() == [4, 5, 0, 1, 2]
-    assert ranges_index(torch.tensor([4, 9, 7]), torch.tensor([2, 0, 1])).tolist() == [4, 5, 7]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

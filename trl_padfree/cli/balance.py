@@ -39,17 +39,8 @@ from ..sources import load_preference_dataset
 from .bench.harness import MODEL_SHAPES, decoder_shape, markdown_table, sample_lengths, truncated_pair_lengths
 
 LENGTH_MODELS = {"ultrafeedback": SINGLE_TURN, "capybara": MULTI_TURN}
-# The issue's cost model: an 8B Llama (Llama 3.1 8B's config)
+# The issue's cost model: an 8B Llama (Llama 3.1 8B's config, one of the bench's shapes)
 DEFAULT_MODEL = "llama3.1-8b"
-DEFAULT_MODEL_SHAPE = dict(
-    model_type="llama",
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-)
 # Pairs drawn once per distribution; every simulated step then draws its pairs from them. 2^17 pairs keep the pool's
 # lengths within sampling noise of the length model while the pool takes about a second to draw and cost
 POOL_PAIRS = 2**17
@@ -86,18 +77,17 @@ class BalanceRow:
 
 
 def load_decoder_shape(model_config: str) -> DecoderShape:
-    """The FLOP model's shape of `model_config`: a bench shape name (`MODEL_SHAPES`, or `DEFAULT_MODEL`), or a local
+    """The FLOP model's shape of `model_config`: a bench shape name (`MODEL_SHAPES`), or a local
     config.json or model folder. Its layers' parameters are counted on the meta device (no memory), so hybrids and
     mixtures of experts count right too (`bench.harness.decoder_shape`)."""
-    shapes = {DEFAULT_MODEL: DEFAULT_MODEL_SHAPE, **MODEL_SHAPES}
-    if model_config in shapes:
-        values = dict(shapes[model_config])
+    if model_config in MODEL_SHAPES:
+        values = dict(MODEL_SHAPES[model_config])
         config = AutoConfig.for_model(values.pop("model_type"), **values)
     elif Path(model_config).exists():
         config = AutoConfig.from_pretrained(model_config)
     else:
         raise FileNotFoundError(
-            f"--model-config {model_config!r} is neither a config.json or model folder nor one of {sorted(shapes)}."
+            f"--model-config {model_config!r} is neither a config.json or model folder nor one of {sorted(MODEL_SHAPES)}."
         )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -280,7 +270,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-config",
         default=DEFAULT_MODEL,
         metavar="PATH|NAME",
-        help=f"a config.json or model folder, or one of {[DEFAULT_MODEL, *MODEL_SHAPES]} (default: {DEFAULT_MODEL})",
+        help=f"a config.json or model folder, or one of {list(MODEL_SHAPES)} (default: {DEFAULT_MODEL})",
     )
     parser.add_argument(
         "--processes",

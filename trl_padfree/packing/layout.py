@@ -97,11 +97,6 @@ class HostRow:
         return max(self.seq_lens)
 
     @property
-    def max_length(self) -> int:
-        """The longest segment."""
-        return max(end - start for start, end in itertools.pairwise(self.cu_seq_lens))
-
-    @property
     def real_row_tokens(self) -> int:
         """Tokens before the padding segment (every pair lays out two segments, shared or not)."""
         return self.cu_seq_lens[len(self.seq_lens)]
@@ -166,13 +161,6 @@ def padded_view_index(
         positions = torch.where(in_prefix, prefix_starts.unsqueeze(1) + offsets, positions - prefix_lens.unsqueeze(1))
     index = torch.where(valid, positions, torch.zeros_like(positions))
     return index, valid
-
-
-def ranges_index(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The positions of ranges `[start, start + length)`, one after another: `([4, 0], [2, 3])` -> `[4, 5, 0, 1, 2]`."""
-    offsets = torch.arange(int(lengths.sum()), device=starts.device)
-    range_starts = torch.cumsum(lengths, 0) - lengths  # where each range begins in the output
-    return offsets + torch.repeat_interleave(starts - range_starts, lengths)
 
 
 def to_padded_view(packed: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, fill_value=0) -> torch.Tensor:

@@ -41,6 +41,15 @@ from ...trainer import DPOTrainer
 DISTRIBUTIONS = ("ultrafeedback", "capybara", "shipped")
 # Shapes of public models, built with random weights from the config alone (no download)
 MODEL_SHAPES = {
+    "llama3.1-8b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
     "llama3.2-1b": dict(
         model_type="llama",
         hidden_size=2048,
