@@ -59,8 +59,9 @@ def test_docstring_example():
         "max_length_k",
         "host_row",
     }
-    # The boundaries again as host integers, for the step to build its indices without reading the device
-    assert batch["host_row"] == HostRow((0, 5, 8, 12, 16), (5, 3, 4, 4), (0, 5, 8, 12), (0,) * 4, (0,) * 4)
+    # The boundaries again as host integers, for the step to build its indices without reading the device (and the
+    # 6 completion tokens, for the row's cost)
+    assert batch["host_row"] == HostRow((0, 5, 8, 12, 16), (5, 3, 4, 4), (0, 5, 8, 12), (0,) * 4, (0,) * 4, 6)
     #                                       |  chosen 0   |chosen 1| rejected 0 | rejected 1  |
     assert torch.equal(batch["input_ids"], torch.tensor([[1, 2, 3, 4, 5, 7, 8, 9, 1, 2, 3, 6, 7, 8, 10, 11]]))
     assert torch.equal(batch["position_ids"], torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3]]))

@@ -605,6 +605,54 @@ def check_token_budget_setup(padding_free: bool, sp_size: int, streamed: bool) -
         raise ValueError("max_tokens_per_batch needs a training dataset with a length, not an IterableDataset.")
 
 
+# TRL's loss types whose value for a pair depends on the other pairs of its micro-batch: balancing changes which pairs
+# share a micro-batch, so these would train on other numbers than padded TRL's
+COUPLED_LOSS_TYPES = {
+    "aot": "sorts the micro-batch's log-ratios and pairs them by rank",
+    "aot_unpaired": "sorts the micro-batch's chosen and rejected log-ratios and pairs them by rank",
+    "sft": "is the mean over all of the micro-batch's chosen tokens, weighing a pair by its tokens",
+}
+
+
+def check_balanced_batches_setup(loss_types: Sequence[str], aux_loss: bool, rows_split: bool, sized: bool) -> None:
+    """`train_sampling_strategy="batch_rebalance"` under padding-free: what balancing cannot keep exact."""
+    coupled = [loss_type for loss_type in loss_types if loss_type in COUPLED_LOSS_TYPES]
+    if coupled:
+        reasons = "; ".join(f"'{name}' {COUPLED_LOSS_TYPES[name]}" for name in coupled)
+        raise ValueError(
+            f"train_sampling_strategy='batch_rebalance' with padding_free=True cannot keep loss_type {coupled} equal "
+            f"to padded TRL: {reasons}, and balancing changes which pairs share a micro-batch. Use "
+            "train_sampling_strategy='random' (the default) with this loss, or a loss computed per pair."
+        )
+    if aux_loss:
+        raise ValueError(
+            "train_sampling_strategy='batch_rebalance' with padding_free=True cannot keep the router's auxiliary loss "
+            "equal to padded TRL: it is a statistic of each micro-batch's tokens, and balancing changes which pairs "
+            "share a micro-batch. Set output_router_logits=False in the model config, or use "
+            "train_sampling_strategy='random'."
+        )
+    if rows_split:
+        raise ValueError(
+            "train_sampling_strategy='batch_rebalance' does not work with sequence or context parallelism yet (each "
+            "row group would have to count as one process). Use train_sampling_strategy='random' with "
+            "sequence_parallel_size or context_parallel_size > 1."
+        )
+    if not sized:
+        raise ValueError(
+            "train_sampling_strategy='batch_rebalance' needs a training dataset with a length, not an "
+            "IterableDataset: each step's pairs are partitioned from their lengths."
+        )
+
+
+def check_balanced_batches_split(pairs: int, first_step_pairs: int, processes: int) -> None:
+    if first_step_pairs < processes:
+        raise ValueError(
+            f"train_sampling_strategy='batch_rebalance': a training set of {pairs} pairs (after "
+            f"dataloader_drop_last) cannot give each of {processes} processes a pair. Use at least {processes} pairs, "
+            "or dataloader_drop_last=False."
+        )
+
+
 def check_tokenized_pairs(missing: Sequence[str]) -> None:
     if missing:
         raise ValueError(

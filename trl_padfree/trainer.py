@@ -7,6 +7,8 @@ part of a step:
     ReferencePlacement  placement/reference.py      where the reference model lives (ZeRO-3 offload, FSDP2)
     RowSplit            parallel/row_split.py       one row over several ranks (Ulysses, context parallelism)
     TokenBudgetBatching packing/token_budget.py     micro-batches filled by tokens
+    BalancedBatches     packing/balanced_batches.py each step's pairs split so every process's row costs the same
+    PairWeightedSteps   packing/pair_weights.py     the loss and metrics of micro-batches of uneven pair counts
 
 TRL's private names it builds on are behind `integrations.trl.TRLSeams`.
 """
@@ -21,7 +23,9 @@ from .integrations.trl import TRLSeams, bound_init_argument
 from .modeling.fused_lm_head import fused_lm_head_lookups
 from .modeling.packed_forward import PACKED_BATCH_KWARG
 from .modeling.padding_free import PaddingFree
+from .packing.balanced_batches import BalancedBatches
 from .packing.collator import is_packed_batch
+from .packing.pair_weights import PairWeightedSteps, batch_sampler_dataloader
 from .packing.token_budget import TokenBudgetBatching
 from .parallel.row_split import RowSplit
 from .parallel.ulysses import sequence_parallel_size
@@ -46,6 +50,8 @@ class DPOTrainer(TRLSeams):
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         self._padding_free = PaddingFree.before_init(args, data_collator)
         self._token_budget = None  # max_tokens_per_batch, once TRL has tokenized the data
+        self._balanced = None  # train_sampling_strategy="batch_rebalance", once TRL has tokenized the data
+        self._pair_weights = None  # either of them: micro-batches of uneven pair counts
         self._row_split = None  # rows shared by several ranks
         peft_config = None
         if getattr(args, "ref_offload", False):  # the only setting that reads it before TRL's __init__
@@ -68,6 +74,10 @@ class DPOTrainer(TRLSeams):
         if self._row_split is not None:
             self._padding_free.pad_rows_to(self, self._row_split.ranks_per_row)
         self._token_budget = TokenBudgetBatching.set_up(self)
+        self._balanced = BalancedBatches.set_up(self)
+        if self._token_budget is not None or self._balanced is not None:
+            shape, reference_forward = (None, True) if self._balanced is None else self._balanced.pricing
+            self._pair_weights = PairWeightedSteps(self.accelerator, shape, reference_forward)
         self._reference.release_after_precompute(self)
         self._check_datasets_not_empty()
 
@@ -93,17 +103,29 @@ class DPOTrainer(TRLSeams):
         check_datasets_not_empty(sizes, self.args.max_length)
 
     def get_train_dataloader(self) -> DataLoader:
-        if self._token_budget is not None:
+        if self._pair_weights is not None:
             dataset = self.columns_the_model_takes(self.train_dataset, description="Training")
-            dataloader = self._token_budget.train_dataloader(dataset, self.data_collator, self.args)
+            batch_sampler = self._train_batch_sampler()
+            dataloader = batch_sampler_dataloader(
+                batch_sampler, dataset, self.data_collator, self.args, self.accelerator
+            )
         else:
             dataloader = super().get_train_dataloader()
         return dataloader if self._row_split is None else self._row_split.train_dataloader(dataloader)
 
+    def _train_batch_sampler(self):
+        """The token budget's bins (dealt balanced with batch_rebalance), or the balanced micro-batches."""
+        processes = self.accelerator.num_processes
+        if self._balanced is None:
+            return self._token_budget.sampler
+        if self._token_budget is None:
+            return self._balanced.make_sampler(self.args, processes)
+        return self._balanced.deal_budget_bins(self._token_budget.sampler, self.args, processes)
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self._token_budget is not None:
-            self._token_budget.count_step(batch_samples)
+        if self._pair_weights is not None:
+            self._pair_weights.count_step(batch_samples)
         return batch_samples, num_items_in_batch
 
     def _packed(self, inputs: dict, training: bool) -> dict:
@@ -130,15 +152,15 @@ class DPOTrainer(TRLSeams):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if is_packed_batch(inputs):
             inputs = self._packed(inputs, training=model.training)
-        if self._token_budget is None or not model.training:
+        if self._pair_weights is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        return self._token_budget.weighted_loss(
+        return self._pair_weights.weighted_loss(
             lambda: super(DPOTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch),
             pairs=len(inputs[PACKED_BATCH_KWARG].seq_lens) // 2,
             accumulation_steps=self.current_gradient_accumulation_steps,
         )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self._token_budget is not None and self.model.training:
-            self._token_budget.reweigh_metrics(self.logged_metrics("train"))
+        if self._pair_weights is not None and self.model.training:
+            self._pair_weights.reweigh_metrics(self.logged_metrics("train"))
         super().log(logs, start_time)

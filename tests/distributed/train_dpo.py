@@ -36,6 +36,7 @@ import trl_padfree
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
+from trl_padfree.packing.balance import bin_costs, imbalance
 from trl_padfree.parallel.ulysses import sequence_parallel_size
 from trl_padfree.placement.deepspeed import reference_offloaded, zero3_init_config
 
@@ -63,6 +64,7 @@ RUN_OPTIONS = (
     "cp",
     "bf16_sums",
     "fp32_head",
+    "balanced",
 )
 # The 'aux' option's router_aux_loss_coef: large enough that the load-balancing term moves the loss visibly
 AUX_LOSS_COEF = 0.05
@@ -166,6 +168,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra["fp32_log_probs"] = False
     if "fp32_head" in flags:
         extra["cast_lm_head_to_fp32"] = True
+    if "balanced" in flags:
+        extra["train_sampling_strategy"] = "batch_rebalance"
     if "bf16_weights" in flags:  # TRL loads a model named by path in float32 unless told
         extra["model_init_kwargs"] = {"dtype": "bfloat16"}
     model = model_path(run, options)
@@ -426,6 +430,24 @@ def describe(trainer) -> dict:
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
         "train_pairs": len(trainer.train_dataset),
         "micro_batches": epoch_micro_batches(budget, 0) if budget is not None else None,
+        "balanced": balanced_steps(trainer),
+    }
+
+
+def balanced_steps(trainer) -> dict | None:
+    """With batch_rebalance: each step's rows (`bins[micro_step][process]`, dataset indices) as balanced and as the
+    default sampler deals the same pairs, and the estimated cost ratio of both."""
+    balanced = trainer._balanced if isinstance(trainer, DPOTrainer) else None
+    if balanced is None or balanced.sampler is None:
+        return None
+    sampler = balanced.sampler
+    sampler.set_epoch(0)
+    dealt, split = list(sampler.dealt_bins()), list(sampler.step_bins())
+    return {
+        "bins": split,
+        "dealt_bins": dealt,
+        "imbalance": [imbalance(bin_costs(sampler.costs, bins)) for bins in split],
+        "dealt_imbalance": [imbalance(bin_costs(sampler.costs, bins)) for bins in dealt],
     }
 
 

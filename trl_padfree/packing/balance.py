@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 
 from ..plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
+from .layout import HostRow
 
 
 def pair_cost(
@@ -85,6 +86,17 @@ def pair_cost(
         )
     segments = [Segment(chosen_len), Segment(rejected_len - shared_prefix, prefix=shared_prefix)]
     work = packed_row_work(segments, scored_tokens)
+    return float(training_step_flops(shape, work, reference_forward=reference_forward))
+
+
+def row_cost(shape: DecoderShape, row: HostRow, reference_forward: bool = True) -> float:
+    """Training-step FLOPs of a collated row, from its host integers: the sum of its pairs' `pair_cost`, as the
+    collator laid them out (shared or not). The trailing padding segment is left out: it is what the cost model
+    counts for every layout alike, and a balanced step's rows differ in it by less than `pad_to_multiple_of`."""
+    segments = [
+        Segment(length - prefix, prefix=prefix) for length, prefix in zip(row.seq_lens, row.prefix_lens, strict=True)
+    ]
+    work = packed_row_work(segments, row.scored_tokens)
     return float(training_step_flops(shape, work, reference_forward=reference_forward))
 
 

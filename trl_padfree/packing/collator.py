@@ -248,6 +248,7 @@ def packed_row(
             tuple(layout.seq_starts),
             tuple(layout.prefix_starts),
             tuple(layout.prefix_lens),
+            sum(completion_mask),
         ),
     }
     if return_attention_mask:

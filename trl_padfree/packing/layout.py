@@ -77,6 +77,7 @@ class HostRow:
     seq_starts: tuple[int, ...]  # row start of each sequence's own tokens
     prefix_starts: tuple[int, ...]  # row start of the shared prefix it reads first (prefix sharing)
     prefix_lens: tuple[int, ...]  # tokens of that prefix, 0 if none
+    scored_tokens: int = 0  # completion tokens, which the LM head scores (the row's cost, `packing.balance.row_cost`)
 
     @classmethod
     def of_tensors(cls, cu_seq_lens, seq_lens, seq_starts=None, prefix_starts=None, prefix_lens=None) -> HostRow:

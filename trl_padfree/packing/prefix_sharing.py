@@ -144,15 +144,8 @@ class SharingCost:
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        outside = {
-            id(p)
-            for module in (model.get_input_embeddings(), model.get_output_embeddings())
-            if module is not None
-            for p in module.parameters()
-        }
-        linear = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if id(p) not in outside)
         gather = GATHER_FLOPS_PER_ELEMENT.get(device_type, GATHER_FLOPS_PER_ELEMENT["cuda"])
-        return cls(DecoderShape.from_config(text, linear_params=linear), kv_heads * head_dim, gather)
+        return cls(DecoderShape.of_model(model), kv_heads * head_dim, gather)
 
     def step_costs(self, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> tuple[float, float]:
         """(unshared, shared) costs of a batch's row: `lengths` the (chosen, rejected) tokens of each pair, `prefixes`

@@ -17,15 +17,12 @@ count is made a multiple of the number of processes by splitting the bins that h
 from __future__ import annotations
 
 import bisect
-import functools
 import random
 from collections.abc import Iterator, Sequence
 
-import torch
 from torch.utils.data import IterableDataset, Sampler
 from tqdm.auto import tqdm
 
-from ..integrations.accelerate import uneven_gathers
 from ..refusals import (
     check_budget_bins_share,
     check_pairs_fit,
@@ -157,32 +154,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             yield list(self.bins[number])
 
 
-# TRL's metrics that are means over the pairs of a micro-batch
-PER_PAIR_METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/accuracies",
-    "rewards/margins",
-    "logps/chosen",
-    "logps/rejected",
-)
-
-
 class TokenBudgetBatching:
-    """Everything the trainer does for `max_tokens_per_batch`, in one object:
+    """What the trainer sets up for `max_tokens_per_batch`: the pairs' row lengths, the refusals and the sampler
+    (`set_up`). Its micro-batches hold different numbers of pairs: the trainer weighs their losses and metrics with
+    `packing.pair_weights.PairWeightedSteps`."""
 
-    set-up       the pairs' row lengths, the refusals, the sampler (`set_up`)
-    batches      the training dataloader over the budgeted micro-batches (`train_dataloader`)
-    loss         each micro-batch's loss weighted by its pairs, so a step's loss is the mean over all of the
-                 step's pairs (`count_step`, then `weighted_loss`)
-    logs         TRL's per-pair means weighted by pairs (`reweigh_metrics`)
-    """
-
-    def __init__(self, sampler: TokenBudgetBatchSampler, accelerator):
+    def __init__(self, sampler: TokenBudgetBatchSampler):
         self.sampler = sampler
-        self.accelerator = accelerator
-        self.pairs_in_step: int | None = None  # over processes, counted before the step's first forward
-        self.pair_weights: list[float] = []  # pairs of each training micro-batch, over processes, since the last log
 
     @classmethod
     def set_up(cls, trainer) -> TokenBudgetBatching | None:
@@ -215,54 +193,4 @@ class TokenBudgetBatching:
             window=args.token_budget_window,
             pad_to_multiple_of=collator.pad_to_multiple_of,
         )
-        return cls(sampler, trainer.accelerator)
-
-    def train_dataloader(self, dataset, collate_fn, args):
-        """Trainer's own dataloader settings, with the budgeted micro-batches in place of a fixed batch size."""
-        from torch.utils.data import DataLoader
-        from transformers.trainer_utils import seed_worker
-
-        dataloader = DataLoader(
-            dataset,
-            batch_sampler=self.sampler,
-            collate_fn=collate_fn,
-            num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory,
-            persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor,
-            worker_init_fn=functools.partial(
-                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
-            ),
-        )
-        return self.accelerator.prepare(dataloader)
-
-    def count_step(self, batch_samples: list[dict]) -> None:
-        """The pairs of an optimizer step's micro-batches, over processes (Trainer fetches them all first)."""
-        pairs = sum(len(batch["seq_lens"]) // 2 for batch in batch_samples)
-        total = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), reduction="sum")
-        self.pairs_in_step = int(total.item())
-
-    def weighted_loss(self, compute_loss, pairs: int, accumulation_steps: int):
-        """`compute_loss()` (TRL's, the mean over this micro-batch's pairs), weighted so that after Trainer divides
-        it by the accumulation steps and the gradient is averaged over processes, the step's loss is the mean over
-        all of the step's pairs. TRL's metric gathers accept this micro-batch's own pair count meanwhile."""
-        with uneven_gathers(self.accelerator):
-            result = compute_loss()
-        weight = pairs * accumulation_steps * self.accelerator.num_processes / self.pairs_in_step
-        pairs_over_processes = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), "sum")
-        self.pair_weights.append(pairs_over_processes.item())
-        if isinstance(result, tuple):
-            loss, outputs = result
-            return loss * weight, outputs
-        return result * weight
-
-    def reweigh_metrics(self, metrics: dict[str, list[float]]) -> None:
-        """TRL averages its per-micro-batch metrics equally; these micro-batches hold different numbers of pairs, so
-        weigh the per-pair means by pairs, as one padded batch of the same pairs would. In place, before a log."""
-        weights, self.pair_weights = self.pair_weights, []
-        if not weights:
-            return
-        for key in PER_PAIR_METRICS:
-            if len(metrics.get(key, ())) == len(weights):
-                values = metrics[key]
-                metrics[key] = [sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)]
+        return cls(sampler)

@@ -93,6 +93,21 @@ class DecoderShape:
             )
         return cls(linear_params, hidden_size, config.vocab_size, attention_layers, num_heads, head_dim)
 
+    @classmethod
+    def of_model(cls, model) -> DecoderShape:
+        """The shape of a loaded model: its text config's attention shape and its parameters counted (any
+        architecture; ZeRO-3's partitioned parameters by their full size), embeddings and LM head excluded. A
+        vision-language model's vision tower counts as per-token linear work: an overestimate of its text tokens'
+        cost, the same for every row."""
+        outside = {
+            id(p)
+            for module in (model.get_input_embeddings(), model.get_output_embeddings())
+            if module is not None
+            for p in module.parameters()
+        }
+        linear = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if id(p) not in outside)
+        return cls.from_config(model.config.get_text_config(), linear_params=linear)
+
 
 def _attention_projection_params(config, head_dim: int) -> int:
     # q and o: heads x head_dim each way; k and v: key-value heads x head_dim

@@ -1,0 +1,327 @@
+"""Balanced batches: `train_sampling_strategy="batch_rebalance"` with `padding_free=True`.
+
+Each optimizer step trains on the pairs the default sampler gives all processes for that step (the same seeded
+shuffle, the same global batch), split by cost instead of dealt `per_device_train_batch_size` at a time, so at every
+micro-step the processes' rows cost about the same (`packing.balance.partition`):
+
+    default sampler's order   | p17 p3 p42 p8 | p25 p1 p30 p9 | ...      one step = processes x accumulation x batch
+        |  partition by cost (every process computes the same bins from the same lengths: no communication)
+        v
+    bins in deal order        micro-step 0: process 0, process 1, ... | micro-step 1: process 0, ...
+        |  accelerate deals bins round-robin
+        v
+    each process's micro-batches, of different pair counts and about equal cost
+
+A process's loss is then weighted by its share of the step's pairs (`packing.pair_weights`), so the step's
+gradient is padded TRL's on the same global batch. With `max_tokens_per_batch` the budget's bins are balanced
+instead: each step's bins are sorted by cost and dealt so that a micro-step's processes get bins of neighbouring cost.
+
+transformers' own `BatchRebalanceSampler` (padded mode) prices a micro-batch by its longest sequence and weighs every
+process's loss equally; here a row costs its pairs' FLOPs (`packing.balance.pair_cost`), and the loss is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+from tqdm.auto import tqdm
+
+from ..plan.flops import DecoderShape
+from ..refusals import check_balanced_batches_setup, check_balanced_batches_split
+from .balance import bin_costs, imbalance, pair_cost, partition, row_cost
+from .layout import HOST_ROW, kept_prompt_and_completion
+from .prefix_sharing import AUTO, shared_prefix_length
+
+logger = logging.getLogger(__name__)
+
+REBALANCE = "batch_rebalance"  # transformers' `train_sampling_strategy` that turns balancing on
+
+
+def wants_balanced_batches(args) -> bool:
+    return getattr(args, "train_sampling_strategy", None) == REBALANCE
+
+
+def epoch_order(pairs: int, seed: int, epoch: int) -> list[int]:
+    """The order of the default sampler: transformers' `RandomSampler`, which accelerate replaces with its
+    `SeedableRandomSampler` (a generator seeded with `seed + epoch`, then `torch.randperm`)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(pairs, generator=generator).tolist()
+
+
+def step_shapes(pairs: int, batch_size: int, processes: int, micro_steps: int, drop_last: bool) -> list[int]:
+    """Pairs of each optimizer step of an epoch, as the default sampler groups them: full steps of `processes x
+    micro_steps x batch_size` pairs, then the epoch's remainder, which (as accelerate and Trainer deal it) runs as a
+    last, shorter step. `drop_last` drops what does not fill one batch on every process, as the default does; without
+    it the remainder is kept whole (the default repeats the epoch's first pairs to fill it instead)."""
+    full, remainder = divmod(pairs, processes * micro_steps * batch_size)
+    shapes = [processes * micro_steps * batch_size] * full
+    if drop_last:
+        remainder = remainder // (processes * batch_size) * processes * batch_size
+    if remainder:
+        shapes.append(remainder)
+    return shapes
+
+
+def micro_steps_of(step_pairs: int, batch_size: int, processes: int, micro_steps: int) -> int:
+    """Micro-steps of a step of `step_pairs`: as many as the default sampler gives it (a full step: `micro_steps`),
+    but no more than gives every process a pair at each."""
+    default = min(micro_steps, math.ceil(step_pairs / (processes * batch_size)))
+    return min(default, step_pairs // processes)
+
+
+class BalancedBatchSampler(Sampler[list[int]]):
+    """Yields micro-batches (lists of dataset indices) in the order accelerate deals them out: for each optimizer
+    step, micro-step 0's rows for processes 0..P-1, then micro-step 1's, and so on. The same on every process;
+    `set_epoch` reshuffles as the default sampler does.
+
+    Args:
+        costs (`Sequence[float]`):
+            Each pair's training-step cost (`pair_costs`).
+        batch_size (`int`):
+            `per_device_train_batch_size`: pairs per process per micro-step as the default sampler deals them; a
+            balanced row holds about as many.
+        processes (`int`):
+            Data-parallel processes.
+        micro_steps (`int`):
+            Gradient accumulation steps.
+        seed (`int`):
+            The default sampler's seed (`data_seed`, else `seed`).
+        drop_last (`bool`, *optional*, defaults to `False`):
+            `dataloader_drop_last`.
+    """
+
+    def __init__(
+        self,
+        costs: Sequence[float],
+        batch_size: int,
+        *,
+        processes: int,
+        micro_steps: int,
+        seed: int,
+        drop_last: bool = False,
+    ):
+        self.costs = [float(cost) for cost in costs]
+        # Not `batch_size`: accelerate's BatchSamplerShard reads that attribute as a fixed size, and would cut and
+        # refill these micro-batches of different sizes to it
+        self.pairs_per_process, self.processes, self.micro_steps = batch_size, processes, micro_steps
+        self.seed, self.epoch = seed, 0
+        shapes = step_shapes(len(self.costs), batch_size, processes, micro_steps, drop_last)
+        check_balanced_batches_split(len(self.costs), shapes[0] if shapes else 0, processes)
+        if shapes[-1] < processes:  # a remainder too small to give every process a pair joins the step before it
+            shapes[-2:] = [shapes[-2] + shapes[-1]]
+        self.steps = [(pairs, micro_steps_of(pairs, batch_size, processes, micro_steps)) for pairs in shapes]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return sum(micro * self.processes for _, micro in self.steps)
+
+    def global_batches(self) -> Iterator[list[int]]:
+        """This epoch's global batches: the default sampler's pairs of each optimizer step."""
+        order, start = epoch_order(len(self.costs), self.seed, self.epoch), 0
+        for pairs, _ in self.steps:
+            yield order[start : start + pairs]
+            start += pairs
+
+    def step_bins(self) -> Iterator[list[list[list[int]]]]:
+        """This epoch's steps, each as `bins[micro_step][process]` of dataset indices."""
+        for (_, micro), batch in zip(self.steps, self.global_batches(), strict=True):
+            bins = partition([self.costs[index] for index in batch], self.processes, micro)
+            yield [[sorted(batch[position] for position in row) for row in step] for step in bins]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for bins in self.step_bins():
+            for step in bins:
+                yield from step
+
+    def dealt_bins(self) -> Iterator[list[list[list[int]]]]:
+        """This epoch's steps as the default sampler deals them: process p's row at micro-step t holds the step's
+        pairs [(t x processes + p) x batch_size, ... + batch_size) (a short last step leaves rows short or empty)."""
+        size = self.pairs_per_process
+        for (_, micro), batch in zip(self.steps, self.global_batches(), strict=True):
+            rows = [batch[start : start + size] for start in range(0, micro * self.processes * size, size)]
+            yield [rows[step * self.processes : (step + 1) * self.processes] for step in range(micro)]
+
+    def epoch_imbalance(self) -> tuple[float, float]:
+        """This epoch's mean step imbalance (`packing.balance.imbalance` of the estimated costs) dealt as usual and
+        balanced: what `train_sampling_strategy="batch_rebalance"` is expected to gain."""
+        dealt, balanced = [], []
+        for usual, split in zip(self.dealt_bins(), self.step_bins(), strict=True):
+            dealt.append(imbalance(bin_costs(self.costs, usual)))
+            balanced.append(imbalance(bin_costs(self.costs, split)))
+        return sum(dealt) / len(dealt), sum(balanced) / len(balanced)
+
+
+class BalancedBudgetBins(Sampler[list[int]]):
+    """Token-budget micro-batches (`TokenBudgetBatchSampler`) dealt balanced: the bins of each optimizer step (the
+    next `processes x micro_steps` in the epoch's order) sorted by cost, micro-step t taking the t-th `processes` of
+    them, so each micro-step's processes run bins of neighbouring cost. The same bins as the budget sampler's, in
+    another order within each step."""
+
+    def __init__(self, budget_sampler, costs: Sequence[float], *, processes: int, micro_steps: int):
+        self.budget_sampler = budget_sampler
+        self.costs = [float(cost) for cost in costs]
+        self.processes, self.micro_steps = processes, micro_steps
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.budget_sampler.lengths
+
+    @property
+    def budget(self) -> int:
+        return self.budget_sampler.budget
+
+    @property
+    def bins(self) -> list[list[int]]:
+        return self.budget_sampler.bins
+
+    def set_epoch(self, epoch: int) -> None:
+        self.budget_sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.budget_sampler)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        bins = list(self.budget_sampler)
+        step = self.processes * self.micro_steps
+        for start in range(0, len(bins), step):
+            # A multiple of the processes (the budget sampler makes it one), so each micro-step deals one bin each
+            group = sorted(bins[start : start + step], key=lambda row: -sum(self.costs[index] for index in row))
+            yield from group
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Costs of a training set
+
+
+def pair_costs(
+    dataset,
+    shape: DecoderShape,
+    max_length: int | None,
+    truncation_mode: str,
+    prefix_sharing_min_prompt_tokens: int | None,
+    reference_forward: bool,
+) -> list[float]:
+    """Each pair's training-step cost (`pair_cost`) in a dataset tokenized by TRL, truncated as the collator
+    truncates it and laid out shared when `prefix_sharing_min_prompt_tokens` is given (prefix sharing on)."""
+    columns = (dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])
+    costs = []
+    for prompt, chosen, rejected in zip(*(map(len, column) for column in columns), strict=True):
+        chosen_prompt, chosen_kept = kept_prompt_and_completion(prompt, chosen, max_length, truncation_mode)
+        rejected_prompt, rejected_kept = kept_prompt_and_completion(prompt, rejected, max_length, truncation_mode)
+        shared = 0
+        if prefix_sharing_min_prompt_tokens is not None:
+            shared = shared_prefix_length(chosen_prompt, rejected_prompt, prefix_sharing_min_prompt_tokens)
+        costs.append(
+            pair_cost(
+                shape,
+                chosen_prompt + chosen_kept,
+                rejected_prompt + rejected_kept,
+                chosen_kept + rejected_kept,
+                shared,
+                reference_forward,
+            )
+        )
+    return costs
+
+
+def collated_pair_costs(dataset, collator, shape: DecoderShape, reference_forward: bool, show_progress=True):
+    """Each pair's cost in a dataset TRL tokenizes only when collating (vision-language pairs): each pair collated
+    alone by the packing `collator` (images, truncation and prefix sharing included) and its row priced
+    (`row_cost`; the vision tower is not counted)."""
+    return [
+        row_cost(shape, collator([example])[HOST_ROW], reference_forward)
+        for example in tqdm(dataset, desc="Pricing pairs for batch_rebalance", unit="pair", disable=not show_progress)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The trainer's feature
+
+
+class BalancedBatches:
+    """Everything the trainer does for `train_sampling_strategy="batch_rebalance"` under padding-free, in one object:
+
+    set-up       the pairs' costs, the refusals, the sampler (`set_up`)
+    batches      the training dataloader over the balanced micro-batches (`train_dataloader`), or the token
+                 budget's bins dealt balanced (`deal_budget_bins`)
+
+    The loss weighting and the logged cost ratio are `packing.pair_weights.PairWeightedSteps`'s.
+    """
+
+    def __init__(self, shape: DecoderShape, reference_forward: bool, costs: list[float]):
+        self.shape = shape
+        self.reference_forward = reference_forward
+        self.costs = costs
+        self.sampler: BalancedBatchSampler | None = None
+
+    @classmethod
+    def set_up(cls, trainer) -> BalancedBatches | None:
+        """From `trainer`'s config, model and tokenized training set; None unless asked for."""
+        args = trainer.args
+        if not (wants_balanced_batches(args) and trainer.padding_free_enabled) or trainer.train_dataset is None:
+            return None  # padded: transformers' own BatchRebalanceSampler, as in TRL
+        check_balanced_batches_setup(
+            trainer.loss_types,
+            trainer.aux_loss_enabled,
+            getattr(trainer, "_row_split", None) is not None,
+            hasattr(trainer.train_dataset, "__len__"),
+        )
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        shape = DecoderShape.of_model(model)
+        reference_forward = not args.precompute_ref_log_probs
+        collator = trainer.data_collator
+        if trainer.is_vision_dataset:
+            show = trainer.accelerator.is_local_main_process
+            costs = collated_pair_costs(trainer.train_dataset, collator, shape, reference_forward, show)
+        else:
+            # "auto" shares a batch or not by its own cost: price pairs as laid out unshared, the larger estimate
+            shares = collator.prefix_sharing and collator.prefix_sharing != AUTO
+            costs = pair_costs(
+                trainer.train_dataset,
+                shape,
+                args.max_length,
+                args.truncation_mode,
+                collator.prefix_sharing_min_prompt_tokens if shares else None,
+                reference_forward,
+            )
+        return cls(shape, reference_forward, costs)
+
+    @property
+    def pricing(self) -> tuple[DecoderShape, bool]:
+        """What prices a row: the model's shape and whether the reference runs in the step."""
+        return self.shape, self.reference_forward
+
+    def make_sampler(self, args, processes: int) -> BalancedBatchSampler:
+        self.sampler = BalancedBatchSampler(
+            self.costs,
+            args.per_device_train_batch_size,
+            processes=processes,
+            micro_steps=args.gradient_accumulation_steps,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            drop_last=args.dataloader_drop_last,
+        )
+        if logger.isEnabledFor(logging.INFO):
+            dealt, balanced = self.sampler.epoch_imbalance()
+            logger.info(
+                "batch_rebalance: %d optimizer steps per epoch over %d processes; estimated slowest over mean process "
+                "cost per step %.3f dealt as usual, %.3f balanced (expected step-time gain %.2fx if a row's time is "
+                "its FLOPs; logged each step as 'balance/cost_max_over_mean').",
+                len(self.sampler.steps),
+                processes,
+                dealt,
+                balanced,
+                dealt / balanced,
+            )
+        return self.sampler
+
+    def deal_budget_bins(self, budget_sampler, args, processes: int) -> BalancedBudgetBins:
+        return BalancedBudgetBins(
+            budget_sampler, self.costs, processes=processes, micro_steps=args.gradient_accumulation_steps
+        )
