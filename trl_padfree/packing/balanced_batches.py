@@ -130,10 +130,16 @@ class BalancedBatchSampler(Sampler[list[int]]):
             start += pairs
 
     def step_bins(self) -> Iterator[list[list[list[int]]]]:
-        """This epoch's steps, each as `bins[micro_step][process]` of dataset indices."""
-        for (_, micro), batch in zip(self.steps, self.global_batches(), strict=True):
-            bins = partition([self.costs[index] for index in batch], self.processes, micro)
-            yield [[sorted(batch[position] for position in row) for row in step] for step in bins]
+        """This epoch's steps, each as `bins[micro_step][process]` of dataset indices: the partition, or where the
+        greedy partition happens to be no better, the rows as the default sampler deals them (a step is never
+        estimated slower balanced than dealt)."""
+        for (_, micro), batch, dealt in zip(self.steps, self.global_batches(), self.dealt_bins(), strict=True):
+            split = partition([self.costs[index] for index in batch], self.processes, micro)
+            bins = [[sorted(batch[position] for position in row) for row in step] for step in split]
+            every_row_filled = all(row for step in dealt for row in step)
+            if every_row_filled and imbalance(bin_costs(self.costs, dealt)) <= imbalance(bin_costs(self.costs, bins)):
+                bins = dealt
+            yield bins
 
     def __iter__(self) -> Iterator[list[int]]:
         for bins in self.step_bins():

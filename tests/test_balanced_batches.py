@@ -1,0 +1,315 @@
+"""Balanced batches (`train_sampling_strategy="batch_rebalance"` with `padding_free=True`): the sampler deals the
+default sampler's global batches split by cost, and training on them equals padded TRL on the same global batches,
+in one process and in 2 and 4 processes under DDP, ZeRO-3 and FSDP2 with gradient accumulation.
+
+The multi-process runs are compared with TRL's padded trainer in one process whose micro-batch is the whole global
+batch (`processes x accumulation x per_device_train_batch_size` pairs): the same pairs per optimizer step, in one
+micro-batch, so every logged metric is the step's. Measured (tiny Llama, max_length 1024, 3 AdamW steps): losses
+within 5e-7 of the padded run, grad_norm 4e-7 relative, the per-pair metrics 1e-6; the bounds are
+`distributed_runs`' (LOSS_ATOL 1e-5, METRIC_RTOL 5e-5). TRL's token means (entropy, logits/*, mean_token_accuracy)
+average each micro-step's token mean equally, so with several micro-steps they depend on how a step is grouped, in
+TRL too: they are compared with one micro-step only."""
+
+import math
+
+import pytest
+from accelerate.data_loader import SeedableRandomSampler
+from distributed_runs import LOSS_ATOL, METRIC_ATOL, METRIC_RTOL, launch, train_in_this_process
+from trainer_utils import make_trainer
+
+from trl_padfree.cli.balance import load_decoder_shape, pool_costs
+from trl_padfree.cli.bench.harness import shipped_lengths
+from trl_padfree.packing.balance import pair_cost, row_cost
+from trl_padfree.packing.balanced_batches import (
+    BalancedBatchSampler,
+    BalancedBudgetBins,
+    epoch_order,
+    pair_costs,
+    step_shapes,
+)
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.token_budget import TokenBudgetBatchSampler
+from trl_padfree.plan.flops import DecoderShape
+from trl_padfree.refusals import check_balanced_batches_setup
+
+SHAPE = DecoderShape(
+    linear_params=1000, hidden_size=8, vocab_size=50, attention_layers=2, num_attention_heads=2, head_dim=4
+)
+# The shipped pairs priced for an 8B model, as `trl-padfree balance` prices them
+SHIPPED_COSTS = pool_costs([(p, min(c, 1024 - p), min(r, 1024 - p)) for p, c, r in shipped_lengths() if p < 1024],
+                           load_decoder_shape("llama3.1-8b")).tolist()  # fmt: skip
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The sampler
+
+
+def test_the_epoch_order_is_the_default_samplers():
+    """transformers' RandomSampler, which accelerate turns into its SeedableRandomSampler seeded with the seed."""
+    default = SeedableRandomSampler(range(50), data_seed=7)
+    for epoch in (0, 3):
+        default.set_epoch(epoch)
+        assert list(default) == epoch_order(50, seed=7, epoch=epoch)
+
+
+def test_steps_are_grouped_as_the_default_sampler_groups_them():
+    # 2 processes x 2 micro-steps x 3 pairs = 12 pairs a step; 30 pairs leave 6, which drop_last keeps (a whole batch
+    # on each process) and 7 pairs leave 7 - 6 = 1 pair which drop_last drops
+    assert step_shapes(30, 3, 2, 2, drop_last=False) == [12, 12, 6]
+    assert step_shapes(30, 3, 2, 2, drop_last=True) == [12, 12, 6]
+    assert step_shapes(31, 3, 2, 2, drop_last=True) == [12, 12, 6]
+    assert step_shapes(31, 3, 2, 2, drop_last=False) == [12, 12, 7]
+    assert step_shapes(5, 3, 2, 2, drop_last=True) == []
+
+
+@pytest.mark.parametrize("processes, micro_steps, batch_size, pairs", [(2, 1, 4, 40), (4, 2, 2, 45), (8, 3, 1, 100)])
+def test_every_step_deals_the_default_global_batch_with_a_row_per_process(processes, micro_steps, batch_size, pairs):
+    costs = SHIPPED_COSTS[:pairs]
+    sampler = BalancedBatchSampler(costs, batch_size, processes=processes, micro_steps=micro_steps, seed=3)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        order, dealt = epoch_order(pairs, 3, epoch), list(sampler)
+        assert len(dealt) == len(sampler) and len(sampler) % processes == 0
+        start = position = 0
+        for (step_pairs, micro), bins in zip(sampler.steps, sampler.step_bins(), strict=True):
+            assert len(bins) == micro and all(len(step) == processes and all(step) for step in bins)
+            assert sorted(i for step in bins for row in step for i in row) == sorted(order[start : start + step_pairs])
+            # accelerate deals round-robin: micro-step t's rows are the next `processes` micro-batches
+            assert dealt[position : position + micro * processes] == [row for step in bins for row in step]
+            start, position = start + step_pairs, position + micro * processes
+        assert start == pairs  # every pair once per epoch
+
+
+def test_balanced_rows_cost_less_than_the_dealt_ones_on_the_shipped_pairs():
+    for processes, batch_size in ((4, 2), (8, 4)):
+        sampler = BalancedBatchSampler(SHIPPED_COSTS, batch_size, processes=processes, micro_steps=2, seed=0)
+        dealt, balanced = sampler.epoch_imbalance()
+        # 4 x 2 pairs: 1.55 dealt, 1.19 balanced (the largest pairs bound it); 8 x 4 pairs: see the message
+        assert balanced < 0.85 * dealt, (processes, dealt, balanced)
+
+
+def test_a_remainder_too_small_for_every_process_joins_the_last_step():
+    sampler = BalancedBatchSampler([1.0] * 17, 2, processes=4, micro_steps=2, seed=0)
+    assert sampler.steps == [(16 + 1, 2)]  # not a step of 1 pair for 4 processes
+    assert sorted(i for row in sampler for i in row) == list(range(17))
+
+
+def test_the_sampler_is_deterministic_and_refuses_too_few_pairs():
+    first, again = (BalancedBatchSampler(SHIPPED_COSTS[:64], 2, processes=4, micro_steps=2, seed=5) for _ in range(2))
+    assert list(first) == list(again)
+    with pytest.raises(ValueError, match="cannot give each of 4 processes a pair"):
+        BalancedBatchSampler([1.0] * 3, 1, processes=4, micro_steps=1, seed=0)
+    with pytest.raises(ValueError, match="cannot give each of 2 processes a pair"):
+        BalancedBatchSampler([1.0] * 5, 3, processes=2, micro_steps=1, seed=0, drop_last=True)
+
+
+def test_budget_bins_are_dealt_so_each_micro_step_gets_bins_of_neighbouring_cost():
+    lengths = [p + c + r for p, c, r in shipped_lengths()][:200]
+    budget = TokenBudgetBatchSampler(lengths, 4096, seed=0, num_processes=2)
+    costs = SHIPPED_COSTS[:200]
+    dealt = BalancedBudgetBins(budget, costs, processes=2, micro_steps=2)
+    assert sorted(map(sorted, dealt)) == sorted(map(sorted, budget))  # the same bins
+    rows = list(dealt)
+    for start in range(0, len(rows) - 3, 4):
+        row_costs = [sum(costs[i] for i in row) for row in rows[start : start + 4]]
+        assert row_costs == sorted(row_costs, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Costs
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True])
+def test_a_collated_row_costs_its_pairs_as_priced_from_the_dataset(prefix_sharing):
+    """`row_cost` (the logged cost, from the collated row's host integers) and `pair_costs` (the partition's, from the
+    tokenized dataset with the collator's truncation and sharing) agree pair by pair."""
+    trainer = make_trainer(True, num_pairs=8, max_length=48, prefix_sharing=prefix_sharing)
+    dataset = trainer.train_dataset
+    minimum = trainer.data_collator.prefix_sharing_min_prompt_tokens if prefix_sharing else None
+    costs = pair_costs(dataset, SHAPE, 48, "keep_start", minimum, reference_forward=True)
+    for index in range(len(dataset)):
+        row = concatenated_inputs(
+            [dataset[index]],
+            max_length=48,
+            prefix_sharing=prefix_sharing,
+            prefix_sharing_min_prompt_tokens=minimum or 2,
+        )["host_row"]
+        assert row_cost(SHAPE, row) == pytest.approx(costs[index], rel=1e-12)
+    both = concatenated_inputs([dataset[0], dataset[1]], max_length=48, prefix_sharing=prefix_sharing)["host_row"]
+    assert row_cost(SHAPE, both) == pytest.approx(costs[0] + costs[1], rel=1e-12)  # costs add up
+    assert row_cost(SHAPE, both, reference_forward=False) == pytest.approx(0.75 * (costs[0] + costs[1]), rel=1e-12)
+
+
+def test_pair_cost_and_row_cost_agree_on_a_hand_built_row():
+    row = concatenated_inputs([{"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6]}])["host_row"]
+    assert row.scored_tokens == 3
+    assert row_cost(SHAPE, row) == pair_cost(SHAPE, 5, 4, scored_tokens=3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The trainer, one process
+
+
+def test_one_process_trains_the_default_global_batch_as_padded_trl_does():
+    """Balanced with 3 micro-steps of about 2 pairs against TRL's padded trainer with one batch of 6: the same pairs
+    (the default sampler's first 6), the same loss and gradient norm."""
+    options = dict(num_pairs=12, max_steps=2, logging_steps=1, learning_rate=1e-3, lr_scheduler_type="constant")
+    balanced = make_trainer(
+        True, batch_size=2, gradient_accumulation_steps=3, train_sampling_strategy="batch_rebalance", **options
+    )
+    balanced.train()
+    padded = make_trainer(False, batch_size=6, **options)
+    padded.train()
+    logged = [entry for entry in balanced.state.log_history if "loss" in entry]
+    expected = [entry for entry in padded.state.log_history if "loss" in entry]
+    for ours, theirs in zip(logged, expected, strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+        for key in ("grad_norm", "rewards/margins", "logps/chosen", "logps/rejected", "num_tokens"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
+        assert ours["balance/cost_max_over_mean"] == 1.0  # one process: nothing to wait for
+
+
+def test_token_budget_bins_are_dealt_balanced_and_a_step_trains_as_padded_trl_on_its_pairs():
+    options = dict(num_pairs=16, max_steps=1, max_grad_norm=0.0, logging_steps=1, gradient_accumulation_steps=2)
+    trainer = make_trainer(True, max_tokens_per_batch=160, train_sampling_strategy="batch_rebalance", **options)
+    assert isinstance(trainer._train_batch_sampler(), BalancedBudgetBins)
+    trainer.train()
+    sampler = trainer._train_batch_sampler()
+    sampler.set_epoch(0)
+    pairs = [index for batch in list(sampler)[:2] for index in batch]
+    padded = make_trainer(False, num_pairs=16, batch_size=len(pairs))
+    padded.model.train()
+    batch = padded._prepare_inputs(padded.data_collator([padded.train_dataset[index] for index in pairs]))
+    with padded.compute_loss_context_manager():
+        loss = padded.compute_loss(padded.model, batch).item()
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert logged["loss"] == pytest.approx(loss, abs=1e-6)
+
+
+def test_precomputed_reference_log_probs_price_rows_without_the_reference_forward():
+    trainer = make_trainer(
+        True, num_pairs=8, batch_size=2, precompute_ref_log_probs=True, train_sampling_strategy="batch_rebalance"
+    )
+    shape, reference_forward = trainer._balanced.pricing
+    assert reference_forward is False and trainer._pair_weights.reference_forward is False
+    full = pair_costs(trainer.train_dataset, shape, trainer.args.max_length, "keep_start", None, True)
+    assert trainer._balanced.costs == pytest.approx([0.75 * cost for cost in full], rel=1e-12)  # 3 forwards of 4
+
+
+def test_resume_continues_with_the_same_balanced_batches(tmp_path):
+    options = dict(num_pairs=12, batch_size=2, gradient_accumulation_steps=2, max_steps=4, num_train_epochs=2)
+    options.update(learning_rate=0.5, optim="sgd", logging_steps=1, train_sampling_strategy="batch_rebalance")
+    options.update(save_strategy="steps", save_steps=2, output_dir=str(tmp_path))
+    uninterrupted = make_trainer(True, **options)
+    uninterrupted.train()
+    resumed = make_trainer(True, **options)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    losses = [
+        [entry["loss"] for entry in run.state.log_history if "loss" in entry] for run in (uninterrupted, resumed)
+    ]
+    assert losses[1][-2:] == pytest.approx(losses[0][-2:], abs=1e-6)  # step 4 is the second epoch's first
+
+
+def test_vision_language_pairs_are_priced_as_collated_with_their_images():
+    from tiny_vision import make_vision_trainer, vision_preference_rows
+
+    trainer = make_vision_trainer(
+        "qwen2_5_vl", True, vision_preference_rows("qwen2_5_vl", 6), train_sampling_strategy="batch_rebalance",
+        per_device_train_batch_size=2, max_steps=1,
+    )  # fmt: skip
+    shape, _ = trainer._balanced.pricing
+    rows = [trainer.data_collator([example])["host_row"] for example in trainer.train_dataset]
+    assert trainer._balanced.costs == [row_cost(shape, row) for row in rows]
+    assert len(set(trainer._balanced.costs)) > 1
+    trainer.train()  # the image pairs train balanced
+    assert trainer.state.log_history[0]["balance/cost_max_over_mean"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(loss_type=["aot"]), r"loss_type \['aot'\].*sorts the micro-batch's log-ratios"),
+        (dict(loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.5]), r"'sft' is the mean over all"),
+    ],
+)
+def test_loss_types_that_couple_a_micro_batchs_pairs_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_trainer(True, num_pairs=8, train_sampling_strategy="batch_rebalance", **options)
+
+
+def test_other_couplings_are_refused_with_the_way_out():
+    with pytest.raises(ValueError, match="router's auxiliary loss.*output_router_logits=False"):
+        check_balanced_batches_setup(["sigmoid"], aux_loss=True, rows_split=False, sized=True)
+    with pytest.raises(ValueError, match="sequence or context parallelism"):
+        check_balanced_batches_setup(["sigmoid"], aux_loss=False, rows_split=True, sized=True)
+    with pytest.raises(ValueError, match="not an IterableDataset"):
+        check_balanced_batches_setup(["sigmoid"], aux_loss=False, rows_split=False, sized=False)
+    check_balanced_batches_setup(["sigmoid", "ipo", "bco_pair", "sigmoid_norm"], False, False, True)  # per pair
+
+
+def test_padded_mode_keeps_transformers_own_rebalancing():
+    trainer = make_trainer(False, num_pairs=8, train_sampling_strategy="batch_rebalance")
+    assert trainer._balanced is None and trainer._pair_weights is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Several processes
+
+PAIRS_PER_PROCESS, ACCUMULATION = 2, 2
+# Long enough that the shipped pairs differ in cost (at 192 most sequences are cut to the same length)
+MAX_LENGTH = "1024"
+PER_PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected")
+
+
+def single_process_padded(model_dir, tmp_path, processes: int, steps: int) -> dict:
+    """TRL's padded trainer in one process, each micro-batch a whole global batch of the balanced run."""
+    global_batch = processes * ACCUMULATION * PAIRS_PER_PROCESS
+    options = ("--runs", "trl", "--batch-size", str(global_batch), "--steps", str(steps), "--max-length", MAX_LENGTH)
+    return train_in_this_process(model_dir, tmp_path / f"padded{processes}.json", *options)["trl"]
+
+
+def assert_balanced_training_equals(report: dict, padded: dict, processes: int) -> None:
+    assert report["world_size"] == processes
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert report["losses"] == pytest.approx(padded["losses"], abs=LOSS_ATOL)
+    for step, (metrics, expected) in enumerate(zip(report["metrics"], padded["metrics"], strict=True)):
+        for key in ("grad_norm", "num_tokens", *PER_PAIR_METRICS):
+            assert metrics[key] == pytest.approx(expected[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+    # The engine balanced: rows other than the dealt ones, of different pair counts, no costlier at any step
+    balanced = report["balanced"]
+    assert balanced["bins"] != balanced["dealt_bins"]
+    assert any(len({len(row) for row in step}) > 1 for bins in balanced["bins"] for step in bins)
+    logged = [metrics["balance/cost_max_over_mean"] for metrics in report["metrics"]]
+    assert logged == pytest.approx(balanced["imbalance"][: len(logged)], rel=1e-9)
+    assert all(
+        ours <= dealt + 1e-12 for ours, dealt in zip(balanced["imbalance"], balanced["dealt_imbalance"], strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "config, processes",
+    [("multi_gpu.yaml", 2), ("multi_gpu.yaml", 4), ("zero3_ref_offload.yaml", 2), ("fsdp2_ref_offload.yaml", 2)],
+)
+def test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config, processes, model_dir, tmp_path):
+    steps = 2  # with 4 processes x 2 x 2 pairs, the 32 pairs of the data
+    options = ("--batch-size", str(PAIRS_PER_PROCESS), "--grad-accum", str(ACCUMULATION), "--steps", str(steps))
+    runs = ["padding_free+balanced"] if config == "multi_gpu.yaml" else ["padding_free+ref_offload+balanced"]
+    if (config, processes) == ("multi_gpu.yaml", 2):  # the options balancing prices differently, in the same launch
+        runs += ["padding_free+balanced+prefix_sharing", "padding_free+balanced+explicit_ref+precompute"]
+    reports = launch(
+        config, model_dir, tmp_path / "report.json", "--runs", ",".join(runs), *options, "--max-length", MAX_LENGTH,
+        processes=processes,
+    )  # fmt: skip
+    padded = single_process_padded(model_dir, tmp_path, processes, steps)
+    for run in runs:
+        report = reports[run]
+        if config.startswith("zero3"):
+            assert report["zero_stage"] == 3 and report["policy_sharded"] and report["reference"]["offloaded"]
+        if config.startswith("fsdp2"):
+            assert report["fsdp_version"] == 2 and report["policy_fsdp"]["sharded"]
+        assert_balanced_training_equals(report, padded, processes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["zero3_ref_offload.yaml", "fsdp2_ref_offload.yaml"])
+def test_balanced_batches_on_four_sharded_processes(config, model_dir, tmp_path):
+    test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config, 4, model_dir, tmp_path)
