@@ -10,7 +10,15 @@ import pytest
 from trl_padfree.cli import balance as balance_cli
 from trl_padfree.cli import main
 from trl_padfree.cli.bench.harness import make_batches
-from trl_padfree.packing.balance import bin_costs, imbalance, pair_cost, partition, row_cost_lower_bound
+from trl_padfree.packing.balance import (
+    best_split,
+    bin_costs,
+    imbalance,
+    pair_cost,
+    partition,
+    row_cost_lower_bound,
+    sorted_partition,
+)
 from trl_padfree.plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 
 # linear 1000 per token, LM head 8 x 50, 2 attention layers of 2 heads x 4
@@ -253,3 +261,33 @@ def test_bad_balance_options_are_one_line_errors(args, expected, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "error:" in error and expected in error
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# best_split: what a balanced step runs
+
+
+def test_with_one_pair_per_row_neighbouring_costs_share_a_micro_step():
+    rng = random.Random(4)
+    costs = [rng.paretovariate(1.5) for _ in range(64)]  # 16 micro-steps x 4 processes, one pair each
+    dealt = [[[4 * step + process] for process in range(4)] for step in range(16)]
+    spread = imbalance(bin_costs(costs, partition(costs, 4, 16)))
+    best = imbalance(bin_costs(costs, best_split(costs, 4, 16, dealt)))
+    assert best == imbalance(bin_costs(costs, sorted_partition(costs, 4, 16)))  # sorted runs won
+    assert best < 0.8 * spread and best < 0.8 * imbalance(bin_costs(costs, dealt))
+
+
+@pytest.mark.parametrize("pairs_per_process", [1, 2, 4])
+def test_best_split_is_never_slower_nor_a_costlier_row_than_dealt(pairs_per_process):
+    rng = random.Random(pairs_per_process)
+    for _ in range(50):
+        processes, micro_steps = rng.choice([2, 4, 8]), rng.choice([1, 2, 4])
+        count = processes * micro_steps * pairs_per_process
+        costs = [rng.lognormvariate(0, 1) for _ in range(count)]
+        dealt = [[list(range((step * processes + process) * pairs_per_process, (step * processes + process + 1)
+                             * pairs_per_process)) for process in range(processes)] for step in range(micro_steps)]  # fmt: skip
+        split = best_split(costs, processes, micro_steps, dealt)
+        assert sorted(i for step in split for row in step for i in row) == list(range(count))
+        assert imbalance(bin_costs(costs, split)) <= imbalance(bin_costs(costs, dealt)) + 1e-12
+        largest = max(max(step) for step in bin_costs(costs, split))
+        assert largest <= max(max(step) for step in bin_costs(costs, dealt)) + 1e-12

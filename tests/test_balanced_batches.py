@@ -24,8 +24,8 @@ from trl_padfree.packing.balanced_batches import (
     BalancedBatchSampler,
     BalancedBudgetBins,
     epoch_order,
+    epoch_steps,
     pair_costs,
-    step_shapes,
 )
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler
@@ -51,32 +51,59 @@ def test_the_epoch_order_is_the_default_samplers():
         assert list(default) == epoch_order(50, seed=7, epoch=epoch)
 
 
-def test_steps_are_grouped_as_the_default_sampler_groups_them():
-    # 2 processes x 2 micro-steps x 3 pairs = 12 pairs a step; 30 pairs leave 6, which drop_last keeps (a whole batch
-    # on each process) and 7 pairs leave 7 - 6 = 1 pair which drop_last drops
-    assert step_shapes(30, 3, 2, 2, drop_last=False) == [12, 12, 6]
-    assert step_shapes(30, 3, 2, 2, drop_last=True) == [12, 12, 6]
-    assert step_shapes(31, 3, 2, 2, drop_last=True) == [12, 12, 6]
-    assert step_shapes(31, 3, 2, 2, drop_last=False) == [12, 12, 7]
-    assert step_shapes(5, 3, 2, 2, drop_last=True) == []
+def test_steps_are_grouped_as_the_default_sampler_and_trainer_group_them():
+    # 2 ranks x 3 pairs a round, 2 micro-steps a step: 30 pairs are 5 rounds, steps of 2, 2 and 1 micro-steps;
+    # drop_last keeps whole rounds only
+    assert epoch_steps(30, 3, 2, 2) == [2, 2, 1]
+    assert epoch_steps(31, 3, 2, 2) == [2, 2, 2]  # a 6th round of 1 pair: the last step's 7 pairs fill its 4 rows
+    assert epoch_steps(25, 3, 2, 2) == [2, 2]  # a 5th round of 1 pair, alone in its step: it joins the 4th
+    assert epoch_steps(31, 3, 2, 2, drop_last=True) == [2, 2, 1]
+    assert epoch_steps(5, 3, 2, 2, drop_last=True) == []
+    # Rows split over 2 ranks: a group runs its 2 ranks' batches per round; 3 rounds = 6 micro-steps of each group
+    assert epoch_steps(40, 2, 8, 4, ranks_per_row=2) == [4, 2]
+    assert epoch_steps(40, 2, 8, 1, ranks_per_row=2) == [1] * 6
 
 
-@pytest.mark.parametrize("processes, micro_steps, batch_size, pairs", [(2, 1, 4, 40), (4, 2, 2, 45), (8, 3, 1, 100)])
-def test_every_step_deals_the_default_global_batch_with_a_row_per_process(processes, micro_steps, batch_size, pairs):
+def default_slots(pairs: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """What accelerate deals, round-robin over the ranks: the default sampler's order in batches of `batch_size`."""
+    order = epoch_order(pairs, seed, epoch)
+    return [order[start : start + batch_size] for start in range(0, pairs, batch_size)]
+
+
+@pytest.mark.parametrize(
+    "ranks, ranks_per_row, micro_steps, batch_size, pairs",
+    [(2, 1, 1, 4, 40), (4, 1, 2, 2, 48), (8, 1, 3, 1, 96), (4, 2, 2, 2, 48), (8, 4, 1, 2, 64), (4, 2, 3, 2, 48)],
+)
+def test_every_step_deals_the_default_global_batch_with_a_row_per_group(
+    ranks, ranks_per_row, micro_steps, batch_size, pairs
+):
+    """Each optimizer step trains on the pairs of the default's batches that Trainer runs in it: a row group runs its
+    ranks' batches one after the other, so its k-th micro-batch is round k // ranks_per_row's, of its rank
+    k % ranks_per_row; every row at every micro-step has a pair; every pair once per epoch."""
     costs = SHIPPED_COSTS[:pairs]
-    sampler = BalancedBatchSampler(costs, batch_size, processes=processes, micro_steps=micro_steps, seed=3)
+    groups = ranks // ranks_per_row
+    sampler = BalancedBatchSampler(
+        costs, batch_size, processes=ranks, micro_steps=micro_steps, seed=3, ranks_per_row=ranks_per_row
+    )
+
+    def run_of(slots, group):  # the group's micro-batches in the order it runs them (the row split's wrapper)
+        return [slots[k // ranks_per_row * ranks + group * ranks_per_row + k % ranks_per_row]
+                for k in range(len(slots) // groups)]  # fmt: skip
+
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
-        order, dealt = epoch_order(pairs, 3, epoch), list(sampler)
-        assert len(dealt) == len(sampler) and len(sampler) % processes == 0
-        start = position = 0
-        for (step_pairs, micro), bins in zip(sampler.steps, sampler.step_bins(), strict=True):
-            assert len(bins) == micro and all(len(step) == processes and all(step) for step in bins)
-            assert sorted(i for step in bins for row in step for i in row) == sorted(order[start : start + step_pairs])
-            # accelerate deals round-robin: micro-step t's rows are the next `processes` micro-batches
-            assert dealt[position : position + micro * processes] == [row for step in bins for row in step]
-            start, position = start + step_pairs, position + micro * processes
-        assert start == pairs  # every pair once per epoch
+        dealt, default = list(sampler), default_slots(pairs, batch_size, 3, epoch)
+        assert len(dealt) == len(sampler) == len(default) and len(sampler) % ranks == 0
+        runs, default_runs = [run_of(dealt, g) for g in range(groups)], [run_of(default, g) for g in range(groups)]
+        first = 0
+        for micro, bins in zip(sampler.steps, sampler.step_bins(), strict=True):
+            assert len(bins) == micro and all(len(step) == groups and all(step) for step in bins)
+            steps = range(first, first + micro)
+            assert [[runs[g][k] for g in range(groups)] for k in steps] == bins
+            step_pairs = sorted(i for g in range(groups) for k in steps for i in default_runs[g][k])
+            assert sorted(i for step in bins for row in step for i in row) == step_pairs
+            first += micro
+        assert sorted(i for row in dealt for i in row) == list(range(pairs))
 
 
 def test_balanced_rows_cost_less_than_the_dealt_ones_on_the_shipped_pairs():
@@ -89,7 +116,7 @@ def test_balanced_rows_cost_less_than_the_dealt_ones_on_the_shipped_pairs():
 
 def test_a_remainder_too_small_for_every_process_joins_the_last_step():
     sampler = BalancedBatchSampler([1.0] * 17, 2, processes=4, micro_steps=2, seed=0)
-    assert sampler.steps == [(16 + 1, 2)]  # not a step of 1 pair for 4 processes
+    assert sampler.steps == [2] and len(next(sampler.global_batches())) == 17  # not a step of 1 pair for 4 rows
     assert sorted(i for row in sampler for i in row) == list(range(17))
 
 
@@ -100,6 +127,8 @@ def test_the_sampler_is_deterministic_and_refuses_too_few_pairs():
         BalancedBatchSampler([1.0] * 3, 1, processes=4, micro_steps=1, seed=0)
     with pytest.raises(ValueError, match="cannot give each of 2 processes a pair"):
         BalancedBatchSampler([1.0] * 5, 3, processes=2, micro_steps=1, seed=0, drop_last=True)
+    with pytest.raises(ValueError, match="cannot give each of 2 processes a pair"):  # 4 ranks, 2 per row
+        BalancedBatchSampler([1.0], 1, processes=4, micro_steps=1, seed=0, ranks_per_row=2)
 
 
 def test_budget_bins_are_dealt_so_each_micro_step_gets_bins_of_neighbouring_cost():
@@ -238,11 +267,11 @@ def test_loss_types_that_couple_a_micro_batchs_pairs_are_refused(options, match)
 
 def test_other_couplings_are_refused_with_the_way_out():
     with pytest.raises(ValueError, match="router's auxiliary loss.*output_router_logits=False"):
-        check_balanced_batches_setup(["sigmoid"], aux_loss=True, rows_split=False, sized=True)
-    with pytest.raises(ValueError, match="sequence or context parallelism"):
-        check_balanced_batches_setup(["sigmoid"], aux_loss=False, rows_split=True, sized=True)
+        check_balanced_batches_setup(["sigmoid"], aux_loss=True, budget_with_split_rows=False, sized=True)
+    with pytest.raises(ValueError, match="max_tokens_per_batch's micro-batches to row groups"):
+        check_balanced_batches_setup(["sigmoid"], aux_loss=False, budget_with_split_rows=True, sized=True)
     with pytest.raises(ValueError, match="not an IterableDataset"):
-        check_balanced_batches_setup(["sigmoid"], aux_loss=False, rows_split=False, sized=False)
+        check_balanced_batches_setup(["sigmoid"], aux_loss=False, budget_with_split_rows=False, sized=False)
     check_balanced_batches_setup(["sigmoid", "ipo", "bco_pair", "sigmoid_norm"], False, False, True)  # per pair
 
 
@@ -313,3 +342,32 @@ def test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config,
 @pytest.mark.parametrize("config", ["zero3_ref_offload.yaml", "fsdp2_ref_offload.yaml"])
 def test_balanced_batches_on_four_sharded_processes(config, model_dir, tmp_path):
     test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config, 4, model_dir, tmp_path)
+
+
+# Split rows: a row group (the ranks sharing a row) counts as one process
+
+
+@pytest.mark.parametrize(
+    "config, flags, processes",
+    [
+        ("multi_gpu.yaml", ("padding_free+cp+balanced", "--cp-size", "2"), 4),
+        pytest.param("zero3.yaml", ("padding_free+sp+balanced", "--sp-size", "2"), 4, marks=pytest.mark.slow),
+    ],
+    ids=["context-parallel", "ulysses"],
+)
+def test_balanced_row_groups_train_as_padded_trl_on_the_same_global_batches(
+    config, flags, processes, model_dir, tmp_path
+):
+    """4 ranks, 2 per row: 2 row groups, each running its 2 ranks' micro-batches one after the other; accumulation
+    2 covers a round, so a step is the default's 8 consecutive pairs."""
+    run, *sizes = flags
+    options = ("--batch-size", str(PAIRS_PER_PROCESS), "--grad-accum", str(ACCUMULATION), "--steps", "2", *sizes)
+    report = launch(
+        config, model_dir, tmp_path / "report.json", "--runs", run, *options, "--max-length", MAX_LENGTH,
+        processes=processes,
+    )[run]  # fmt: skip
+    assert report["sequence_parallel_size"] * report["context_parallel_size"] == 2
+    assert report["sequences_split_across_ranks"] > 0
+    # The padded run's micro-batch is a step's pairs: groups x accumulation x batch
+    padded = single_process_padded(model_dir, tmp_path, processes // 2, steps=2)
+    assert_balanced_training_equals(report, padded, processes)

@@ -62,10 +62,12 @@ def test_recipe_under_accelerate_launch_with_two_cpu_processes(tmp_path, environ
     config = ROOT / "recipes" / "accelerate_configs" / "multi_gpu.yaml"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     launch += ["--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port())]
-    result = run(launch + recipe(output_dir=tmp_path)[1:], {**environment, "ACCELERATE_USE_CPU": "true"})
+    # Balanced, as the multi-GPU recipes run: the option from the command line, the cost ratio in the logs
+    command = recipe("--train_sampling_strategy", "batch_rebalance", output_dir=tmp_path)[1:]
+    result = run(launch + command, {**environment, "ACCELERATE_USE_CPU": "true"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "model.safetensors").exists()
-    assert "padfree/padding_removed" in result.stdout
+    assert "padfree/padding_removed" in result.stdout and "balance/cost_max_over_mean" in result.stdout
     # 320 pairs, 8 per process: 2 steps are 0.1 epoch with two processes (0.05 with one)
     assert "'train_loss'" in result.stdout and "'epoch': '0.1'}" in result.stdout
 

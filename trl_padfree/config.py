@@ -46,6 +46,15 @@ class DPOConfig(trl.DPOConfig):
             padded training of the same pairs. Needs `padding_free=True`. A pair longer than the budget is an error;
             set `max_length` to at most half the budget to have TRL truncate every pair to fit.
 
+        train_sampling_strategy (`str`, *optional*, defaults to `"random"`):
+            transformers' field. With `padding_free=True`, `"batch_rebalance"` splits each optimizer step's pairs
+            (the default sampler's, same seed) across processes and micro-steps by estimated FLOPs, so every
+            data-parallel process's packed row costs about the same; each process's loss is weighted by its share of
+            the step's pairs, so training equals padded TRL on the same global batches. Logs
+            `balance/cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
+            `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
+            `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/balancing.md.
+
         token_budget_window (`int`, *optional*, defaults to `1000`):
             With `max_tokens_per_batch`: pairs are shuffled (with `data_seed`, else `seed`), cut into windows of this
             many pairs, and each window packed best-fit decreasing. Larger windows fill rows better; smaller ones mix

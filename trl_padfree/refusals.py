@@ -614,7 +614,9 @@ COUPLED_LOSS_TYPES = {
 }
 
 
-def check_balanced_batches_setup(loss_types: Sequence[str], aux_loss: bool, rows_split: bool, sized: bool) -> None:
+def check_balanced_batches_setup(
+    loss_types: Sequence[str], aux_loss: bool, budget_with_split_rows: bool, sized: bool
+) -> None:
     """`train_sampling_strategy="batch_rebalance"` under padding-free: what balancing cannot keep exact."""
     coupled = [loss_type for loss_type in loss_types if loss_type in COUPLED_LOSS_TYPES]
     if coupled:
@@ -631,11 +633,11 @@ def check_balanced_batches_setup(loss_types: Sequence[str], aux_loss: bool, rows
             "share a micro-batch. Set output_router_logits=False in the model config, or use "
             "train_sampling_strategy='random'."
         )
-    if rows_split:
+    if budget_with_split_rows:
         raise ValueError(
-            "train_sampling_strategy='batch_rebalance' does not work with sequence or context parallelism yet (each "
-            "row group would have to count as one process). Use train_sampling_strategy='random' with "
-            "sequence_parallel_size or context_parallel_size > 1."
+            "train_sampling_strategy='batch_rebalance' does not deal max_tokens_per_batch's micro-batches to row "
+            "groups (sequence or context parallelism) yet. Use one of them: batch_rebalance with "
+            "per_device_train_batch_size, or max_tokens_per_batch with train_sampling_strategy='random'."
         )
     if not sized:
         raise ValueError(
@@ -644,12 +646,12 @@ def check_balanced_batches_setup(loss_types: Sequence[str], aux_loss: bool, rows
         )
 
 
-def check_balanced_batches_split(pairs: int, first_step_pairs: int, processes: int) -> None:
-    if first_step_pairs < processes:
+def check_balanced_batches_split(pairs: int, any_step: bool, row_groups: int) -> None:
+    if not any_step:
         raise ValueError(
             f"train_sampling_strategy='batch_rebalance': a training set of {pairs} pairs (after "
-            f"dataloader_drop_last) cannot give each of {processes} processes a pair. Use at least {processes} pairs, "
-            "or dataloader_drop_last=False."
+            f"dataloader_drop_last) cannot give each of {row_groups} processes a pair. Use at least {row_groups} "
+            "pairs, or dataloader_drop_last=False."
         )
 
 

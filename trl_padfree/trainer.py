@@ -119,7 +119,8 @@ class DPOTrainer(TRLSeams):
         if self._balanced is None:
             return self._token_budget.sampler
         if self._token_budget is None:
-            return self._balanced.make_sampler(self.args, processes)
+            ranks_per_row = 1 if self._row_split is None else self._row_split.ranks_per_row
+            return self._balanced.make_sampler(self.args, processes, ranks_per_row)
         return self._balanced.deal_budget_bins(self._token_budget.sampler, self.args, processes)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):

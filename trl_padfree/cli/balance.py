@@ -6,7 +6,7 @@ the expected slowest row over the mean row (`packing.balance.imbalance`) of
 
 - the default sampler: each process takes `pairs_per_process` consecutive pairs of the shuffled data, as accelerate
   deals TRL's batches out, and
-- `packing.balance.partition`: the same pairs, split by cost (LPT per micro-step);
+- `packing.balance.best_split`: the same pairs, split by cost as the trainer splits them (LPT per micro-step);
 
 and their ratio, the step-time gain balancing would bring if a step's time is its slowest row's FLOPs.
 
@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..data import load_demo_tokenizer
 from ..data.length_models import MULTI_TURN, SINGLE_TURN
-from ..packing.balance import bin_costs, imbalance, pair_cost, partition, row_cost_lower_bound
+from ..packing.balance import best_split, bin_costs, imbalance, pair_cost, row_cost_lower_bound
 from ..packing.layout import kept_prompt_and_completion
 from ..packing.prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
 from ..plan.flops import DecoderShape
@@ -187,7 +187,9 @@ def simulate(
         dealt = drawn.reshape(micro_steps, processes, pairs_per_process).sum(axis=2)
         unbalanced.append(imbalance(dealt.tolist()))
         step_costs = drawn.tolist()
-        balanced.append(imbalance(bin_costs(step_costs, partition(step_costs, processes, micro_steps))))
+        rows = np.arange(global_batch).reshape(micro_steps, processes, pairs_per_process).tolist()
+        split = best_split(step_costs, processes, micro_steps, dealt=rows)
+        balanced.append(imbalance(bin_costs(step_costs, split)))
         # No split beats the mean row, nor the row some pairs must share (the step waits for it at least)
         row_bound = row_cost_lower_bound(step_costs, processes * micro_steps)
         bound.append(max(1.0, row_bound * processes / sum(step_costs)))

@@ -154,6 +154,50 @@ def partition(costs: Sequence[float], processes: int, micro_steps: int = 1) -> l
     return [_longest_processing_time(group, costs, processes) for group in groups]
 
 
+def sorted_partition(costs: Sequence[float], processes: int, micro_steps: int) -> list[list[list[int]]]:
+    """`partition`'s other level 1: micro-steps of neighbouring costs (the pairs sorted by decreasing cost and cut
+    into `micro_steps` runs of `n // micro_steps` pairs or one more), then LPT across the processes. Where rows hold
+    one or two pairs, spreading the largest pairs over the micro-steps (`partition`) leaves each micro-step waiting
+    for one large pair among small ones; grouping them makes every row of that micro-step large alike.
+
+    >>> sorted_partition([5, 1, 4, 2, 3, 3], processes=2, micro_steps=3)  # micro-steps 5 | 4, 3 + 3 | 2, 1
+    [[[0], [2]], [[4], [5]], [[3], [1]]]
+    """
+    check_partition_inputs(costs, processes, micro_steps)
+    order = sorted(range(len(costs)), key=lambda index: (-costs[index], index))
+    least, extra = divmod(len(order), micro_steps)
+    sizes = [least + (step < extra) for step in range(micro_steps)]
+    groups = [order[sum(sizes[:step]) : sum(sizes[: step + 1])] for step in range(micro_steps)]
+    return [_longest_processing_time(group, costs, processes) for group in groups]
+
+
+def best_split(
+    costs: Sequence[float],
+    processes: int,
+    micro_steps: int,
+    dealt: Sequence[Sequence[Sequence[int]]] | None = None,
+) -> list[list[list[int]]]:
+    """The split a balanced step runs: of `partition`'s, `sorted_partition`'s and the rows as dealt (`dealt`,
+    `bins[micro_step][process]` of indices into `costs`, when every row of it holds a pair), the one whose step is
+    estimated shortest (`imbalance`), among those whose most expensive row costs no more than the dealt step's most
+    expensive row (so no micro-step needs more memory than dealt as usual; without `dealt`, no such limit). Ties go
+    to the first of that order.
+
+    >>> best_split([1, 1, 1, 1, 9, 9, 9, 9], processes=4, micro_steps=2)  # the 9s together, then the 1s
+    [[[4], [5], [6], [7]], [[0], [1], [2], [3]]]
+    """
+    candidates = [partition(costs, processes, micro_steps)]
+    if micro_steps > 1:
+        candidates.append(sorted_partition(costs, processes, micro_steps))
+    limit = float("inf")
+    if dealt is not None and all(row for step in dealt for row in step):
+        dealt = [[list(row) for row in step] for step in dealt]
+        candidates.append(dealt)
+        limit = max(cost for step in bin_costs(costs, dealt) for cost in step)
+    allowed = [bins for bins in candidates if max(max(step) for step in bin_costs(costs, bins)) <= limit]
+    return min(allowed, key=lambda bins: imbalance(bin_costs(costs, bins)))
+
+
 def check_partition_inputs(costs: Sequence[float], processes: int, micro_steps: int) -> None:
     """Refuse what `partition` cannot split so that every process runs a row at every micro-step."""
     if processes < 1 or micro_steps < 1:

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..plan.flops import DecoderShape
 from ..refusals import check_balanced_batches_setup, check_balanced_batches_split
-from .balance import bin_costs, imbalance, pair_cost, partition, row_cost
+from .balance import best_split, bin_costs, imbalance, pair_cost, row_cost
 from .layout import HOST_ROW, kept_prompt_and_completion
 from .prefix_sharing import AUTO, shared_prefix_length
 
@@ -53,46 +53,76 @@ def epoch_order(pairs: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(pairs, generator=generator).tolist()
 
 
-def step_shapes(pairs: int, batch_size: int, processes: int, micro_steps: int, drop_last: bool) -> list[int]:
-    """Pairs of each optimizer step of an epoch, as the default sampler groups them: full steps of `processes x
-    micro_steps x batch_size` pairs, then the epoch's remainder, which (as accelerate and Trainer deal it) runs as a
-    last, shorter step. `drop_last` drops what does not fill one batch on every process, as the default does; without
-    it the remainder is kept whole (the default repeats the epoch's first pairs to fill it instead)."""
-    full, remainder = divmod(pairs, processes * micro_steps * batch_size)
-    shapes = [processes * micro_steps * batch_size] * full
-    if drop_last:
-        remainder = remainder // (processes * batch_size) * processes * batch_size
-    if remainder:
-        shapes.append(remainder)
-    return shapes
+def slot_of(micro_step: int, group: int, ranks: int, ranks_per_row: int = 1) -> int:
+    """Which of accelerate's round-robin batches a row group runs as its `micro_step`-th of the epoch: its ranks'
+    batches one after the other (the row split's wrapper), so round `micro_step // ranks_per_row`, the group's rank
+    `micro_step % ranks_per_row`. Without split rows, batch `micro_step x ranks + group`."""
+    rank = group * ranks_per_row + micro_step % ranks_per_row
+    return micro_step // ranks_per_row * ranks + rank
 
 
-def micro_steps_of(step_pairs: int, batch_size: int, processes: int, micro_steps: int) -> int:
-    """Micro-steps of a step of `step_pairs`: as many as the default sampler gives it (a full step: `micro_steps`),
-    but no more than gives every process a pair at each."""
-    default = min(micro_steps, math.ceil(step_pairs / (processes * batch_size)))
-    return min(default, step_pairs // processes)
+def epoch_steps(
+    pairs: int, batch_size: int, ranks: int, micro_steps: int, drop_last: bool = False, ranks_per_row: int = 1
+) -> list[int]:
+    """Micro-steps of each optimizer step of an epoch, as accelerate and Trainer run the default sampler's batches.
+
+    accelerate deals `batch_size` pairs to each of the `ranks` per round (the last round, short, filled with the
+    epoch's first pairs; dropped with `drop_last`). With rows split over `ranks_per_row` ranks (sequence or context
+    parallelism), each row group runs its ranks' batches one after the other, `ranks_per_row` micro-steps per round,
+    and Trainer groups `micro_steps` of them into an optimizer step, the last step of the epoch shorter. A last round
+    in which some step's pairs cannot give every row a pair is not run: its pairs join the step before it.
+    """
+    groups = ranks // ranks_per_row
+    rounds = pairs // (ranks * batch_size) if drop_last else math.ceil(pairs / (ranks * batch_size))
+
+    def dealt_pairs(slot: int) -> int:
+        return max(0, min(batch_size, pairs - slot * batch_size))
+
+    while rounds:
+        run = rounds * ranks_per_row  # micro-steps of each row group
+        steps = [min(micro_steps, run - first) for first in range(0, run, micro_steps)]
+        firsts = [sum(steps[:number]) for number in range(len(steps))]
+        last_round = [
+            (first, micro) for first, micro in zip(firsts, steps, strict=True) if first + micro > run - ranks_per_row
+        ]
+        if all(
+            sum(
+                dealt_pairs(slot_of(k, g, ranks, ranks_per_row))
+                for k in range(first, first + micro)
+                for g in range(groups)
+            )
+            >= micro * groups
+            for first, micro in last_round
+        ):
+            return steps
+        rounds -= 1
+    return []
 
 
 class BalancedBatchSampler(Sampler[list[int]]):
-    """Yields micro-batches (lists of dataset indices) in the order accelerate deals them out: for each optimizer
-    step, micro-step 0's rows for processes 0..P-1, then micro-step 1's, and so on. The same on every process;
-    `set_epoch` reshuffles as the default sampler does.
+    """Yields micro-batches (lists of dataset indices) in the order accelerate deals them out (round-robin over the
+    ranks), so that at each micro-step every row group (a process, or the ranks sharing a split row) runs a row of
+    about the same cost. The same on every process; `set_epoch` reshuffles as the default sampler does.
+
+    Each optimizer step trains on the pairs the default sampler's batches give it (the same seed, the same pairs),
+    partitioned by cost into `micro-steps x row groups` rows.
 
     Args:
         costs (`Sequence[float]`):
             Each pair's training-step cost (`pair_costs`).
         batch_size (`int`):
-            `per_device_train_batch_size`: pairs per process per micro-step as the default sampler deals them; a
+            `per_device_train_batch_size`: pairs per rank per micro-step as the default sampler deals them; a
             balanced row holds about as many.
         processes (`int`):
-            Data-parallel processes.
+            Ranks (every process, `accelerator.num_processes`).
         micro_steps (`int`):
             Gradient accumulation steps.
         seed (`int`):
             The default sampler's seed (`data_seed`, else `seed`).
         drop_last (`bool`, *optional*, defaults to `False`):
             `dataloader_drop_last`.
+        ranks_per_row (`int`, *optional*, defaults to `1`):
+            Ranks sharing each row (sequence x context parallel sizes): a row group counts as one process.
     """
 
     def __init__(
@@ -104,55 +134,69 @@ class BalancedBatchSampler(Sampler[list[int]]):
         micro_steps: int,
         seed: int,
         drop_last: bool = False,
+        ranks_per_row: int = 1,
     ):
         self.costs = [float(cost) for cost in costs]
         # Not `batch_size`: accelerate's BatchSamplerShard reads that attribute as a fixed size, and would cut and
         # refill these micro-batches of different sizes to it
         self.pairs_per_process, self.processes, self.micro_steps = batch_size, processes, micro_steps
+        self.ranks_per_row, self.groups = ranks_per_row, processes // ranks_per_row
         self.seed, self.epoch = seed, 0
-        shapes = step_shapes(len(self.costs), batch_size, processes, micro_steps, drop_last)
-        check_balanced_batches_split(len(self.costs), shapes[0] if shapes else 0, processes)
-        if shapes[-1] < processes:  # a remainder too small to give every process a pair joins the step before it
-            shapes[-2:] = [shapes[-2] + shapes[-1]]
-        self.steps = [(pairs, micro_steps_of(pairs, batch_size, processes, micro_steps)) for pairs in shapes]
+        self.steps = epoch_steps(len(self.costs), batch_size, processes, micro_steps, drop_last, ranks_per_row)
+        check_balanced_batches_split(len(self.costs), bool(self.steps), self.groups)
+        self.kept_pairs = min(len(self.costs), sum(self.steps) // ranks_per_row * processes * batch_size)
+        if not drop_last:
+            self.kept_pairs = len(self.costs)  # a thin last round's pairs join the last step
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return sum(micro * self.processes for _, micro in self.steps)
+        return sum(self.steps) * self.groups
 
-    def global_batches(self) -> Iterator[list[int]]:
-        """This epoch's global batches: the default sampler's pairs of each optimizer step."""
-        order, start = epoch_order(len(self.costs), self.seed, self.epoch), 0
-        for pairs, _ in self.steps:
-            yield order[start : start + pairs]
-            start += pairs
-
-    def step_bins(self) -> Iterator[list[list[list[int]]]]:
-        """This epoch's steps, each as `bins[micro_step][process]` of dataset indices: the partition, or where the
-        greedy partition happens to be no better, the rows as the default sampler deals them (a step is never
-        estimated slower balanced than dealt)."""
-        for (_, micro), batch, dealt in zip(self.steps, self.global_batches(), self.dealt_bins(), strict=True):
-            split = partition([self.costs[index] for index in batch], self.processes, micro)
-            bins = [[sorted(batch[position] for position in row) for row in step] for step in split]
-            every_row_filled = all(row for step in dealt for row in step)
-            if every_row_filled and imbalance(bin_costs(self.costs, dealt)) <= imbalance(bin_costs(self.costs, bins)):
-                bins = dealt
-            yield bins
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for bins in self.step_bins():
-            for step in bins:
-                yield from step
+    def _slot(self, micro_step: int, group: int) -> int:
+        return slot_of(micro_step, group, self.processes, self.ranks_per_row)
 
     def dealt_bins(self) -> Iterator[list[list[list[int]]]]:
-        """This epoch's steps as the default sampler deals them: process p's row at micro-step t holds the step's
-        pairs [(t x processes + p) x batch_size, ... + batch_size) (a short last step leaves rows short or empty)."""
-        size = self.pairs_per_process
-        for (_, micro), batch in zip(self.steps, self.global_batches(), strict=True):
-            rows = [batch[start : start + size] for start in range(0, micro * self.processes * size, size)]
-            yield [rows[step * self.processes : (step + 1) * self.processes] for step in range(micro)]
+        """This epoch's steps as the default sampler deals them, `bins[micro_step][row group]`: the batch of `batch_size`
+        pairs in the slot each row runs (the last step's rows short, empty, or missing a thin last round's pairs)."""
+        kept = epoch_order(len(self.costs), self.seed, self.epoch)[: self.kept_pairs]
+        size, first = self.pairs_per_process, 0
+        for micro in self.steps:
+            slots = [[self._slot(first + step, group) * size for group in range(self.groups)] for step in range(micro)]
+            yield [[kept[start : start + size] for start in step] for step in slots]
+            first += micro
+
+    def global_batches(self) -> Iterator[list[int]]:
+        """This epoch's global batches: the default sampler's pairs of each optimizer step (the last step with a thin
+        last round's pairs, see `epoch_steps`)."""
+        order = epoch_order(len(self.costs), self.seed, self.epoch)[: self.kept_pairs]
+        dealt_pairs = sum(self.steps) // self.ranks_per_row * self.processes * self.pairs_per_process
+        for number, bins in enumerate(self.dealt_bins()):
+            batch = [index for step in bins for row in step for index in row]
+            if number == len(self.steps) - 1:
+                batch += order[dealt_pairs:]  # a thin last round's pairs, not dealt
+            yield batch
+
+    def step_bins(self) -> Iterator[list[list[list[int]]]]:
+        """This epoch's steps, each as `bins[micro_step][row group]` of dataset indices: `packing.balance.best_split`
+        of the step's pairs (never estimated slower than dealt as usual, nor with a costlier row)."""
+        for micro, batch, dealt in zip(self.steps, self.global_batches(), self.dealt_bins(), strict=True):
+            position = {index: number for number, index in enumerate(batch)}
+            dealt_whole = sum(len(row) for step in dealt for row in step) == len(batch)
+            dealt_positions = [[[position[i] for i in row] for row in step] for step in dealt] if dealt_whole else None
+            split = best_split([self.costs[index] for index in batch], self.groups, micro, dealt_positions)
+            yield [[sorted(batch[number] for number in row) for row in step] for step in split]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        slots: list[list[int]] = [[] for _ in range(len(self))]
+        first = 0
+        for bins in self.step_bins():
+            for step, rows in enumerate(bins):
+                for group, row in enumerate(rows):
+                    slots[self._slot(first + step, group)] = row
+            first += len(bins)
+        yield from slots
 
     def epoch_imbalance(self) -> tuple[float, float]:
         """This epoch's mean step imbalance (`packing.balance.imbalance` of the estimated costs) dealt as usual and
@@ -276,7 +320,7 @@ class BalancedBatches:
         check_balanced_batches_setup(
             trainer.loss_types,
             trainer.aux_loss_enabled,
-            getattr(trainer, "_row_split", None) is not None,
+            getattr(args, "max_tokens_per_batch", None) is not None and trainer._row_split is not None,
             hasattr(trainer.train_dataset, "__len__"),
         )
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -304,7 +348,9 @@ class BalancedBatches:
         """What prices a row: the model's shape and whether the reference runs in the step."""
         return self.shape, self.reference_forward
 
-    def make_sampler(self, args, processes: int) -> BalancedBatchSampler:
+    def make_sampler(self, args, processes: int, ranks_per_row: int = 1) -> BalancedBatchSampler:
+        """The sampler for `processes` ranks, `ranks_per_row` of them sharing each row (sequence or context
+        parallelism: a row group counts as one process)."""
         self.sampler = BalancedBatchSampler(
             self.costs,
             args.per_device_train_batch_size,
@@ -312,15 +358,16 @@ class BalancedBatches:
             micro_steps=args.gradient_accumulation_steps,
             seed=args.data_seed if args.data_seed is not None else args.seed,
             drop_last=args.dataloader_drop_last,
+            ranks_per_row=ranks_per_row,
         )
         if logger.isEnabledFor(logging.INFO):
             dealt, balanced = self.sampler.epoch_imbalance()
             logger.info(
-                "batch_rebalance: %d optimizer steps per epoch over %d processes; estimated slowest over mean process "
+                "batch_rebalance: %d optimizer steps per epoch over %d row groups; estimated slowest over mean group "
                 "cost per step %.3f dealt as usual, %.3f balanced (expected step-time gain %.2fx if a row's time is "
                 "its FLOPs; logged each step as 'balance/cost_max_over_mean').",
                 len(self.sampler.steps),
-                processes,
+                self.sampler.groups,
                 dealt,
                 balanced,
                 dealt / balanced,
