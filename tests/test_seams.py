@@ -33,9 +33,11 @@ import pytest
 
 from trl_padfree.modeling.attention.interface import CHUNKED_LAYER_TYPE
 from trl_padfree.modeling.backends import FLASH_VARLEN
-from trl_padfree.packing.token_budget import (
-    PER_PAIR_METRICS,  # TRL's metrics that token-budget batching reweighs by pairs
+from trl_padfree.packing.balanced_batches import REBALANCE
+from trl_padfree.packing.pair_weights import (
+    PER_PAIR_METRICS,  # TRL's metrics that uneven micro-batches reweigh by pairs
 )
+from trl_padfree.refusals import COUPLED_LOSS_TYPES
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
 
 
@@ -232,6 +234,39 @@ TRL = [
         "packing/vision.py", where=INIT,
         source={INIT: ("truncation_mode='keep_end' is not supported for vision-language models",
                        "`precompute_ref_log_probs=True` is not supported for vision datasets")},
+    ),
+    Seam(
+        "trl", "trl.trainer.dpo_trainer.DPOTrainer._compute_loss (loss types)",
+        "balanced batches refuse the loss types whose value couples a micro-batch's pairs (COUPLED_LOSS_TYPES: "
+        "sorted across the batch, or a mean over the batch's tokens); every other loss type is a per-pair mean",
+        "refusals.py, packing/balanced_batches.py", where=COMPUTE_LOSS,
+        source={
+            COMPUTE_LOSS: (
+                "logratios_sorted, _ = torch.sort(logratios, dim=0)",
+                "chosen_logratios_sorted, _ = torch.sort(chosen_logratios, dim=0)",
+                "batch_loss = -chosen_per_token_logps[chosen_mask.bool()].mean()",
+                "loss += per_sequence_loss.mean() * loss_weight",
+                *(f'loss_type == "{name}"' for name in COUPLED_LOSS_TYPES),
+            )
+        },
+    ),
+    Seam(
+        "transformers", "transformers.TrainingArguments.train_sampling_strategy",
+        f"its '{REBALANCE}' turns balanced batches on under padding-free (transformers' own BatchRebalanceSampler "
+        "otherwise); the Trainer's dataloader is replaced, and accelerate's SeedableRandomSampler order reproduced "
+        "(seed + epoch, torch.randperm)",
+        "packing/balanced_batches.py, trainer.py", where="transformers.TrainingArguments",
+        check=has_attributes("train_sampling_strategy"),
+        source={
+            "transformers.TrainingArguments": (f'"{REBALANCE}"',),
+            "accelerate.data_loader.SeedableRandomSampler.__iter__": (
+                "seed = self.epoch + self.initial_seed",
+                "self.generator.manual_seed(seed)",
+            ),
+            "accelerate.data_loader.BatchSamplerShard.__init__": (
+                'self.batch_size = getattr(batch_sampler, "batch_size", None)',
+            ),
+        },
     ),
     Seam(
         "trl", "trl.DPOTrainer.aux_loss_enabled",
@@ -432,7 +467,7 @@ TRANSFORMERS = [
     ),
     Seam(
         "transformers", "transformers.trainer_utils.seed_worker",
-        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "packing/token_budget.py",
+        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "packing/pair_weights.py",
         parameters=("worker_id",), keywords=("num_workers", "rank"),
     ),
     Seam(
@@ -566,7 +601,7 @@ ACCELERATE = [
         "accelerate", "accelerate.Accelerator.gather",
         "replaced on the instance around TRL's loss (token budget: per-process lengths differ); TRL looks it up at "
         "call time",
-        "integrations/accelerate.py, packing/token_budget.py", parameters=("self", "tensor"),
+        "integrations/accelerate.py, packing/pair_weights.py", parameters=("self", "tensor"),
         source={COMPUTE_LOSS: ("self.accelerator.gather(", "self.accelerator.gather_for_metrics(")},
     ),
     Seam(
@@ -574,7 +609,7 @@ ACCELERATE = [
         "integrations/accelerate.py", parameters=("self", "tensor"), keywords=("dim",),
     ),
     Seam(
-        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "packing/token_budget.py",
+        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "packing/pair_weights.py",
         parameters=("self", "tensor", "reduction"),
     ),
     Seam(

@@ -2,10 +2,10 @@
 
 Each optimizer step trains on the pairs the default sampler gives all processes for that step (the same seeded
 shuffle, the same global batch), split by cost instead of dealt `per_device_train_batch_size` at a time, so at every
-micro-step the processes' rows cost about the same (`packing.balance.partition`):
+micro-step the processes' rows cost about the same (`packing.balance.best_split`):
 
     default sampler's order   | p17 p3 p42 p8 | p25 p1 p30 p9 | ...      one step = processes x accumulation x batch
-        |  partition by cost (every process computes the same bins from the same lengths: no communication)
+        |  split by cost (every process computes the same bins from the same lengths: no communication)
         v
     bins in deal order        micro-step 0: process 0, process 1, ... | micro-step 1: process 0, ...
         |  accelerate deals bins round-robin
@@ -144,9 +144,9 @@ class BalancedBatchSampler(Sampler[list[int]]):
         self.seed, self.epoch = seed, 0
         self.steps = epoch_steps(len(self.costs), batch_size, processes, micro_steps, drop_last, ranks_per_row)
         check_balanced_batches_split(len(self.costs), bool(self.steps), self.groups)
-        self.kept_pairs = min(len(self.costs), sum(self.steps) // ranks_per_row * processes * batch_size)
-        if not drop_last:
-            self.kept_pairs = len(self.costs)  # a thin last round's pairs join the last step
+        # drop_last keeps whole rounds; otherwise every pair is run (a thin last round's pairs join the last step)
+        rounds = sum(self.steps) // ranks_per_row
+        self.kept_pairs = min(len(self.costs), rounds * processes * batch_size) if drop_last else len(self.costs)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -189,14 +189,18 @@ class BalancedBatchSampler(Sampler[list[int]]):
             yield [[sorted(batch[number] for number in row) for row in step] for step in split]
 
     def __iter__(self) -> Iterator[list[int]]:
-        slots: list[list[int]] = [[] for _ in range(len(self))]
-        first = 0
+        # Each step's rows go to their slots; slots are yielded in order as soon as all before them are filled (a
+        # step at a time without split rows), so the first batches do not wait for the whole epoch's partition
+        filled: dict[int, list[int]] = {}
+        first = next_slot = 0
         for bins in self.step_bins():
             for step, rows in enumerate(bins):
                 for group, row in enumerate(rows):
-                    slots[self._slot(first + step, group)] = row
+                    filled[self._slot(first + step, group)] = row
             first += len(bins)
-        yield from slots
+            while next_slot in filled:
+                yield filled.pop(next_slot)
+                next_slot += 1
 
     def epoch_imbalance(self) -> tuple[float, float]:
         """This epoch's mean step imbalance (`packing.balance.imbalance` of the estimated costs) dealt as usual and
