@@ -18,7 +18,7 @@ from trainer_utils import assert_same_step, make_trainer, one_step
 from transformers import AutoConfig
 
 from trl_padfree.cli import main
-from trl_padfree.cli.models import check_model_type, decoder_model_types, model_class_for
+from trl_padfree.cli.models import check_model_type, decoder_model_types, model_class_for, vision_language_types
 from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.packability import (
@@ -251,3 +251,45 @@ def test_an_explicit_backend_is_not_second_guessed():
     with pytest.raises(ValueError, match="does not run its attention through.*packed_attn_implementation='eager'"):
         make_trainer(True, attn_implementation="eager", model_factory=legacy_model,
                      packed_attn_implementation="padfree_varlen")  # fmt: skip
+
+
+# Vision-language types: `trl-padfree models --vision` and `--check` on a vision-language config
+
+
+@pytest.mark.parametrize(
+    "model_type, model_class",
+    [("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"), ("qwen3_vl", "Qwen3VLForConditionalGeneration")],
+)
+def test_models_check_gives_a_vision_language_config_its_verdict_on_image_pairs(
+    model_type, model_class, tmp_path, capsys
+):
+    """A saved Qwen-VL config, as a new user would pass it: checked as TRL's vision trainer loads it, on image pairs
+    (it used to be refused as 'not a causal LM')."""
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+
+    assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert model_class in output and "packs exactly" in output and "padding_free=True trains it" in output
+
+
+@pytest.mark.parametrize("model_type", ["llava_next", "internvl"])
+def test_models_check_calls_a_family_without_twin_images_unchecked_not_exact(model_type, tmp_path, capsys):
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+
+    assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert "unchecked: the check cannot give its twin images yet" in output and "packs exactly" not in output
+    assert "padding_free=True refuses it" in output
+
+
+def test_models_vision_sweep_lists_every_image_text_to_text_type(capsys):
+    types = ["qwen2_vl", "llava_next", "vision-encoder-decoder"]
+    assert main(["models", "--vision", "--types", *types, "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert re.search(r"qwen2_vl\s+padfree_varlen=exact", output)
+    assert re.search(r"llava_next\s+padfree_varlen=unchecked", output)
+    assert re.search(r"vision-encoder-decoder\s+padfree_varlen=refused", output)
+    assert {"qwen2_5_vl", "llava_next", "internvl", "mllama"} <= set(vision_language_types())

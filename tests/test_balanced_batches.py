@@ -13,8 +13,9 @@ several micro-steps they depend on how a step is grouped, in TRL too: they are c
 import math
 
 import pytest
-from accelerate.data_loader import SeedableRandomSampler
+from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
 from distributed_runs import LOSS_ATOL, METRIC_ATOL, METRIC_RTOL, assert_same_training, launch, train_in_this_process
+from torch.utils.data import BatchSampler
 from trainer_utils import make_trainer
 
 from trl_padfree.cli.balance import load_decoder_shape, pool_costs
@@ -51,12 +52,11 @@ def test_the_epoch_order_is_the_default_samplers():
         assert list(default) == epoch_order(50, seed=7, epoch=epoch)
 
 
-def test_steps_are_grouped_as_the_default_sampler_and_trainer_group_them():
-    # 2 ranks x 3 pairs a round, 2 micro-steps a step: 30 pairs are 5 rounds, steps of 2, 2 and 1 micro-steps;
-    # drop_last keeps whole rounds only
+def test_steps_are_grouped_as_accelerate_deals_and_trainer_accumulates():
+    # 2 ranks x 3 pairs a round, 2 micro-steps a step: 30 pairs are 5 rounds, steps of 2, 2 and 1 micro-steps; 31
+    # pairs a 6th round (filled up with the epoch's first pairs), which drop_last drops
     assert epoch_steps(30, 3, 2, 2) == [2, 2, 1]
-    assert epoch_steps(31, 3, 2, 2) == [2, 2, 2]  # a 6th round of 1 pair: the last step's 7 pairs fill its 4 rows
-    assert epoch_steps(25, 3, 2, 2) == [2, 2]  # a 5th round of 1 pair, alone in its step: it joins the 4th
+    assert epoch_steps(31, 3, 2, 2) == [2, 2, 2]
     assert epoch_steps(31, 3, 2, 2, drop_last=True) == [2, 2, 1]
     assert epoch_steps(5, 3, 2, 2, drop_last=True) == []
     # Rows split over 2 ranks: a group runs its 2 ranks' batches per round; 3 rounds = 6 micro-steps of each group
@@ -64,46 +64,65 @@ def test_steps_are_grouped_as_the_default_sampler_and_trainer_group_them():
     assert epoch_steps(40, 2, 8, 1, ranks_per_row=2) == [1] * 6
 
 
-def default_slots(pairs: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """What accelerate deals, round-robin over the ranks: the default sampler's order in batches of `batch_size`."""
-    order = epoch_order(pairs, seed, epoch)
-    return [order[start : start + batch_size] for start in range(0, pairs, batch_size)]
+def accelerate_rank_batches(pairs: int, batch_size: int, ranks: int, seed: int, epoch: int, drop_last: bool):
+    """Each rank's batches of an epoch as accelerate deals the default sampler's: its seeded sampler, batched, and
+    (several processes) sharded round-robin with the last round filled up."""
+    batches = []
+    for rank in range(ranks):
+        sampler = SeedableRandomSampler(range(pairs), data_seed=seed)
+        sampler.set_epoch(epoch)
+        batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        batches.append(list(batch_sampler if ranks == 1 else BatchSamplerShard(batch_sampler, ranks, rank)))
+    return batches
 
 
 @pytest.mark.parametrize(
-    "ranks, ranks_per_row, micro_steps, batch_size, pairs",
-    [(2, 1, 1, 4, 40), (4, 1, 2, 2, 48), (8, 1, 3, 1, 96), (4, 2, 2, 2, 48), (8, 4, 1, 2, 64), (4, 2, 3, 2, 48)],
+    "ranks, ranks_per_row, micro_steps, batch_size, pairs, drop_last",
+    [
+        (2, 1, 1, 4, 40, False),
+        (4, 1, 2, 2, 45, False),  # the last round filled up with the epoch's first pairs
+        (4, 1, 2, 2, 45, True),
+        (8, 1, 3, 1, 101, False),
+        (1, 1, 3, 2, 25, False),  # one process: the last batch short, no refill
+        (4, 2, 2, 2, 47, False),
+        (8, 4, 1, 2, 61, False),
+        (4, 2, 3, 2, 50, False),
+        (8, 2, 16, 1, 70, False),  # the Ulysses recipe's shape
+    ],
 )
-def test_every_step_deals_the_default_global_batch_with_a_row_per_group(
-    ranks, ranks_per_row, micro_steps, batch_size, pairs
+def test_every_step_trains_the_pairs_accelerate_and_trainer_give_it(
+    ranks, ranks_per_row, micro_steps, batch_size, pairs, drop_last
 ):
-    """Each optimizer step trains on the pairs of the default's batches that Trainer runs in it: a row group runs its
-    ranks' batches one after the other, so its k-th micro-batch is round k // ranks_per_row's, of its rank
-    k % ranks_per_row; every row at every micro-step has a pair; every pair once per epoch."""
+    """Against accelerate's own sampler and shard: each optimizer step trains the pairs (repeats included) of the
+    batches Trainer runs in it, where a row group runs its ranks' batches one after the other; every row at every
+    micro-step has a pair, and each group's micro-batches land where accelerate deals its ranks' batches."""
     costs = SHIPPED_COSTS[:pairs]
     groups = ranks // ranks_per_row
     sampler = BalancedBatchSampler(
-        costs, batch_size, processes=ranks, micro_steps=micro_steps, seed=3, ranks_per_row=ranks_per_row
-    )
-
-    def run_of(slots, group):  # the group's micro-batches in the order it runs them (the row split's wrapper)
-        return [slots[k // ranks_per_row * ranks + group * ranks_per_row + k % ranks_per_row]
-                for k in range(len(slots) // groups)]  # fmt: skip
-
+        costs, batch_size, processes=ranks, micro_steps=micro_steps, seed=3, drop_last=drop_last,
+        ranks_per_row=ranks_per_row,
+    )  # fmt: skip
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
-        dealt, default = list(sampler), default_slots(pairs, batch_size, 3, epoch)
-        assert len(dealt) == len(sampler) == len(default) and len(sampler) % ranks == 0
-        runs, default_runs = [run_of(dealt, g) for g in range(groups)], [run_of(default, g) for g in range(groups)]
-        first = 0
+        default = accelerate_rank_batches(pairs, batch_size, ranks, 3, epoch, drop_last)
+        balanced = [[] for _ in range(ranks)]  # what accelerate's round-robin deal gives each rank of ours
+        for number, row in enumerate(sampler):
+            balanced[number % ranks].append(row)
+        assert [len(batches) for batches in balanced] == [len(batches) for batches in default]
+
+        def runs(per_rank):  # each group's micro-batches in the order it runs them (the row split's wrapper)
+            return [[per_rank[g * ranks_per_row + k % ranks_per_row][k // ranks_per_row]
+                     for k in range(len(per_rank[0]) * ranks_per_row)] for g in range(groups)]  # fmt: skip
+
+        ours, theirs, first = runs(balanced), runs(default), 0
         for micro, bins in zip(sampler.steps, sampler.step_bins(), strict=True):
-            assert len(bins) == micro and all(len(step) == groups and all(step) for step in bins)
             steps = range(first, first + micro)
-            assert [[runs[g][k] for g in range(groups)] for k in steps] == bins
-            step_pairs = sorted(i for g in range(groups) for k in steps for i in default_runs[g][k])
+            assert [[ours[g][k] for g in range(groups)] for k in steps] == bins
+            assert all(row for k in steps for g in range(groups) for row in [ours[g][k]])
+            step_pairs = sorted(i for g in range(groups) for k in steps for i in theirs[g][k])
             assert sorted(i for step in bins for row in step for i in row) == step_pairs
             first += micro
-        assert sorted(i for row in dealt for i in row) == list(range(pairs))
+        assert first == len(ours[0])
 
 
 def test_balanced_rows_cost_less_than_the_dealt_ones_on_the_shipped_pairs():
@@ -114,21 +133,13 @@ def test_balanced_rows_cost_less_than_the_dealt_ones_on_the_shipped_pairs():
         assert balanced < 0.85 * dealt, (processes, dealt, balanced)
 
 
-def test_a_remainder_too_small_for_every_process_joins_the_last_step():
-    sampler = BalancedBatchSampler([1.0] * 17, 2, processes=4, micro_steps=2, seed=0)
-    assert sampler.steps == [2] and len(next(sampler.global_batches())) == 17  # not a step of 1 pair for 4 rows
-    assert sorted(i for row in sampler for i in row) == list(range(17))
-
-
-def test_the_sampler_is_deterministic_and_refuses_too_few_pairs():
+def test_the_sampler_is_deterministic_and_refuses_to_drop_every_pair():
     first, again = (BalancedBatchSampler(SHIPPED_COSTS[:64], 2, processes=4, micro_steps=2, seed=5) for _ in range(2))
     assert list(first) == list(again)
-    with pytest.raises(ValueError, match="cannot give each of 4 processes a pair"):
-        BalancedBatchSampler([1.0] * 3, 1, processes=4, micro_steps=1, seed=0)
-    with pytest.raises(ValueError, match="cannot give each of 2 processes a pair"):
+    # Fewer pairs than rows: accelerate repeats them, and so does the balanced sampler
+    assert sorted(map(len, BalancedBatchSampler([1.0] * 3, 1, processes=4, micro_steps=1, seed=0))) == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="holds no whole round of 6 pairs"):
         BalancedBatchSampler([1.0] * 5, 3, processes=2, micro_steps=1, seed=0, drop_last=True)
-    with pytest.raises(ValueError, match="cannot give each of 2 processes a pair"):  # 4 ranks, 2 per row
-        BalancedBatchSampler([1.0], 1, processes=4, micro_steps=1, seed=0, ranks_per_row=2)
 
 
 def test_budget_bins_are_dealt_so_each_micro_step_gets_bins_of_neighbouring_cost():
@@ -272,6 +283,8 @@ def test_other_couplings_are_refused_with_the_way_out():
         check_balanced_batches_setup(["sigmoid"], aux_loss=False, budget_with_split_rows=True, sized=True)
     with pytest.raises(ValueError, match="not an IterableDataset"):
         check_balanced_batches_setup(["sigmoid"], aux_loss=False, budget_with_split_rows=False, sized=False)
+    with pytest.raises(ValueError, match="Leave use_seedable_sampler at its default"):
+        check_balanced_batches_setup(["sigmoid"], False, False, sized=True, seedable=False)
     check_balanced_batches_setup(["sigmoid", "ipo", "bco_pair", "sigmoid_norm"], False, False, True)  # per pair
 
 
@@ -387,3 +400,40 @@ def test_with_one_micro_step_every_logged_metric_is_padded_trls(model_dir, tmp_p
     )["trl"]  # fmt: skip
     assert report["balanced"]["bins"] != report["balanced"]["dealt_bins"]
     assert_same_training(report, padded)
+
+
+def test_two_processes_resume_mid_epoch_on_the_same_trajectory(tmp_path):
+    """The user's command (recipes/dpo.py, multi_gpu.yaml on 2 CPU processes, --train_sampling_strategy
+    batch_rebalance): 64 pairs a step, 5 steps an epoch; a checkpoint at step 6 (the second epoch's first) resumed in
+    new processes trains step 7 as the uninterrupted run does: the sampler gets the second epoch's order although
+    Trainer's own set_epoch does not reach it past `skip_first_batches`."""
+    import json
+    import subprocess
+    import sys
+
+    from distributed_runs import ACCELERATE_CONFIGS, ROOT, checkout_environment, free_port
+
+    environment = checkout_environment(
+        TQDM_DISABLE="1", HF_HUB_OFFLINE="1", ACCELERATE_USE_CPU="true", TRL_PADFREE_CACHE=str(tmp_path / "cache")
+    )
+
+    def step_7(output_dir, *extra: str) -> dict:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / "multi_gpu.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+            str(ROOT / "recipes" / "dpo.py"), "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
+            "--model_name_or_path", "trl-padfree/tiny-llama", "--train_sampling_strategy", "batch_rebalance",
+            "--per_device_train_batch_size", "32", "--max_steps", "7", "--logging_steps", "1", "--eval_strategy", "no",
+            "--max_length", "256", "--save_strategy", "steps", "--save_steps", "1", "--output_dir", str(output_dir),
+            *extra,
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
+        assert result.returncode == 0, result.stderr[-6000:]
+        state = json.loads((output_dir / "checkpoint-7" / "trainer_state.json").read_text())
+        return next(entry for entry in state["log_history"] if entry.get("step") == 7 and "loss" in entry)
+
+    uninterrupted = step_7(tmp_path / "run")
+    resumed = step_7(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-6"))
+    assert resumed["epoch"] == uninterrupted["epoch"] > 1  # the second epoch
+    for key in ("loss", "grad_norm", "rewards/margins", "logps/chosen", "balance/cost_max_over_mean"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-6, abs=1e-6), key

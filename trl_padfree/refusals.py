@@ -615,7 +615,7 @@ COUPLED_LOSS_TYPES = {
 
 
 def check_balanced_batches_setup(
-    loss_types: Sequence[str], aux_loss: bool, budget_with_split_rows: bool, sized: bool
+    loss_types: Sequence[str], aux_loss: bool, budget_with_split_rows: bool, sized: bool, seedable: bool = True
 ) -> None:
     """`train_sampling_strategy="batch_rebalance"` under padding-free: what balancing cannot keep exact."""
     coupled = [loss_type for loss_type in loss_types if loss_type in COUPLED_LOSS_TYPES]
@@ -644,14 +644,20 @@ def check_balanced_batches_setup(
             "train_sampling_strategy='batch_rebalance' needs a training dataset with a length, not an "
             "IterableDataset: each step's pairs are partitioned from their lengths."
         )
+    if not seedable:
+        raise ValueError(
+            "train_sampling_strategy='batch_rebalance' trains each step on the pairs accelerate's seedable sampler "
+            "would give it (seed + epoch); with accelerator_config.use_seedable_sampler=False the default order is "
+            "another one. Leave use_seedable_sampler at its default (True)."
+        )
 
 
-def check_balanced_batches_split(pairs: int, any_step: bool, row_groups: int) -> None:
+def check_balanced_batches_split(pairs: int, pairs_per_round: int, any_step: bool) -> None:
     if not any_step:
         raise ValueError(
-            f"train_sampling_strategy='batch_rebalance': a training set of {pairs} pairs (after "
-            f"dataloader_drop_last) cannot give each of {row_groups} processes a pair. Use at least {row_groups} "
-            "pairs, or dataloader_drop_last=False."
+            f"train_sampling_strategy='batch_rebalance' with dataloader_drop_last=True: a training set of {pairs} "
+            f"pairs holds no whole round of {pairs_per_round} pairs (per_device_train_batch_size on every process), "
+            "so every pair would be dropped. Set dataloader_drop_last=False, or use more pairs."
         )
 
 

@@ -25,7 +25,7 @@ from .modeling.packed_forward import PACKED_BATCH_KWARG
 from .modeling.padding_free import PaddingFree
 from .packing.balanced_batches import BalancedBatches
 from .packing.collator import is_packed_batch
-from .packing.pair_weights import PairWeightedSteps, batch_sampler_dataloader
+from .packing.pair_weights import EpochOfBatchSampler, PairWeightedSteps, batch_sampler_dataloader
 from .packing.token_budget import TokenBudgetBatching
 from .parallel.row_split import RowSplit
 from .parallel.ulysses import sequence_parallel_size
@@ -78,6 +78,7 @@ class DPOTrainer(TRLSeams):
         if self._token_budget is not None or self._balanced is not None:
             shape, reference_forward = (None, True) if self._balanced is None else self._balanced.pricing
             self._pair_weights = PairWeightedSteps(self.accelerator, shape, reference_forward)
+            self.add_callback(EpochOfBatchSampler(self._train_batch_sampler()))
         self._reference.release_after_precompute(self)
         self._check_datasets_not_empty()
 
@@ -114,14 +115,8 @@ class DPOTrainer(TRLSeams):
         return dataloader if self._row_split is None else self._row_split.train_dataloader(dataloader)
 
     def _train_batch_sampler(self):
-        """The token budget's bins (dealt balanced with batch_rebalance), or the balanced micro-batches."""
-        processes = self.accelerator.num_processes
-        if self._balanced is None:
-            return self._token_budget.sampler
-        if self._token_budget is None:
-            ranks_per_row = 1 if self._row_split is None else self._row_split.ranks_per_row
-            return self._balanced.make_sampler(self.args, processes, ranks_per_row)
-        return self._balanced.deal_budget_bins(self._token_budget.sampler, self.args, processes)
+        """The balanced micro-batches (or the token budget's bins dealt balanced), or the token budget's bins."""
+        return self._balanced.sampler if self._balanced is not None else self._token_budget.sampler
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)

@@ -5,6 +5,11 @@ out) on each attention backend, from the type's default config, and prints one r
 is refused, and how long the check took. `--markdown` prints the table of docs/models-and-backends.md.
 `trl-padfree models --check MODEL` reads only the `config.json` of a hub id or local folder and says whether and how
 that model will pack: the same check the trainer runs at start-up.
+
+`--vision` checks the image-text-to-text types instead (`AutoModelForImageTextToText`), each on image pairs: a tiny
+twin with its vision tower, images laid out as TRL's vision collator lays them out and packed as training packs them.
+A type whose images the check cannot give its twin yet is "unchecked", never exact; `--check` on a vision-language
+config checks it the same way.
 """
 
 from __future__ import annotations
@@ -20,9 +25,21 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig
 
-from ..integrations.transformers import causal_lm_class_names, not_decoder_only_types
+from ..integrations.transformers import (
+    causal_lm_class_names,
+    image_text_to_text_class_names,
+    not_decoder_only_types,
+)
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
 from ..modeling.packability import Verdict, check_architecture
+from ..modeling.vision import image_family
+
+# A vision-language type whose images the architecture check cannot give its twin yet: not called exact, not refused
+# by a measurement either (the trainer refuses it on image data, TRL's padded vision trainer trains it)
+UNCHECKED = (
+    "unchecked: the check cannot give its twin images yet (no image layout for this family in modeling/vision.py), "
+    "so padding_free=True refuses it on image data; TRL's padded trainer (padding_free=False) trains it"
+)
 
 # Default configs whose layers are all of one kind, where the released checkpoints mix state-space or convolution layers
 # with attention: the table checks a pattern like the checkpoints' (a real checkpoint's own config is what the trainer
@@ -109,9 +126,40 @@ def check_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow
     return CoverageRow(model_type, model_class.__name__, verdicts)
 
 
+@functools.cache
+def vision_language_types() -> list[str]:
+    """Every model type `AutoModelForImageTextToText` knows (the classes TRL's vision-language DPO trains)."""
+    return sorted(image_text_to_text_class_names())
+
+
+def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow:
+    """Verdicts for an image-text-to-text type's default config on each backend, measured on image pairs; `UNCHECKED`
+    where the check cannot give the twin images."""
+    name = image_text_to_text_class_names()[model_type]
+    model_class = getattr(transformers, name, None)
+    if model_class is None:
+        return _refused_row(
+            model_type, name, f"transformers {transformers.__version__} does not export {name}", backends
+        )
+    try:
+        config = AutoConfig.for_model(model_type)
+    except Exception as error:
+        reason = f"its default config cannot be built ({type(error).__name__}: {' '.join(str(error).split())})"
+        return _refused_row(model_type, name, reason, backends)
+    if getattr(config, "is_encoder_decoder", False):
+        reason = "an encoder-decoder: the packed row is a decoder's sequences; train it padded (padding_free=False)"
+        return _refused_row(model_type, name, reason, backends)
+    if image_family(model_type) is None:
+        return _refused_row(model_type, name, UNCHECKED, backends)
+    verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}
+    return CoverageRow(model_type, name, verdicts)
+
+
 def _cell(verdict: Verdict) -> str:
     if verdict.exact:
         return "exact"
+    if verdict.reason == UNCHECKED:
+        return "unchecked"
     if verdict.errors is not None and verdict.reason.startswith("packed sequences see each other"):
         return f"leaks {verdict.errors.log_probs:.1g}"
     return "refused"
@@ -149,10 +197,20 @@ def describe(verdicts: dict[str, Verdict]) -> str:
 
 
 def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote_code: bool = False) -> str:
-    """`--check MODEL`: read only the config of a hub id or local folder and say how the model will pack."""
+    """`--check MODEL`: read only the config of a hub id or local folder and say how the model will pack (a
+    vision-language model's on image pairs, as TRL's vision trainer loads it)."""
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    model_class, config = model_class_for(config)
-    verdicts = {backend: check_architecture(model_class, config, backend) for backend in backends}
+    vision_class = image_text_to_text_class_names().get(config.model_type)
+    if vision_class is not None and hasattr(transformers, vision_class):
+        model_class = getattr(transformers, vision_class)
+        if image_family(config.model_type) is None:
+            verdicts = {backend: Verdict(config.model_type, vision_class, backend, False, UNCHECKED, None, None, 0.0)
+                        for backend in backends}  # fmt: skip
+        else:
+            verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}
+    else:
+        model_class, config = model_class_for(config)
+        verdicts = {backend: check_architecture(model_class, config, backend) for backend in backends}
     exact = [backend for backend, verdict in verdicts.items() if verdict.exact]
     if "padfree_varlen" in exact:
         advice = "padding_free=True trains it with the default packed_attn_implementation='auto'."
@@ -167,6 +225,9 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", metavar="MODEL", help="hub id or local folder: check only this model's config")
     parser.add_argument("--types", nargs="+", metavar="TYPE", help="check only these model types")
+    parser.add_argument(
+        "--vision", action="store_true", help="the image-text-to-text types, checked on image pairs, instead"
+    )
     parser.add_argument("--backends", nargs="+", default=list(CHECKED_ATTENTION), choices=CHECKED_ATTENTION)
     parser.add_argument("--markdown", action="store_true", help="print the markdown table of the docs")
     parser.add_argument("--trust-remote-code", action="store_true", help="with --check: allow custom config code")
@@ -179,14 +240,17 @@ def run(options: argparse.Namespace) -> int:
     if options.check:
         print(check_pretrained(options.check, tuple(options.backends), options.trust_remote_code))
         return 0
-    types = options.types or decoder_model_types()
-    unknown = sorted(set(types) - set(decoder_model_types()))
+    known = vision_language_types() if options.vision else decoder_model_types()
+    check_type = check_vision_model_type if options.vision else check_model_type
+    types = options.types or known
+    unknown = sorted(set(types) - set(known))
     if unknown:
-        raise ValueError(f"Not decoder-only causal LM types of this transformers: {unknown}.")
+        kind = "image-text-to-text" if options.vision else "decoder-only causal LM"
+        raise ValueError(f"Not {kind} types of this transformers: {unknown}.")
     start = time.perf_counter()
     rows = []
     for index, model_type in enumerate(types, 1):
-        row = check_model_type(model_type, tuple(options.backends))
+        row = check_type(model_type, tuple(options.backends))
         rows.append(row)
         if not options.markdown:
             cells = "  ".join(f"{backend}={_cell(row.verdicts[backend])}" for backend in options.backends)

@@ -235,6 +235,13 @@ def causal_lm_class_names() -> dict[str, str]:
     return dict(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def image_text_to_text_class_names() -> dict[str, str]:
+    """Model type -> the class `AutoModelForImageTextToText` builds (TRL's vision-language DPO loads these)."""
+    from transformers.models.auto import modeling_auto
+
+    return dict(modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
 def not_decoder_only_types() -> set[str]:
     """Types AutoModelForCausalLM maps that are not decoder-only LMs: encoders used as decoders, and decoders of
     encoder-decoder models."""

@@ -22,8 +22,8 @@ process's loss equally; here a row costs its pairs' FLOPs (`packing.balance.pair
 
 from __future__ import annotations
 
+import itertools
 import logging
-import math
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -66,37 +66,21 @@ def epoch_steps(
 ) -> list[int]:
     """Micro-steps of each optimizer step of an epoch, as accelerate and Trainer run the default sampler's batches.
 
-    accelerate deals `batch_size` pairs to each of the `ranks` per round (the last round, short, filled with the
-    epoch's first pairs; dropped with `drop_last`). With rows split over `ranks_per_row` ranks (sequence or context
-    parallelism), each row group runs its ranks' batches one after the other, `ranks_per_row` micro-steps per round,
-    and Trainer groups `micro_steps` of them into an optimizer step, the last step of the epoch shorter. A last round
-    in which some step's pairs cannot give every row a pair is not run: its pairs join the step before it.
+    accelerate deals `batch_size` pairs to each of the `ranks` per round: `ceil(pairs / (ranks x batch_size))`
+    rounds, the last one filled up with the epoch's first pairs (whole rounds only with `drop_last`). With rows split
+    over `ranks_per_row` ranks (sequence or context parallelism) each row group runs its ranks' batches one after the
+    other, `ranks_per_row` micro-steps per round; Trainer groups `micro_steps` of them into an optimizer step, the
+    epoch's last step shorter.
+
+    >>> epoch_steps(30, 3, 2, 2)  # 5 rounds of 2 x 3 pairs: steps of 2, 2 and 1 micro-steps
+    [2, 2, 1]
+    >>> epoch_steps(40, 2, 8, 4, ranks_per_row=2)  # 3 rounds, 2 micro-steps of each of the 4 row groups per round
+    [4, 2]
     """
-    groups = ranks // ranks_per_row
-    rounds = pairs // (ranks * batch_size) if drop_last else math.ceil(pairs / (ranks * batch_size))
-
-    def dealt_pairs(slot: int) -> int:
-        return max(0, min(batch_size, pairs - slot * batch_size))
-
-    while rounds:
-        run = rounds * ranks_per_row  # micro-steps of each row group
-        steps = [min(micro_steps, run - first) for first in range(0, run, micro_steps)]
-        firsts = [sum(steps[:number]) for number in range(len(steps))]
-        last_round = [
-            (first, micro) for first, micro in zip(firsts, steps, strict=True) if first + micro > run - ranks_per_row
-        ]
-        if all(
-            sum(
-                dealt_pairs(slot_of(k, g, ranks, ranks_per_row))
-                for k in range(first, first + micro)
-                for g in range(groups)
-            )
-            >= micro * groups
-            for first, micro in last_round
-        ):
-            return steps
-        rounds -= 1
-    return []
+    per_round = ranks * batch_size
+    rounds = pairs // per_round if drop_last else -(-pairs // per_round)
+    run = rounds * ranks_per_row  # micro-steps of each row group in the epoch
+    return [min(micro_steps, run - first) for first in range(0, run, micro_steps)]
 
 
 class BalancedBatchSampler(Sampler[list[int]]):
@@ -139,14 +123,11 @@ class BalancedBatchSampler(Sampler[list[int]]):
         self.costs = [float(cost) for cost in costs]
         # Not `batch_size`: accelerate's BatchSamplerShard reads that attribute as a fixed size, and would cut and
         # refill these micro-batches of different sizes to it
-        self.pairs_per_process, self.processes, self.micro_steps = batch_size, processes, micro_steps
+        self.pairs_per_process, self.processes = batch_size, processes
         self.ranks_per_row, self.groups = ranks_per_row, processes // ranks_per_row
-        self.seed, self.epoch = seed, 0
+        self.drop_last, self.seed, self.epoch = drop_last, seed, 0
         self.steps = epoch_steps(len(self.costs), batch_size, processes, micro_steps, drop_last, ranks_per_row)
-        check_balanced_batches_split(len(self.costs), bool(self.steps), self.groups)
-        # drop_last keeps whole rounds; otherwise every pair is run (a thin last round's pairs join the last step)
-        rounds = sum(self.steps) // ranks_per_row
-        self.kept_pairs = min(len(self.costs), rounds * processes * batch_size) if drop_last else len(self.costs)
+        check_balanced_batches_split(len(self.costs), processes * batch_size, bool(self.steps))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -157,35 +138,44 @@ class BalancedBatchSampler(Sampler[list[int]]):
     def _slot(self, micro_step: int, group: int) -> int:
         return slot_of(micro_step, group, self.processes, self.ranks_per_row)
 
+    def _dealt_order(self) -> list[int]:
+        """The epoch's pairs in the order accelerate deals them, `batch_size` to a slot: the default sampler's order,
+        its last round filled up with the epoch's first pairs as accelerate fills it (several processes), or cut to
+        whole rounds (`drop_last`)."""
+        order = epoch_order(len(self.costs), self.seed, self.epoch)
+        dealt = sum(self.steps) // self.ranks_per_row * self.processes * self.pairs_per_process
+        if self.drop_last or self.processes == 1:  # one process: no round to fill, the last batch is short
+            return order[:dealt]
+        first = order[: self.processes * self.pairs_per_process]
+        return order + list(itertools.islice(itertools.cycle(first), dealt - len(order)))
+
     def dealt_bins(self) -> Iterator[list[list[list[int]]]]:
-        """This epoch's steps as the default sampler deals them, `bins[micro_step][row group]`: the batch of `batch_size`
-        pairs in the slot each row runs (the last step's rows short, empty, or missing a thin last round's pairs)."""
-        kept = epoch_order(len(self.costs), self.seed, self.epoch)[: self.kept_pairs]
-        size, first = self.pairs_per_process, 0
+        """This epoch's steps as the default sampler deals them, `bins[micro_step][row group]`: the batch in the slot
+        each row runs (a pair can appear twice where accelerate repeats the epoch's first pairs)."""
+        dealt, size, first = self._dealt_order(), self.pairs_per_process, 0
         for micro in self.steps:
             slots = [[self._slot(first + step, group) * size for group in range(self.groups)] for step in range(micro)]
-            yield [[kept[start : start + size] for start in step] for step in slots]
+            yield [[dealt[start : start + size] for start in step] for step in slots]
             first += micro
 
     def global_batches(self) -> Iterator[list[int]]:
-        """This epoch's global batches: the default sampler's pairs of each optimizer step (the last step with a thin
-        last round's pairs, see `epoch_steps`)."""
-        order = epoch_order(len(self.costs), self.seed, self.epoch)[: self.kept_pairs]
-        dealt_pairs = sum(self.steps) // self.ranks_per_row * self.processes * self.pairs_per_process
-        for number, bins in enumerate(self.dealt_bins()):
-            batch = [index for step in bins for row in step for index in row]
-            if number == len(self.steps) - 1:
-                batch += order[dealt_pairs:]  # a thin last round's pairs, not dealt
-            yield batch
+        """This epoch's global batches: the default sampler's pairs of each optimizer step."""
+        for bins in self.dealt_bins():
+            yield [index for step in bins for row in step for index in row]
 
     def step_bins(self) -> Iterator[list[list[list[int]]]]:
         """This epoch's steps, each as `bins[micro_step][row group]` of dataset indices: `packing.balance.best_split`
-        of the step's pairs (never estimated slower than dealt as usual, nor with a costlier row)."""
-        for micro, batch, dealt in zip(self.steps, self.global_batches(), self.dealt_bins(), strict=True):
-            position = {index: number for number, index in enumerate(batch)}
-            dealt_whole = sum(len(row) for step in dealt for row in step) == len(batch)
-            dealt_positions = [[[position[i] for i in row] for row in step] for step in dealt] if dealt_whole else None
-            split = best_split([self.costs[index] for index in batch], self.groups, micro, dealt_positions)
+        of the step's pairs (never estimated slower than dealt as usual, nor with a row of higher cost)."""
+        for dealt in self.dealt_bins():
+            batch = [index for step in dealt for row in step for index in row]
+            positions, start = [], 0  # the dealt rows as positions in `batch` (a repeated pair has two)
+            for step in dealt:
+                rows = []
+                for row in step:
+                    rows.append(list(range(start, start + len(row))))
+                    start += len(row)
+                positions.append(rows)
+            split = best_split([self.costs[index] for index in batch], self.groups, len(dealt), positions)
             yield [[sorted(batch[number] for number in row) for row in step] for step in split]
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -222,18 +212,6 @@ class BalancedBudgetBins(Sampler[list[int]]):
         self.budget_sampler = budget_sampler
         self.costs = [float(cost) for cost in costs]
         self.processes, self.micro_steps = processes, micro_steps
-
-    @property
-    def lengths(self) -> list[int]:
-        return self.budget_sampler.lengths
-
-    @property
-    def budget(self) -> int:
-        return self.budget_sampler.budget
-
-    @property
-    def bins(self) -> list[list[int]]:
-        return self.budget_sampler.bins
 
     def set_epoch(self, epoch: int) -> None:
         self.budget_sampler.set_epoch(epoch)
@@ -300,32 +278,31 @@ def collated_pair_costs(dataset, collator, shape: DecoderShape, reference_forwar
 
 
 class BalancedBatches:
-    """Everything the trainer does for `train_sampling_strategy="batch_rebalance"` under padding-free, in one object:
-
-    set-up       the pairs' costs, the refusals, the sampler (`set_up`)
-    batches      the training dataloader over the balanced micro-batches (`train_dataloader`), or the token
-                 budget's bins dealt balanced (`deal_budget_bins`)
-
-    The loss weighting and the logged cost ratio are `packing.pair_weights.PairWeightedSteps`'s.
+    """What the trainer sets up for `train_sampling_strategy="batch_rebalance"` under padding-free (`set_up`): the
+    pairs' costs, the refusals, and the batch sampler (`sampler`: the balanced micro-batches, or the token budget's
+    bins dealt balanced). The loss weighting and the logged cost ratio are `packing.pair_weights.PairWeightedSteps`'s.
     """
 
-    def __init__(self, shape: DecoderShape, reference_forward: bool, costs: list[float]):
+    def __init__(self, shape: DecoderShape, reference_forward: bool, costs: list[float], sampler):
         self.shape = shape
         self.reference_forward = reference_forward
         self.costs = costs
-        self.sampler: BalancedBatchSampler | None = None
+        self.sampler: BalancedBatchSampler | BalancedBudgetBins = sampler
 
     @classmethod
     def set_up(cls, trainer) -> BalancedBatches | None:
-        """From `trainer`'s config, model and tokenized training set; None unless asked for."""
+        """From `trainer`'s config, model, tokenized training set, token budget and row split; None unless asked
+        for."""
         args = trainer.args
         if not (wants_balanced_batches(args) and trainer.padding_free_enabled) or trainer.train_dataset is None:
             return None  # padded: transformers' own BatchRebalanceSampler, as in TRL
+        budget, row_split = trainer._token_budget, trainer._row_split
         check_balanced_batches_setup(
             trainer.loss_types,
             trainer.aux_loss_enabled,
-            getattr(args, "max_tokens_per_batch", None) is not None and trainer._row_split is not None,
+            budget is not None and row_split is not None,
             hasattr(trainer.train_dataset, "__len__"),
+            getattr(args.accelerator_config, "use_seedable_sampler", True),
         )
         model = trainer.accelerator.unwrap_model(trainer.model)
         shape = DecoderShape.of_model(model)
@@ -345,40 +322,38 @@ class BalancedBatches:
                 collator.prefix_sharing_min_prompt_tokens if shares else None,
                 reference_forward,
             )
-        return cls(shape, reference_forward, costs)
+        processes, micro_steps = trainer.accelerator.num_processes, args.gradient_accumulation_steps
+        if budget is not None:
+            sampler = BalancedBudgetBins(budget.sampler, costs, processes=processes, micro_steps=micro_steps)
+        else:
+            sampler = BalancedBatchSampler(
+                costs,
+                args.per_device_train_batch_size,
+                processes=processes,
+                micro_steps=micro_steps,
+                seed=args.data_seed if args.data_seed is not None else args.seed,
+                drop_last=args.dataloader_drop_last,
+                ranks_per_row=1 if row_split is None else row_split.ranks_per_row,
+            )
+            if trainer.accelerator.is_main_process and logger.isEnabledFor(logging.INFO):
+                _log_expected_gain(sampler)
+        return cls(shape, reference_forward, costs, sampler)
 
     @property
     def pricing(self) -> tuple[DecoderShape, bool]:
         """What prices a row: the model's shape and whether the reference runs in the step."""
         return self.shape, self.reference_forward
 
-    def make_sampler(self, args, processes: int, ranks_per_row: int = 1) -> BalancedBatchSampler:
-        """The sampler for `processes` ranks, `ranks_per_row` of them sharing each row (sequence or context
-        parallelism: a row group counts as one process)."""
-        self.sampler = BalancedBatchSampler(
-            self.costs,
-            args.per_device_train_batch_size,
-            processes=processes,
-            micro_steps=args.gradient_accumulation_steps,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-            drop_last=args.dataloader_drop_last,
-            ranks_per_row=ranks_per_row,
-        )
-        if logger.isEnabledFor(logging.INFO):
-            dealt, balanced = self.sampler.epoch_imbalance()
-            logger.info(
-                "batch_rebalance: %d optimizer steps per epoch over %d row groups; estimated slowest over mean group "
-                "cost per step %.3f dealt as usual, %.3f balanced (expected step-time gain %.2fx if a row's time is "
-                "its FLOPs; logged each step as 'balance/cost_max_over_mean').",
-                len(self.sampler.steps),
-                self.sampler.groups,
-                dealt,
-                balanced,
-                dealt / balanced,
-            )
-        return self.sampler
 
-    def deal_budget_bins(self, budget_sampler, args, processes: int) -> BalancedBudgetBins:
-        return BalancedBudgetBins(
-            budget_sampler, self.costs, processes=processes, micro_steps=args.gradient_accumulation_steps
-        )
+def _log_expected_gain(sampler: BalancedBatchSampler) -> None:
+    dealt, balanced = sampler.epoch_imbalance()
+    logger.info(
+        "batch_rebalance: %d optimizer steps per epoch over %d row groups; estimated slowest over mean group cost per "
+        "step %.3f dealt as usual, %.3f balanced (expected step-time gain %.2fx if a row's time is its FLOPs; logged "
+        "each step as 'balance/cost_max_over_mean').",
+        len(sampler.steps),
+        sampler.groups,
+        dealt,
+        balanced,
+        dealt / balanced,
+    )

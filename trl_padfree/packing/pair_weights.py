@@ -10,8 +10,10 @@ padded TRL on one batch of them; TRL's per-pair metrics are weighed the same way
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
+from transformers import TrainerCallback
 
 from ..integrations.accelerate import uneven_gathers
 from .balance import imbalance, row_cost
@@ -37,6 +39,10 @@ def batch_sampler_dataloader(batch_sampler, dataset, collate_fn, args, accelerat
     from torch.utils.data import DataLoader
     from transformers.trainer_utils import seed_worker
 
+    settings = {}
+    if args.dataloader_num_workers > 0:  # DataLoader refuses these without workers
+        settings["multiprocessing_context"] = getattr(args, "dataloader_multiprocessing_context", None)
+        settings["prefetch_factor"] = args.dataloader_prefetch_factor
     dataloader = DataLoader(
         dataset,
         batch_sampler=batch_sampler,
@@ -44,19 +50,33 @@ def batch_sampler_dataloader(batch_sampler, dataset, collate_fn, args, accelerat
         num_workers=args.dataloader_num_workers,
         pin_memory=args.dataloader_pin_memory,
         persistent_workers=args.dataloader_persistent_workers,
-        prefetch_factor=args.dataloader_prefetch_factor,
+        in_order=getattr(args, "dataloader_in_order", True),
         worker_init_fn=functools.partial(
             seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
         ),
+        **settings,
     )
     return accelerator.prepare(dataloader)
+
+
+class EpochOfBatchSampler(TrainerCallback):
+    """Tells the batch sampler the epoch before the epoch's batches are drawn. Trainer's own `set_epoch` does not
+    reach it when resuming mid-epoch with several processes (`skip_first_batches` wraps accelerate's shard, which has
+    no `set_epoch`), and the resumed epoch would replay epoch 0's order."""
+
+    def __init__(self, batch_sampler):
+        self.batch_sampler = batch_sampler
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # `state.epoch` is the epochs done, a whole number at an epoch's start, a fraction when resumed mid-epoch
+        self.batch_sampler.set_epoch(math.floor(state.epoch + 1e-9))
 
 
 class PairWeightedSteps:
     """The step's part of uneven micro-batches:
 
-    count        the pairs of an optimizer step over processes, and each process's row costs, in one gather before
-                 the step's first forward (`count_step`); the costs' max/mean is logged as `COST_RATIO_METRIC`
+    count        each micro-batch's pairs over processes, and each process's row costs, in one gather before the
+                 step's first forward (`count_step`); the costs' max/mean is logged as `COST_RATIO_METRIC`
     loss         each micro-batch's loss weighted by its pairs (`weighted_loss`)
     logs         TRL's per-pair means weighted by pairs (`reweigh_metrics`)
 
@@ -71,21 +91,27 @@ class PairWeightedSteps:
         self.shape = shape
         self.reference_forward = reference_forward
         self.pairs_in_step: int | None = None  # over processes, counted before the step's first forward
+        self.step_pair_counts: list[int] = []  # each of the step's micro-batches' pairs over processes, to come
         self.pair_weights: list[float] = []  # pairs of each training micro-batch, over processes, since the last log
         self.cost_ratios: list[float] = []  # each step's COST_RATIO_METRIC since the last log
 
     def count_step(self, batch_samples: list[dict]) -> None:
-        """The pairs of an optimizer step's micro-batches (Trainer fetches them all first) over processes, and the
-        step's cost ratio: one gather of `1 + micro-steps` numbers per process."""
-        local = [sum(len(batch[HOST_ROW].seq_lens) // 2 for batch in batch_samples)]
+        """The pairs of each of an optimizer step's micro-batches (Trainer fetches them all first) over processes,
+        and each row's cost for the step's cost ratio: one gather of 2 numbers per micro-batch and process, the
+        step's only collective of its own."""
+        micro_pairs = [len(batch[HOST_ROW].seq_lens) // 2 for batch in batch_samples]
+        costs = [0.0] * len(batch_samples)
         if self.shape is not None:
-            local += [row_cost(self.shape, batch[HOST_ROW], self.reference_forward) for batch in batch_samples]
-        values = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
-        gathered = self.accelerator.gather(values).view(self.accelerator.num_processes, len(local)).tolist()
-        self.pairs_in_step = round(sum(process[0] for process in gathered))
+            costs = [row_cost(self.shape, batch[HOST_ROW], self.reference_forward) for batch in batch_samples]
+        values = torch.tensor([micro_pairs, costs], dtype=torch.float64, device=self.accelerator.device)
+        gathered = self.accelerator.gather(values[None]).tolist()  # [process][0: pairs, 1: costs][micro-step]
+        pairs_by_micro_step = [round(sum(process[0][step] for process in gathered)) for step in range(len(costs))]
+        self.pairs_in_step = sum(pairs_by_micro_step)
+        self.step_pair_counts = pairs_by_micro_step
         if self.shape is not None:
-            costs_by_micro_step = [list(costs) for costs in zip(*(process[1:] for process in gathered), strict=True)]
-            self.cost_ratios.append(imbalance(costs_by_micro_step))
+            self.cost_ratios.append(
+                imbalance([[process[1][step] for process in gathered] for step in range(len(costs))])
+            )
 
     def weighted_loss(self, compute_loss, pairs: int, accumulation_steps: int):
         """`compute_loss()` (TRL's, the mean over this micro-batch's pairs), weighted so that after Trainer divides
@@ -94,8 +120,7 @@ class PairWeightedSteps:
         with uneven_gathers(self.accelerator):
             result = compute_loss()
         weight = pairs * accumulation_steps * self.accelerator.num_processes / self.pairs_in_step
-        pairs_over_processes = self.accelerator.reduce(torch.tensor(pairs, device=self.accelerator.device), "sum")
-        self.pair_weights.append(pairs_over_processes.item())
+        self.pair_weights.append(self.step_pair_counts.pop(0))  # this micro-step's pairs over processes
         if isinstance(result, tuple):
             loss, outputs = result
             return loss * weight, outputs
