@@ -189,13 +189,13 @@ def best_split(
     candidates = [partition(costs, processes, micro_steps)]
     if micro_steps > 1:
         candidates.append(sorted_partition(costs, processes, micro_steps))
-    limit = float("inf")
-    if dealt is not None and all(row for step in dealt for row in step):
-        dealt = [[list(row) for row in step] for step in dealt]
-        candidates.append(dealt)
-        limit = max(cost for step in bin_costs(costs, dealt) for cost in step)
-    allowed = [bins for bins in candidates if max(max(step) for step in bin_costs(costs, bins)) <= limit]
-    return min(allowed, key=lambda bins: imbalance(bin_costs(costs, bins)))
+    dealt_whole = dealt is not None and all(row for step in dealt for row in step)
+    if dealt_whole:
+        candidates.append([[list(row) for row in step] for step in dealt])
+    priced = [(bins, bin_costs(costs, bins)) for bins in candidates]  # each row's cost, once per candidate
+    limit = max(max(step) for step in priced[-1][1]) if dealt_whole else math.inf  # the dealt step's costliest row
+    allowed = [(bins, rows) for bins, rows in priced if max(max(step) for step in rows) <= limit]
+    return min(allowed, key=lambda candidate: imbalance(candidate[1]))[0]
 
 
 def check_partition_inputs(costs: Sequence[float], processes: int, micro_steps: int) -> None:
