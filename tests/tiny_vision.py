@@ -78,8 +78,12 @@ from transformers import (
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
 
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "llava", "idefics3", "smolvlm")
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+VISION_FAMILIES = (
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "gemma3", "llava", "vipllava", "idefics3",
+    "smolvlm",
+)  # fmt: skip
+LLAVA_FAMILIES = ("llava", "vipllava")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
@@ -98,7 +102,7 @@ IDEFICS_TOKENS = (
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
     "gemma3": GEMMA_TOKENS["boi_token"],
-    "llava": "<image>",
+    **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
 }
 _CHAT_TEMPLATE = (
@@ -148,7 +152,7 @@ def make_vision_tokenizer(model_type: str):
         tokens = QWEN_TOKENS
     elif model_type == "gemma3":
         tokens = tuple(GEMMA_TOKENS.values())
-    elif model_type == "llava":
+    elif model_type in LLAVA_FAMILIES:
         tokens = LLAVA_TOKENS
     else:
         tokens = IDEFICS_TOKENS
@@ -196,6 +200,7 @@ _QWEN_PROCESSORS = {
     "qwen2_5_vl": TinyQwen2_5_VLProcessor,
     "qwen3_vl": TinyQwen3VLProcessor,
     "qwen3_vl_moe": TinyQwen3VLProcessor,
+    "qwen3_5": TinyQwen3VLProcessor,  # Qwen3.5's checkpoints ship Qwen3-VL's processor
 }
 
 
@@ -252,7 +257,7 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     "gemma3": _gemma3_processor,
-    "llava": _llava_processor,
+    **dict.fromkeys(LLAVA_FAMILIES, _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -303,6 +308,11 @@ def _qwen_config(model_type, processor):
         vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])  # a 4 x 4 grid of learned positions
     if model_type == "qwen3_vl_moe":
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+    if model_type == "qwen3_5":  # a gated delta-net layer, then a gated attention layer
+        text.update(
+            layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=8, linear_value_head_dim=8,
+        )  # fmt: skip
     start_id, end_id, image_id, video_id = tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
     return dict(
         text_config=text,
@@ -360,6 +370,13 @@ def _llava_config(model_type, processor):
     )
 
 
+def _vipllava_config(model_type, processor):
+    """VipLLaVA: LLaVA whose projector reads the patch features (CLS dropped) of several vision layers, here both."""
+    values = _llava_config(model_type, processor)
+    del values["vision_feature_select_strategy"], values["vision_feature_layer"]
+    return values | dict(vision_feature_layers=[-1, 0])
+
+
 def _idefics_config(model_type, processor):
     """Idefics3 / SmolVLM: patch features pixel-shuffled by `scale_factor` 2 into the processor's `image_seq_len`."""
     image_size = processor.image_processor.max_image_size["longest_edge"]
@@ -380,6 +397,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     "gemma3": _gemma3_config,
     "llava": _llava_config,
+    "vipllava": _vipllava_config,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_config),
 }
 

@@ -8,7 +8,7 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
     Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
     Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
-    LLaVA                       pixel_values (images)                          2 x 2 patches, a token each
+    LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
@@ -63,8 +63,10 @@ def twin_geometry(model_type: str, values: dict) -> None:
         text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
     if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
-    elif model_type == "llava":  # 2 x 2 patches, one token each
+    elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
         vision["image_size"], values["image_seq_length"] = 2 * vision["patch_size"], 4
+        if model_type == "vipllava":  # its projector reads several vision layers: the twin's two
+            values["vision_feature_layers"] = [-1, 0]
     elif model_type in ("idefics3", "smolvlm"):  # 2 x 2 tokens of scale_factor^2 patches each
         vision["image_size"] = 2 * vision["patch_size"] * values["scale_factor"]
 
