@@ -374,7 +374,7 @@ TRL = [
     ),
 ]  # fmt: skip
 
-QWEN_VL = ("qwen2_vl.Qwen2VL", "qwen2_5_vl.Qwen2_5_VL", "qwen3_vl.Qwen3VL", "qwen3_vl_moe.Qwen3VLMoe")
+QWEN_VL = ("qwen2_vl.Qwen2VL", "qwen2_5_vl.Qwen2_5_VL", "qwen3_vl.Qwen3VL", "qwen3_vl_moe.Qwen3VLMoe", "qwen3_5.Qwen3_5", "qwen3_5_moe.Qwen3_5Moe")
 TRANSFORMERS_VISION = [
     *(
         Seam(

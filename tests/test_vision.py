@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny_vision import VISION_FAMILIES, make_vision_trainer, vision_preference_rows
+from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
 from transformers import AutoConfig, PaliGemmaForConditionalGeneration
 
@@ -28,8 +28,8 @@ def rows(model_type: str, count: int = 8) -> list[dict]:
 def test_one_step_equals_padded_trl(model_type, prefix_sharing):
     data = rows(model_type)
     padded = one_step(make_vision_trainer(model_type, False, data))
-    # Qwen3-VL-MoE's router loss over a shared-prefix row counts each prompt once: its own refusal (test_moe_aux_loss)
-    overrides = {"router_aux_loss_coef": 0.0} if model_type == "qwen3_vl_moe" and prefix_sharing else {}
+    # A MoE router loss over a shared-prefix row counts each prompt once: its own refusal (test_moe_aux_loss)
+    overrides = {"router_aux_loss_coef": 0.0} if model_type in MOE_FAMILIES and prefix_sharing else {}
     packed_trainer = make_vision_trainer(model_type, True, data, prefix_sharing=prefix_sharing, **overrides)
     if overrides:
         padded = one_step(make_vision_trainer(model_type, False, data, **overrides))

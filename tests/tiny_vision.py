@@ -4,7 +4,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
     model = make_vision_model("qwen2_5_vl", processor)  # Qwen2_5_VLForConditionalGeneration, random weights
     rows = vision_preference_rows("qwen2_5_vl", 8)  # conversational pairs with noise images, for DPOTrainer
 
-Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, gemma3, llava, idefics3, smolvlm. Each
+Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, gemma3, llava,
+vipllava, idefics3, smolvlm. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -79,11 +80,12 @@ from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = (
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "gemma3", "llava", "vipllava", "idefics3",
-    "smolvlm",
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3", "llava", "vipllava",
+    "idefics3", "smolvlm",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava")
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+MOE_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe")  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
@@ -201,6 +203,7 @@ _QWEN_PROCESSORS = {
     "qwen3_vl": TinyQwen3VLProcessor,
     "qwen3_vl_moe": TinyQwen3VLProcessor,
     "qwen3_5": TinyQwen3VLProcessor,  # Qwen3.5's checkpoints ship Qwen3-VL's processor
+    "qwen3_5_moe": TinyQwen3VLProcessor,
 }
 
 
@@ -308,7 +311,9 @@ def _qwen_config(model_type, processor):
         vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])  # a 4 x 4 grid of learned positions
     if model_type == "qwen3_vl_moe":
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
-    if model_type == "qwen3_5":  # a gated delta-net layer, then a gated attention layer
+    if model_type == "qwen3_5_moe":
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    if model_type.startswith("qwen3_5"):  # a gated delta-net layer, then a gated attention layer
         text.update(
             layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=8, linear_value_head_dim=8,
