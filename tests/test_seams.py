@@ -374,19 +374,31 @@ TRL = [
     ),
 ]  # fmt: skip
 
-QWEN_VL = ("qwen2_vl.Qwen2VL", "qwen2_5_vl.Qwen2_5_VL", "qwen3_vl.Qwen3VL", "qwen3_vl_moe.Qwen3VLMoe", "qwen3_5.Qwen3_5", "qwen3_5_moe.Qwen3_5Moe")
+QWEN_VL = (
+    "qwen2_vl.Qwen2VL",
+    "qwen2_5_vl.Qwen2_5_VL",
+    "qwen3_vl.Qwen3VL",
+    "qwen3_vl_moe.Qwen3VLMoe",
+    "qwen3_5.Qwen3_5",
+    "qwen3_5_moe.Qwen3_5Moe",
+    "glm4v.Glm4v",
+)
+GLM46V = "glm46v.Glm46V"  # GLM-4V's text model behind its own get_rope_index
 TRANSFORMERS_VISION = [
     *(
         Seam(
-            "transformers", f"transformers.models.{family}Model.get_rope_index",
+            "transformers",
+            f"transformers.models.{family}Model.get_rope_index",
             "the position function called on the packed row's padded view, by keyword",
-            "modeling/vision.py", keywords=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
+            "modeling/vision.py",
+            keywords=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
         )
-        for family in QWEN_VL
+        for family in (*QWEN_VL, GLM46V)
     ),
     *(
         Seam(
-            "transformers", f"transformers.models.{family}TextModel.forward",
+            "transformers",
+            f"transformers.models.{family}TextModel.forward",
             "reads `(4, 1, T)` position_ids as packed: row 0 plain text positions (mask-based attention keeps the "
             "sequences apart), rows 1-3 the rotary positions",
             "modeling/vision.py",
@@ -400,23 +412,31 @@ TRANSFORMERS_VISION = [
         for family in QWEN_VL
     ),
     Seam(
-        "transformers", "transformers.PreTrainedModel.set_attn_implementation",
+        "transformers",
+        "transformers.PreTrainedModel.set_attn_implementation",
         "switches the policy, the reference and the twins to the packed attention; a multimodal model's language "
         "model alone, given `{text sub-config key: backend}`",
-        "integrations/transformers.py", parameters=("self", "attn_implementation"),
+        "integrations/transformers.py",
+        parameters=("self", "attn_implementation"),
         source={"transformers.PreTrainedModel.set_attn_implementation": ("isinstance(attn_implementation, dict)",)},
     ),
     Seam(
-        "transformers", "transformers.PretrainedConfig.get_text_config",
+        "transformers",
+        "transformers.PretrainedConfig.get_text_config",
         "the language model's config of a multimodal config (itself for a text model), found among `sub_configs`",
-        "integrations/transformers.py", check=Check("callable", callable),
+        "integrations/transformers.py",
+        check=Check("callable", callable),
     ),
     Seam(
-        "transformers", "transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask",
+        "transformers",
+        "transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask",
         "Gemma 3 lets an image's tokens (token_type_ids == 1) attend to the whole image: padfree_varlen carries those "
         "spans in the packed row (attention/bidirectional.py)",
-        "modeling/vision.py", parameters=("token_type_ids",),
-        source={"transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask": ("token_type_ids == 1",)},
+        "modeling/vision.py",
+        parameters=("token_type_ids",),
+        source={
+            "transformers.models.gemma3.modeling_gemma3.get_block_sequence_ids_for_mask": ("token_type_ids == 1",)
+        },
     ),
 ]
 

@@ -4,8 +4,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
     model = make_vision_model("qwen2_5_vl", processor)  # Qwen2_5_VLForConditionalGeneration, random weights
     rows = vision_preference_rows("qwen2_5_vl", 8)  # conversational pairs with noise images, for DPOTrainer
 
-Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, gemma3, llava,
-vipllava, idefics3, smolvlm. Each
+Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm46v,
+gemma3, llava, vipllava, idefics3, smolvlm. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -62,6 +62,10 @@ from transformers import (
     AutoModelForImageTextToText,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
+    Glm4vImageProcessorPil,
+    Glm4vProcessor,
+    Glm46VImageProcessorPil,
+    Glm46VProcessor,
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     LlavaImageProcessorPil,
@@ -80,8 +84,8 @@ from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = (
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3", "llava", "vipllava",
-    "idefics3", "smolvlm",
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm46v", "gemma3", "llava",
+    "vipllava", "idefics3", "smolvlm",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava")
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -92,6 +96,16 @@ IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>",)
+# GLM-4V's processor also looks its video tokens up
+GLM_FAMILIES = ("glm4v", "glm46v")
+GLM_TOKENS = (
+    "<|begin_of_image|>",
+    "<|image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|video|>",
+    "<|end_of_video|>",
+)
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
     "<image>",
@@ -104,6 +118,7 @@ IDEFICS_TOKENS = (
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
     "gemma3": GEMMA_TOKENS["boi_token"],
+    **dict.fromkeys(GLM_FAMILIES, "<|begin_of_image|><|image|><|end_of_image|>"),
     **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
 }
@@ -156,6 +171,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = tuple(GEMMA_TOKENS.values())
     elif model_type in LLAVA_FAMILIES:
         tokens = LLAVA_TOKENS
+    elif model_type in GLM_FAMILIES:
+        tokens = GLM_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -176,6 +193,14 @@ class TinyQwen2_5_VLProcessor(WithoutVideoProcessor, Qwen2_5_VLProcessor):
 
 class TinyQwen3VLProcessor(WithoutVideoProcessor, Qwen3VLProcessor):
     """`Qwen3VLProcessor` without a video processor."""
+
+
+class TinyGlm4vProcessor(WithoutVideoProcessor, Glm4vProcessor):
+    """`Glm4vProcessor` without a video processor."""
+
+
+class TinyGlm46VProcessor(WithoutVideoProcessor, Glm46VProcessor):
+    """`Glm46VProcessor` without a video processor."""
 
 
 class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
@@ -222,6 +247,21 @@ def _qwen_processor(model_type, tokenizer, template, min_pixels=None, max_pixels
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
+def _glm4v_processor(model_type, tokenizer, template):
+    """Images resized to 1 to 12 merged patches (image tokens), as `_qwen_processor`'s: GLM-4V lays its images out
+    as Qwen2-VL does."""
+    token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches of 14 pixels, merged
+    image_processor_class = Glm4vImageProcessorPil if model_type == "glm4v" else Glm46VImageProcessorPil
+    image_processor = image_processor_class(
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
+    )
+    processor_class = TinyGlm4vProcessor if model_type == "glm4v" else TinyGlm46VProcessor
+    return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
 def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_length=4):
     """Square images of `image_size` pixels, `image_seq_length` (a square number) tokens each; no pan and scan."""
     image_processor = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size}, do_pan_and_scan=False)
@@ -259,6 +299,7 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
 
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
+    **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
     "gemma3": _gemma3_processor,
     **dict.fromkeys(LLAVA_FAMILIES, _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
@@ -326,6 +367,35 @@ def _qwen_config(model_type, processor):
         vision_end_token_id=end_id,
         image_token_id=image_id,
         video_token_id=video_id,
+    )
+
+
+def _glm4v_config(model_type, processor):
+    """GLM-4V and GLM-4.6V: a Qwen2-VL-like tower (patches merged 2 x 2) and multimodal RoPE over 3 sections."""
+    image_processor = processor.image_processor
+    tokenizer = processor.tokenizer
+    text = dict(_TEXT, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION))
+    vision = dict(
+        depth=_VISION["num_hidden_layers"],
+        num_heads=_VISION["num_attention_heads"],
+        hidden_size=_VISION["hidden_size"],
+        intermediate_size=_VISION["intermediate_size"],
+        out_hidden_size=_TEXT["hidden_size"],
+        patch_size=image_processor.patch_size,
+        spatial_merge_size=image_processor.merge_size,
+        temporal_patch_size=image_processor.temporal_patch_size,
+        image_size=28,
+    )
+    ids = dict(zip(GLM_TOKENS, tokenizer.convert_tokens_to_ids(list(GLM_TOKENS)), strict=True))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        image_start_token_id=ids["<|begin_of_image|>"],
+        image_token_id=ids["<|image|>"],
+        image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"],
+        video_token_id=ids["<|video|>"],
+        video_end_token_id=ids["<|end_of_video|>"],
     )
 
 
@@ -400,6 +470,7 @@ def _idefics_config(model_type, processor):
 
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
+    **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
     "gemma3": _gemma3_config,
     "llava": _llava_config,
     "vipllava": _vipllava_config,
