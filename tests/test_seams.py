@@ -382,6 +382,7 @@ QWEN_VL = (
     "qwen3_5.Qwen3_5",
     "qwen3_5_moe.Qwen3_5Moe",
     "glm4v.Glm4v",
+    "glm4v_moe.Glm4vMoe",
 )
 GLM46V = "glm46v.Glm46V"  # GLM-4V's text model behind its own get_rope_index
 TRANSFORMERS_VISION = [

@@ -4,8 +4,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
     model = make_vision_model("qwen2_5_vl", processor)  # Qwen2_5_VLForConditionalGeneration, random weights
     rows = vision_preference_rows("qwen2_5_vl", 8)  # conversational pairs with noise images, for DPOTrainer
 
-Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm46v,
-gemma3, llava, vipllava, idefics3, smolvlm. Each
+Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
+glm46v, gemma3, llava, vipllava, idefics3, smolvlm. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -84,12 +84,16 @@ from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = (
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm46v", "gemma3", "llava",
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "idefics3", "smolvlm",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava")
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
-MOE_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe")  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
+MOE_FAMILIES = (
+    "qwen3_vl_moe",
+    "qwen3_5_moe",
+    "glm4v_moe",
+)  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
@@ -97,7 +101,7 @@ QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>",)
 # GLM-4V's processor also looks its video tokens up
-GLM_FAMILIES = ("glm4v", "glm46v")
+GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
 GLM_TOKENS = (
     "<|begin_of_image|>",
     "<|image|>",
@@ -251,14 +255,16 @@ def _glm4v_processor(model_type, tokenizer, template):
     """Images resized to 1 to 12 merged patches (image tokens), as `_qwen_processor`'s: GLM-4V lays its images out
     as Qwen2-VL does."""
     token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches of 14 pixels, merged
-    image_processor_class = Glm4vImageProcessorPil if model_type == "glm4v" else Glm46VImageProcessorPil
+    image_processor_class = Glm46VImageProcessorPil if model_type == "glm46v" else Glm4vImageProcessorPil
     image_processor = image_processor_class(
         patch_size=14,
         merge_size=2,
         temporal_patch_size=2,
         size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
     )
-    processor_class = TinyGlm4vProcessor if model_type == "glm4v" else TinyGlm46VProcessor
+    processor_class = (
+        TinyGlm46VProcessor if model_type == "glm46v" else TinyGlm4vProcessor
+    )  # GLM-4V-MoE ships GLM-4V's
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
@@ -386,6 +392,13 @@ def _glm4v_config(model_type, processor):
         temporal_patch_size=image_processor.temporal_patch_size,
         image_size=28,
     )
+    if model_type == "glm4v_moe":  # a dense first layer, then 4 routed experts and a shared one
+        # Rotary on half of each head (the checkpoints' partial_rotary_factor): heads twice as wide keep 3 sections
+        text["rope_parameters"]["partial_rotary_factor"] = 0.5
+        text.update(
+            moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            first_k_dense_replace=1, head_dim=2 * _HEAD_DIM,
+        )  # fmt: skip
     ids = dict(zip(GLM_TOKENS, tokenizer.convert_tokens_to_ids(list(GLM_TOKENS)), strict=True))
     return dict(
         text_config=text,

@@ -40,6 +40,7 @@ FAMILIES = {
     "qwen3_5": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL's images before a hybrid language model
     "qwen3_5_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm4v": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, its own position function
+    "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),

@@ -61,6 +61,10 @@ def twin_geometry(model_type: str, values: dict) -> None:
     if FAMILIES[model_type].layout == "patches":  # mRoPE: the rotary half of a head, split over time, height, width
         rope = text.get("rope_parameters") or {}
         text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
+        # Rotary on a fraction of each head (GLM-4V-MoE: half): heads widened so the rotary part keeps its 8 dims
+        fraction = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0)) or 1.0
+        if fraction < 1.0:
+            text["head_dim"] = round(2 * sum(TWIN_MROPE_SECTION) / fraction)
     if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
     elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
