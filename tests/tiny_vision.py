@@ -5,7 +5,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
     rows = vision_preference_rows("qwen2_5_vl", 8)  # conversational pairs with noise images, for DPOTrainer
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
-glm46v, gemma3, llava, vipllava, idefics3, smolvlm. Each
+glm46v, gemma3, llava, vipllava, idefics2, idefics3, smolvlm. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -66,6 +66,8 @@ from transformers import (
     Glm4vProcessor,
     Glm46VImageProcessorPil,
     Glm46VProcessor,
+    Idefics2ImageProcessorPil,
+    Idefics2Processor,
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     LlavaImageProcessorPil,
@@ -85,7 +87,7 @@ from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
-    "vipllava", "idefics3", "smolvlm",
+    "vipllava", "idefics2", "idefics3", "smolvlm",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava")
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -94,7 +96,7 @@ MOE_FAMILIES = (
     "qwen3_5_moe",
     "glm4v_moe",
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
-IDEFICS_FAMILIES = ("idefics3", "smolvlm")
+IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -292,6 +294,11 @@ def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=
 def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq_len=4, do_image_splitting=False):
     """Images resized to `image_size` squares, `image_seq_len` tokens each; split into tiles of `image_size` (up to
     2 x 2, plus the whole image) only with `do_image_splitting`."""
+    if model_type == "idefics2":  # whole images resized to fit `image_size`, `image_seq_len` resampled tokens each
+        image_processor = Idefics2ImageProcessorPil(
+            size={"longest_edge": image_size, "shortest_edge": image_size}, do_image_splitting=do_image_splitting
+        )
+        return Idefics2Processor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
     image_processor_class = Idefics3ImageProcessorPil if model_type == "idefics3" else SmolVLMImageProcessorPil
     image_processor = image_processor_class(
         size={"longest_edge": 2 * image_size if do_image_splitting else image_size},
@@ -465,6 +472,20 @@ def _vipllava_config(model_type, processor):
     return values | dict(vision_feature_layers=[-1, 0])
 
 
+def _idefics2_config(model_type, processor):
+    """Idefics2: patch features resampled by a perceiver to the processor's `image_seq_len` latent tokens."""
+    image_size = processor.image_processor.size["longest_edge"]
+    return dict(
+        text_config=dict(_TEXT),
+        vision_config=dict(_VISION, image_size=image_size, patch_size=image_size // 4),
+        perceiver_config=dict(
+            hidden_size=_TEXT["hidden_size"], resampler_n_latents=processor.image_seq_len, resampler_depth=1,
+            resampler_n_heads=2, resampler_head_dim=8, num_key_value_heads=1,
+        ),
+        image_token_id=processor.image_token_id,
+    )  # fmt: skip
+
+
 def _idefics_config(model_type, processor):
     """Idefics3 / SmolVLM: patch features pixel-shuffled by `scale_factor` 2 into the processor's `image_seq_len`."""
     image_size = processor.image_processor.max_image_size["longest_edge"]
@@ -487,7 +508,8 @@ _CONFIG_BUILDERS = {
     "gemma3": _gemma3_config,
     "llava": _llava_config,
     "vipllava": _vipllava_config,
-    **dict.fromkeys(IDEFICS_FAMILIES, _idefics_config),
+    "idefics2": _idefics2_config,
+    **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }
 
 

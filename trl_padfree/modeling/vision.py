@@ -45,6 +45,7 @@ FAMILIES = {
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
+    "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),
 }

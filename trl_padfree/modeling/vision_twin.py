@@ -10,6 +10,7 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
     LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
+    Idefics2                    pixel_values, pixel_attention_mask (rows)      2 x 2 patches, 4 resampled latents
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -73,6 +74,9 @@ def twin_geometry(model_type: str, values: dict) -> None:
             values["vision_feature_layers"] = [-1, 0]
     elif model_type in ("idefics3", "smolvlm"):  # 2 x 2 tokens of scale_factor^2 patches each
         vision["image_size"] = 2 * vision["patch_size"] * values["scale_factor"]
+    elif model_type == "idefics2":  # 2 x 2 patches, resampled to 4 latent tokens as wide as the language model
+        vision["image_size"] = 2 * vision["patch_size"]
+        values["perceiver_config"].update(resampler_n_latents=4, hidden_size=hidden)
 
 
 def twin_image_inputs(config, family: ImageFamily, images_per_example: list[int], seed: int) -> tuple[dict, list[int]]:
@@ -109,5 +113,7 @@ def _fixed_tokens(config) -> int:
     for name in ("mm_tokens_per_image", "image_seq_length"):
         if isinstance(getattr(config, name, None), int):
             return getattr(config, name)
+    if getattr(config, "perceiver_config", None) is not None:  # Idefics2: a resampler's latents
+        return config.perceiver_config.resampler_n_latents
     vision = config.vision_config
     return (vision.image_size // vision.patch_size) ** 2 // config.scale_factor**2
