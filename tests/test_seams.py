@@ -37,8 +37,8 @@ from trl_padfree.packing.balanced_batches import REBALANCE
 from trl_padfree.packing.pair_weights import (
     PER_PAIR_METRICS,  # TRL's metrics that uneven micro-batches reweigh by pairs
 )
-from trl_padfree.refusals import COUPLED_LOSS_TYPES
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
+from trl_padfree.refusals import COUPLED_LOSS_TYPES
 
 
 @dataclass(frozen=True)
