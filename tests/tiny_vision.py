@@ -335,10 +335,9 @@ def make_vision_processor(model_type: str, chat_template: str | None = None, **o
 # --- Models -------------------------------------------------------------------------------------------------------
 
 
-def _qwen_config(model_type, processor):
-    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL (MoE): multimodal RoPE over 3 sections, patches merged 2 x 2."""
-    image_processor = processor.image_processor
-    tokenizer = processor.tokenizer
+def _patch_model(image_processor) -> tuple[dict, dict]:
+    """The text and vision configs of a Qwen2-VL-like model: multimodal RoPE over 3 sections, and a tower over the
+    processor's patches, merged 2 x 2."""
     text = dict(_TEXT, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION))
     vision = dict(
         depth=_VISION["num_hidden_layers"],
@@ -347,6 +346,14 @@ def _qwen_config(model_type, processor):
         spatial_merge_size=image_processor.merge_size,
         temporal_patch_size=image_processor.temporal_patch_size,
     )
+    return text, vision
+
+
+def _qwen_config(model_type, processor):
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL (MoE), Qwen3.5 (MoE)."""
+    image_processor = processor.image_processor
+    tokenizer = processor.tokenizer
+    text, vision = _patch_model(image_processor)
     if model_type == "qwen2_vl":
         vision.update(embed_dim=_VISION["hidden_size"], hidden_size=_TEXT["hidden_size"], mlp_ratio=2)
     else:
@@ -384,19 +391,13 @@ def _qwen_config(model_type, processor):
 
 
 def _glm4v_config(model_type, processor):
-    """GLM-4V and GLM-4.6V: a Qwen2-VL-like tower (patches merged 2 x 2) and multimodal RoPE over 3 sections."""
-    image_processor = processor.image_processor
+    """GLM-4V, GLM-4.5V (MoE) and GLM-4.6V: Qwen2-VL-like (`_patch_model`), a 2 x 2 grid of learned positions."""
     tokenizer = processor.tokenizer
-    text = dict(_TEXT, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION))
-    vision = dict(
-        depth=_VISION["num_hidden_layers"],
-        num_heads=_VISION["num_attention_heads"],
+    text, vision = _patch_model(processor.image_processor)
+    vision.update(
         hidden_size=_VISION["hidden_size"],
         intermediate_size=_VISION["intermediate_size"],
         out_hidden_size=_TEXT["hidden_size"],
-        patch_size=image_processor.patch_size,
-        spatial_merge_size=image_processor.merge_size,
-        temporal_patch_size=image_processor.temporal_patch_size,
         image_size=28,
     )
     if model_type == "glm4v_moe":  # a dense first layer, then 4 routed experts and a shared one
