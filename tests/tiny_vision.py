@@ -60,17 +60,24 @@ from PIL import Image
 from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
+    AyaVisionProcessor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
     Glm4vImageProcessorPil,
     Glm4vProcessor,
     Glm46VImageProcessorPil,
     Glm46VProcessor,
+    GotOcr2ImageProcessorPil,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
     Idefics3Processor,
+    InternVLProcessor,
     LlavaImageProcessorPil,
+    LlavaNextImageProcessorPil,
+    LlavaNextProcessor,
+    LlavaOnevisionImageProcessorPil,
+    LlavaOnevisionProcessor,
     LlavaProcessor,
     PreTrainedModel,
     ProcessorMixin,
@@ -87,9 +94,11 @@ from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
-    "vipllava", "idefics2", "idefics3", "smolvlm",
+    "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "idefics2", "idefics3",
+    "smolvlm",
 )  # fmt: skip
-LLAVA_FAMILIES = ("llava", "vipllava")
+LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
+ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 MOE_FAMILIES = (
     "qwen3_vl_moe",
@@ -97,11 +106,12 @@ MOE_FAMILIES = (
     "glm4v_moe",
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
+TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
-LLAVA_TOKENS = ("<image>",)
+LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
 GLM_TOKENS = (
@@ -112,6 +122,14 @@ GLM_TOKENS = (
     "<|video|>",
     "<|end_of_video|>",
 )
+# InternVL's processor reads these names off its tokenizer
+INTERNVL_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
     "<image>",
@@ -127,6 +145,8 @@ IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(GLM_FAMILIES, "<|begin_of_image|><|image|><|end_of_image|>"),
     **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
+    "internvl": INTERNVL_TOKENS["context_image_token"],
+    "aya_vision": "<image>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -179,6 +199,10 @@ def make_vision_tokenizer(model_type: str):
         tokens = LLAVA_TOKENS
     elif model_type in GLM_FAMILIES:
         tokens = GLM_TOKENS
+    elif model_type == "internvl":
+        tokens = tuple(INTERNVL_TOKENS.values())
+    elif model_type == "aya_vision":
+        tokens = AYA_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -186,6 +210,8 @@ def make_vision_tokenizer(model_type: str):
         # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
         # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
+    if model_type == "internvl":
+        tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     return tokenizer
 
 
@@ -207,6 +233,14 @@ class TinyGlm4vProcessor(WithoutVideoProcessor, Glm4vProcessor):
 
 class TinyGlm46VProcessor(WithoutVideoProcessor, Glm46VProcessor):
     """`Glm46VProcessor` without a video processor."""
+
+
+class TinyLlavaOnevisionProcessor(WithoutVideoProcessor, LlavaOnevisionProcessor):
+    """`LlavaOnevisionProcessor` without a video processor."""
+
+
+class TinyInternVLProcessor(WithoutVideoProcessor, InternVLProcessor):
+    """`InternVLProcessor` without a video processor."""
 
 
 class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
@@ -291,6 +325,46 @@ def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=
     )
 
 
+def _anyres_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """Images resized to the best of 1 x 1, 1 x 2, 2 x 1 and 2 x 2 tiles of `image_size`, then cut into those tiles
+    after a base tile of the whole image; one token per `patch_size` patch of each tile, a newline token per row."""
+    pinpoints = [[image_size * rows, image_size * columns] for rows, columns in ((1, 1), (1, 2), (2, 1), (2, 2))]
+    if model_type == "llava_next":  # a CLIP tower: its CLS dropped
+        image_processor = LlavaNextImageProcessorPil(
+            size={"shortest_edge": image_size},
+            crop_size={"height": image_size, "width": image_size},
+            image_grid_pinpoints=pinpoints,
+        )
+        return LlavaNextProcessor(
+            image_processor, tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
+            num_additional_image_tokens=1, chat_template=template,
+        )  # fmt: skip
+    image_processor = LlavaOnevisionImageProcessorPil(
+        size={"height": image_size, "width": image_size}, image_grid_pinpoints=pinpoints
+    )
+    return TinyLlavaOnevisionProcessor(
+        image_processor, tokenizer, video_processor=None, num_image_tokens=(image_size // patch_size) ** 2,
+        vision_feature_select_strategy="full", chat_template=template,
+    )  # fmt: skip
+
+
+def _tiles_processor(model_type, tokenizer, template, image_size=32, max_tiles=4):
+    """Images cut into 1 to `max_tiles` tiles of `image_size` pixels, by their aspect ratio, plus a thumbnail of the
+    whole image when there are several (GOT-OCR2's image processor); 4 tokens per tile."""
+    image_processor = GotOcr2ImageProcessorPil(
+        size={"height": image_size, "width": image_size}, crop_to_patches=True, min_patches=1, max_patches=max_tiles
+    )
+    if model_type == "internvl":
+        return TinyInternVLProcessor(
+            image_processor, tokenizer, video_processor=None, image_seq_length=4, chat_template=template
+        )
+    patch_size = image_size // 4  # the tower's patches, 2 x 2 of them per token
+    return AyaVisionProcessor(
+        image_processor, tokenizer, patch_size=patch_size, img_size=image_size, downsample_factor=2,
+        chat_template=template,
+    )  # fmt: skip
+
+
 def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq_len=4, do_image_splitting=False):
     """Images resized to `image_size` squares, `image_seq_len` tokens each; split into tiles of `image_size` (up to
     2 x 2, plus the whole image) only with `do_image_splitting`."""
@@ -314,7 +388,9 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
     "gemma3": _gemma3_processor,
-    **dict.fromkeys(LLAVA_FAMILIES, _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
+    **dict.fromkeys(("llava", "vipllava"), _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
+    **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
+    **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -473,6 +549,66 @@ def _vipllava_config(model_type, processor):
     return values | dict(vision_feature_layers=[-1, 0])
 
 
+def _anyres_config(model_type, processor):
+    """LLaVA-NeXT (a CLIP tower, CLS dropped, Llama) and LLaVA-OneVision (a SigLIP tower, Qwen2): the last vision
+    layer's patch features of every tile, the processor's tiles."""
+    image_processor = processor.image_processor
+    image_size = image_processor.size.get("height") or image_processor.crop_size["height"]
+    patch_size = (
+        processor.patch_size if model_type == "llava_next" else image_size // math.isqrt(processor.num_image_tokens)
+    )
+    vision = dict(_VISION, image_size=image_size, patch_size=patch_size)
+    if model_type == "llava_onevision":
+        vision.update(model_type="siglip_vision_model", vision_use_head=False)
+    values = dict(
+        text_config=dict(_TEXT),
+        vision_config=vision,
+        image_token_index=processor.image_token_id,
+        image_grid_pinpoints=image_processor.image_grid_pinpoints,
+        vision_feature_select_strategy=processor.vision_feature_select_strategy,
+        vision_feature_layer=-1,  # the real checkpoints' -2 would leave the last vision layer without gradients
+    )
+    if model_type == "llava_onevision":
+        values["text_config"]["model_type"] = "qwen2"
+        values["video_token_index"] = processor.tokenizer.convert_tokens_to_ids("<video>")
+    return values
+
+
+def _tiles_config(model_type, processor):
+    """InternVL (its own tower, CLS dropped, Qwen2) and Aya Vision (SigLIP, Cohere 2 with a sliding window): each
+    tile's 4 x 4 patches pixel-shuffled to 4 tokens."""
+    image_size = processor.image_processor.size["height"]
+    patch_size = image_size // 4
+    if model_type == "internvl":
+        return dict(
+            text_config=dict(_TEXT, model_type="qwen2"),
+            vision_config=dict(_VISION, image_size=[image_size] * 2, patch_size=[patch_size] * 2),
+            image_token_id=processor.image_token_id,
+            image_seq_length=processor.image_seq_length,
+            downsample_ratio=0.5,
+        )
+    text = dict(
+        _TEXT,
+        model_type="cohere2",
+        sliding_window=_SLIDING_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    vision = dict(
+        _VISION,
+        model_type="siglip_vision_model",
+        image_size=image_size,
+        patch_size=patch_size,
+        vision_use_head=False,
+    )
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=processor.image_token_id,
+        downsample_factor=2,
+        alignment_intermediate_size=64,
+    )
+
+
 def _idefics2_config(model_type, processor):
     """Idefics2: patch features resampled by a perceiver to the processor's `image_seq_len` latent tokens."""
     image_size = processor.image_processor.size["longest_edge"]
@@ -509,6 +645,8 @@ _CONFIG_BUILDERS = {
     "gemma3": _gemma3_config,
     "llava": _llava_config,
     "vipllava": _vipllava_config,
+    **dict.fromkeys(ANYRES_FAMILIES, _anyres_config),
+    **dict.fromkeys(TILE_FAMILIES, _tiles_config),
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }
@@ -543,9 +681,10 @@ def make_vision_model(
     if model_type == "gemma3":
         # Gemma 3 initialises its image projection to zero, which would cut every gradient to the vision tower
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=_INIT_STD)
-    if model_type == "llava":
-        # LLaVA takes the tower's hidden states, before CLIP's post-layernorm: freeze it, as it gets no gradient
-        model.model.vision_tower.post_layernorm.requires_grad_(False)
+    if model_type in ("llava", "aya_vision", *ANYRES_FAMILIES):
+        # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
+        tower = model.model.vision_tower
+        getattr(tower, "vision_model", tower).post_layernorm.requires_grad_(False)
     model.config.name_or_path = f"tiny-{model_type}"
     return model
 

@@ -379,7 +379,7 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
     alone gets its own images."""
     config, family = twin.config, image_family(twin.config.model_type)
     images_per_example = [shape[1] for shape in pairs]
-    image_inputs, tokens_per_image = twin_image_inputs(config, family, images_per_example, seed)
+    image_inputs, tokens_per_image = twin_image_inputs(twin, family, images_per_example, seed)
     placeholder = image_token_id(config)
     text_tokens = config.get_text_config().vocab_size - CHECK_SPECIAL_TOKENS  # below the twin's special tokens
     rows, completion_starts, image_index = [[], []], [[], []], 0
@@ -402,7 +402,7 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
         prefix_sharing=prefix_sharing,
         prefix_sharing_min_prompt_tokens=2,
     )
-    units = ImageUnits.of(image_inputs, images_per_example * 2)
+    units = ImageUnits.of(image_inputs, images_per_example * 2, [row.count(placeholder) for row in rows])
     alone = []
     for row, ids in enumerate(rows):
         inputs = {"input_ids": torch.tensor([ids]), **units.of_rows([row])}

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ImageFamily:
-    layout: str  # how its processor lays a batch's images out (packing/vision.py): "patches", "images" or "rows"
+    # How its processor lays a batch's images out (packing/vision.py): "patches", "images", "sized" (images with
+    # `image_sizes`, their tokens depending on their size), "tiles" (each image cut into tiles) or "rows"
+    layout: str
     token_types: str | None  # the per-token input marking image tokens, if the model takes one
     bidirectional_images: bool = False  # an image's tokens attend to the whole image (marked by `token_types`)
 
@@ -45,6 +47,11 @@ FAMILIES = {
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
+    "llava_next": ImageFamily("sized", None),  # any-resolution tiles, a base tile and a grid
+    "llava_onevision": ImageFamily("sized", None),
+    "mistral3": ImageFamily("sized", None),  # Pixtral: images of any size, a token per 2 x 2 patches
+    "internvl": ImageFamily("tiles", None),  # each image cut into tiles of a fixed number of tokens
+    "aya_vision": ImageFamily("tiles", None),
     "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),

@@ -31,6 +31,11 @@ PLAIN_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 TWIN_MROPE_SECTION = (1, 1, 2)
 # Twin image grids (temporal, height, width, in merged patches) for the patch layout: tokens 4, 2 and 2
 TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
+# Twin images of the sized layouts, in (rows, columns) of the vision tower's square input: any-resolution tiles
+# (LLaVA-NeXT), or 2 x 2 merged patches each (Mistral 3)
+TWIN_TILE_GRIDS = ((1, 1), (1, 2), (2, 1))
+# Tiles per image of the tiles layout (InternVL, Aya Vision)
+TWIN_TILES = (1, 3, 2)
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -77,35 +82,91 @@ def twin_geometry(model_type: str, values: dict) -> None:
     elif model_type == "idefics2":  # 2 x 2 patches, resampled to 4 latent tokens as wide as the language model
         vision["image_size"] = 2 * vision["patch_size"]
         values["perceiver_config"].update(resampler_n_latents=4, hidden_size=hidden)
+    elif model_type in ("llava_next", "llava_onevision"):  # tiles of 2 x 2 patches, in grids of 1 x 1, 1 x 2, 2 x 1
+        side = vision["image_size"] = 2 * vision["patch_size"]
+        values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
+        if model_type == "llava_onevision":
+            values["vision_aspect_ratio"] = "anyres_max_2"
+    elif model_type == "internvl":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
+        patch = vision["patch_size"][0]
+        vision["image_size"], values["image_seq_length"] = [4 * patch, 4 * patch], 4
+    elif model_type == "aya_vision":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
+        vision["image_size"] = 4 * vision["patch_size"]
+    elif model_type == "mistral3":  # images of up to 8 x 8 patches, merged 2 x 2
+        vision["image_size"] = 8 * vision["patch_size"]
 
 
-def twin_image_inputs(config, family: ImageFamily, images_per_example: list[int], seed: int) -> tuple[dict, list[int]]:
+def twin_image_inputs(
+    twin: torch.nn.Module, family: ImageFamily, images_per_example: list[int], seed: int
+) -> tuple[dict, list[int]]:
     """Random image inputs for a batch of examples holding `images_per_example` images each, laid out as the family's
     processor and TRL's vision collator lay them out (every example's images on its chosen row, then again on its
-    rejected row), and the image tokens each image of an example takes (example by example)."""
+    rejected row), and the image tokens each image of an example takes (example by example): from the twin's
+    geometry, or where they depend on the image's size, from the twin's own image features."""
+    config = twin.config
     vision = config.vision_config
     generator = torch.Generator().manual_seed(seed)
     images = sum(images_per_example)
+
+    def noise(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
     if family.layout == "patches":
         merge = vision.spatial_merge_size
         grids = torch.tensor([TWIN_GRIDS[index % len(TWIN_GRIDS)] for index in range(images)])
         grids[:, 1:] *= merge
         width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-        pixels = torch.randn(int(grids.prod(-1).sum()), width, generator=generator, dtype=torch.float64)
+        pixels = noise(int(grids.prod(-1).sum()), width)
         inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
         return inputs, (grids.prod(-1) // merge**2).tolist()
-    side, channels = vision.image_size, getattr(vision, "num_channels", 3)
+    side, channels = _side(vision.image_size), getattr(vision, "num_channels", 3)
+    if family.layout == "sized":
+        inputs = _sized_images(config, images, noise)
+        if config.model_type == "llava_onevision":  # a prompt of several images gets their base tiles only
+            inputs["batch_num_images"] = torch.tensor(images_per_example)
+        with torch.no_grad():
+            features = twin.model.get_image_features(**inputs).pooler_output
+        tokens = [len(image) for image in features]
+        return {key: torch.cat([value, value]) for key, value in inputs.items()}, tokens
+    if family.layout == "tiles":
+        tiles = [TWIN_TILES[index % len(TWIN_TILES)] for index in range(images)]
+        pixels = noise(sum(tiles), channels, side, side)
+        return {"pixel_values": torch.cat([pixels, pixels])}, [count * _fixed_tokens(config) for count in tiles]
     tokens = [_fixed_tokens(config)] * images
     if family.layout == "images":
-        pixels = torch.randn(images, channels, side, side, generator=generator, dtype=torch.float64)
+        pixels = noise(images, channels, side, side)
         return {"pixel_values": torch.cat([pixels, pixels])}, tokens
     most = max(images_per_example)
     pixels = torch.zeros(len(images_per_example), most, channels, side, side, dtype=torch.float64)
     mask = torch.zeros(len(images_per_example), most, side, side, dtype=torch.bool)
     for row, count in enumerate(images_per_example):
-        pixels[row, :count] = torch.randn(count, channels, side, side, generator=generator, dtype=torch.float64)
+        pixels[row, :count] = noise(count, channels, side, side)
         mask[row, :count] = True
     return {"pixel_values": torch.cat([pixels, pixels]), "pixel_attention_mask": torch.cat([mask, mask])}, tokens
+
+
+def _side(image_size) -> int:
+    return image_size[0] if isinstance(image_size, (list, tuple)) else image_size
+
+
+def _sized_images(config, images: int, noise) -> dict[str, torch.Tensor]:
+    """Images of different sizes, with `image_sizes`, as LLaVA-NeXT's and Pixtral's processors give them: LLaVA-NeXT's
+    as a base tile and its any-resolution tiles (padded to the most tiles), Pixtral's padded to the largest image."""
+    vision = config.vision_config
+    grids = [TWIN_TILE_GRIDS[index % len(TWIN_TILE_GRIDS)] for index in range(images)]
+    side, channels = vision.image_size, getattr(vision, "num_channels", 3)
+    if config.model_type == "mistral3":  # each grid cell 2 x 2 merged patches
+        side = 2 * vision.patch_size * config.spatial_merge_size
+        pixels = torch.zeros(images, channels, 2 * side, 2 * side, dtype=torch.float64)
+        for image, (rows, columns) in enumerate(grids):
+            pixels[image, :, : rows * side, : columns * side] = noise(channels, rows * side, columns * side)
+    else:
+        most = 1 + max(rows * columns for rows, columns in grids)
+        pixels = torch.zeros(images, most, channels, side, side, dtype=torch.float64)
+        for image, (rows, columns) in enumerate(grids):
+            pixels[image, : 1 + rows * columns] = noise(1 + rows * columns, channels, side, side)
+    sizes = torch.tensor([[rows * side, columns * side] for rows, columns in grids])
+    return {"pixel_values": pixels, "image_sizes": sizes}
 
 
 def _fixed_tokens(config) -> int:
@@ -116,4 +177,5 @@ def _fixed_tokens(config) -> int:
     if getattr(config, "perceiver_config", None) is not None:  # Idefics2: a resampler's latents
         return config.perceiver_config.resampler_n_latents
     vision = config.vision_config
-    return (vision.image_size // vision.patch_size) ** 2 // config.scale_factor**2
+    factor = getattr(config, "scale_factor", None) or getattr(config, "downsample_factor", None)  # pixel shuffle
+    return (_side(vision.image_size) // _side(vision.patch_size)) ** 2 // factor**2

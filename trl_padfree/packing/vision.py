@@ -17,7 +17,10 @@ How a processor lays out a batch's images, read from the keys it returns:
     image_grid_thw           patches: `prod(grid)` rows of pixel_values per image, one grid row per image (Qwen-VL)
     pixel_attention_mask     rows: pixel_values `(rows, images, C, H, W)`, one entry per row of the batch (Idefics3,
                              SmolVLM)
-    neither                  images: every image input has one entry per image (LLaVA, Gemma 3)
+    neither                  images: every image input has one entry per image (LLaVA, Gemma 3; with
+                             `image_sizes` LLaVA-NeXT, Mistral 3), but a count per row (LLaVA-OneVision's
+                             `batch_num_images`) one entry per row, and pixel_values with more entries than images
+                             one per tile, as many per row as its image tokens say (InternVL, Aya Vision)
 """
 
 from __future__ import annotations
@@ -55,32 +58,67 @@ class ImageUnits:
     by_row: dict[str, list[torch.Tensor]]  # key -> per row, that row's part of the input (possibly empty)
 
     @classmethod
-    def of(cls, inputs: dict[str, torch.Tensor], images_per_row: list[int]) -> ImageUnits:
+    def of(
+        cls, inputs: dict[str, torch.Tensor], images_per_row: list[int], image_tokens_per_row: list[int] | None = None
+    ) -> ImageUnits:
         rows, images = len(images_per_row), sum(images_per_row)
-        if "pixel_attention_mask" in inputs:  # one entry per row of the batch, images padded within it
+        if "pixel_attention_mask" in inputs and inputs["pixel_attention_mask"].dim() == 4:
+            # one entry per row of the batch, images padded within it
             check_image_inputs_layout({key: value.shape[0] for key, value in inputs.items()}, rows, "rows")
             by_row = {
                 key: [value[row : row + (1 if images_per_row[row] else 0)] for row in range(rows)]
                 for key, value in inputs.items()
             }
             return cls(by_row)
-        per_image = {key: list(value.split(1)) for key, value in inputs.items()}
+        by_row = {key: list(value.split(1)) for key, value in inputs.items() if _is_count_per_row(value, rows, images)}
+        per_image = {key: list(value.split(1)) for key, value in inputs.items() if key not in by_row}
         if "image_grid_thw" in inputs:  # pixel_values holds each image's patches, prod(grid) rows of them
             patches = inputs["image_grid_thw"].prod(-1).tolist()
             check_image_inputs_layout({"pixel_values": inputs["pixel_values"].shape[0]}, sum(patches), "patches")
             per_image["pixel_values"] = list(inputs["pixel_values"].split(patches))
-        check_image_inputs_layout({key: len(parts) for key, parts in per_image.items()}, images, "images")
+        tiles = _tiles_per_row(inputs, images, image_tokens_per_row)
+        check_image_inputs_layout(
+            {key: len(parts) for key, parts in per_image.items() if tiles is None or len(parts) != sum(tiles)},
+            images,
+            "images",
+        )
         ends = list(itertools.accumulate(images_per_row))
-        by_row = {
-            key: [_cat(parts[end - count : end], inputs[key]) for end, count in zip(ends, images_per_row, strict=True)]
-            for key, parts in per_image.items()
-        }
+        for key, parts in per_image.items():
+            if tiles is not None and len(parts) == sum(tiles):  # a row's tiles, in proportion to its image tokens
+                by_row[key] = list(inputs[key].split(tiles))
+            else:
+                by_row[key] = [
+                    _cat(parts[end - count : end], inputs[key])
+                    for end, count in zip(ends, images_per_row, strict=True)
+                ]
         return cls(by_row)
 
     def of_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
         """The image inputs of `rows`, in that order; none where those rows hold no image."""
         inputs = {key: torch.cat([parts[row] for row in rows]) for key, parts in self.by_row.items()}
         return {key: value for key, value in inputs.items() if value.shape[0] > 0}
+
+
+def _is_count_per_row(value: torch.Tensor, rows: int, images: int) -> bool:
+    """An input that counts each row's images (LLaVA-OneVision's `batch_num_images`)."""
+    return value.dim() == 1 and len(value) == rows and not value.is_floating_point() and int(value.sum()) == images
+
+
+def _tiles_per_row(
+    inputs: dict[str, torch.Tensor], images: int, image_tokens_per_row: list[int] | None
+) -> list[int] | None:
+    """Each row's tiles, where the processor cut images into tiles of a fixed number of image tokens each (InternVL,
+    Aya Vision): `pixel_values` holds more entries than there are images, as many per row as its tokens say."""
+    pixels = inputs.get("pixel_values")
+    if pixels is None or image_tokens_per_row is None or "image_grid_thw" in inputs or pixels.shape[0] == images:
+        return None
+    total_tiles, total_tokens = pixels.shape[0], sum(image_tokens_per_row)
+    if total_tokens == 0 or total_tokens % total_tiles:
+        return None
+    per_tile = total_tokens // total_tiles
+    if any(tokens % per_tile for tokens in image_tokens_per_row):
+        return None
+    return [tokens // per_tile for tokens in image_tokens_per_row]
 
 
 def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -169,7 +207,9 @@ def pack_vision_batch(
     image_inputs = {key: value for key, value in padded.items() if key not in TEXT_KEYS and key not in per_token}
     # A row's images are in the packed row when its sequence is laid out from its first token (not a shared branch)
     rows_with_images = [sequence for sequence, start in layout.sources if start == 0]
-    inputs = ImageUnits.of(image_inputs, images_per_row).of_rows(rows_with_images) if image_inputs else {}
+    image_tokens_per_row = (padded["input_ids"] == image_token_id).sum(-1).tolist()
+    units = ImageUnits.of(image_inputs, images_per_row, image_tokens_per_row) if image_inputs else None
+    inputs = units.of_rows(rows_with_images) if units is not None else {}
     length = row["input_ids"].shape[1]
     inputs |= {key: _packed_per_token(padded, key, layout, length) for key in per_token}
     row[IMAGE_INPUTS] = inputs
