@@ -79,6 +79,7 @@ from transformers import (
     LlavaOnevisionImageProcessorPil,
     LlavaOnevisionProcessor,
     LlavaProcessor,
+    PixtralImageProcessorPil,
     PreTrainedModel,
     ProcessorMixin,
     Qwen2_5_VLProcessor,
@@ -94,8 +95,8 @@ from trl_padfree.data import load_demo_tokenizer
 
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
-    "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "idefics2", "idefics3",
-    "smolvlm",
+    "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
+    "idefics3", "smolvlm",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -129,6 +130,7 @@ INTERNVL_TOKENS = {
     "context_image_token": "<IMG_CONTEXT>",
     "video_token": "<video>",
 }
+PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -147,6 +149,7 @@ IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
     "internvl": INTERNVL_TOKENS["context_image_token"],
     "aya_vision": "<image>",
+    "mistral3": PIXTRAL_TOKENS[0],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -203,6 +206,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = tuple(INTERNVL_TOKENS.values())
     elif model_type == "aya_vision":
         tokens = AYA_TOKENS
+    elif model_type == "mistral3":
+        tokens = PIXTRAL_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -365,6 +370,41 @@ def _tiles_processor(model_type, tokenizer, template, image_size=32, max_tiles=4
     )  # fmt: skip
 
 
+class StandInPixtralProcessor(ProcessorMixin):
+    """What `PixtralProcessor` (Mistral 3's) writes, where it cannot be imported: its module needs torchvision, absent
+    here. Same arguments, the same image processor, and the same tokens: an image's `[IMG]` placeholder becomes a row
+    of `[IMG]` per merged patch for each row of them, each row closed by `[IMG_BREAK]`, the last by `[IMG_END]`."""
+
+    def __init__(self, image_processor=None, tokenizer=None, patch_size=16, spatial_merge_size=1, chat_template=None):
+        super().__init__(image_processor, tokenizer, chat_template=chat_template)
+        self.patch_size, self.spatial_merge_size = patch_size, spatial_merge_size
+        self.image_token, self.image_break_token, self.image_end_token = PIXTRAL_TOKENS
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+
+    def _process_images(self, images, **images_kwargs):
+        # images resized to whole merged patches, as Pixtral's processor asks its image processor for
+        return super()._process_images(images, **images_kwargs, patch_size=self.patch_size * self.spatial_merge_size)
+
+    def replace_image_token(self, image_inputs: dict, image_idx: int, **kwargs) -> str:
+        token_pixels = self.patch_size * self.spatial_merge_size
+        height, width = (int(side) // token_pixels for side in image_inputs["image_sizes"][image_idx])
+        text = (self.image_token * width + self.image_break_token) * height
+        return text.removesuffix(self.image_break_token) + self.image_end_token
+
+
+def _pixtral_processor(model_type, tokenizer, template, longest_edge=64, patch_size=8):
+    """Images resized to fit `longest_edge` in whole 2 x 2 merged patches of `patch_size`; a token per merged patch.
+    transformers' `PixtralProcessor` where torchvision is installed, `StandInPixtralProcessor` otherwise."""
+    try:
+        from transformers.models.pixtral.processing_pixtral import PixtralProcessor as processor_class
+    except ImportError:
+        processor_class = StandInPixtralProcessor
+    image_processor = PixtralImageProcessorPil(size={"longest_edge": longest_edge}, patch_size=patch_size)
+    return processor_class(
+        image_processor, tokenizer, patch_size=patch_size, spatial_merge_size=2, chat_template=template
+    )
+
+
 def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq_len=4, do_image_splitting=False):
     """Images resized to `image_size` squares, `image_seq_len` tokens each; split into tiles of `image_size` (up to
     2 x 2, plus the whole image) only with `do_image_splitting`."""
@@ -391,6 +431,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(("llava", "vipllava"), _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
+    "mistral3": _pixtral_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -609,6 +650,19 @@ def _tiles_config(model_type, processor):
     )
 
 
+def _mistral3_config(model_type, processor):
+    """Mistral 3: a Pixtral tower over images of any size (2-D rotary positions), its patches merged 2 x 2."""
+    longest_edge = processor.image_processor.size["longest_edge"]
+    vision = dict(_VISION, image_size=longest_edge, patch_size=processor.patch_size, head_dim=16)
+    return dict(
+        text_config=dict(_TEXT, head_dim=_HEAD_DIM),
+        vision_config=vision,
+        image_token_index=processor.image_token_id,
+        spatial_merge_size=processor.spatial_merge_size,
+        vision_feature_layer=-1,
+    )
+
+
 def _idefics2_config(model_type, processor):
     """Idefics2: patch features resampled by a perceiver to the processor's `image_seq_len` latent tokens."""
     image_size = processor.image_processor.size["longest_edge"]
@@ -647,6 +701,7 @@ _CONFIG_BUILDERS = {
     "vipllava": _vipllava_config,
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_config),
     **dict.fromkeys(TILE_FAMILIES, _tiles_config),
+    "mistral3": _mistral3_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }
