@@ -50,7 +50,7 @@ from .kernels import branch_key, mixer_kernels, pytorch_fallback_kernels
 from .mixers import mixer_calls, mixer_classes, stateful_mixers
 from .packed_forward import PackedBatch, add_packed_forward
 from .vision import FAMILIES as IMAGE_FAMILIES
-from .vision import image_family, image_token_id
+from .vision import cross_attention_refusal, image_family, image_token_id
 from .vision_twin import remap_special_tokens, twin_geometry, twin_image_inputs
 
 logger = logging.getLogger(__name__)
@@ -542,6 +542,9 @@ def _measure(
             time.perf_counter() - start,
         )
 
+    cross_attention = cross_attention_refusal(config) if images else None
+    if cross_attention is not None:
+        return verdict(cross_attention)
     if images and image_family(model_type) is None:
         return verdict(
             "trl-padfree does not know how its processor lays out a batch's images, so it cannot check that they "

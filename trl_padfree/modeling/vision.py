@@ -48,10 +48,16 @@ FAMILIES = {
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
     "llava_next": ImageFamily("sized", None),  # any-resolution tiles, a base tile and a grid
+    "llava_next_video": ImageFamily("sized", None),  # its images as LLaVA-NeXT's
     "llava_onevision": ImageFamily("sized", None),
     "mistral3": ImageFamily("sized", None),  # Pixtral: images of any size, a token per 2 x 2 patches
+    "mistral_large4": ImageFamily("sized", None),
+    "lighton_ocr": ImageFamily("sized", None),
+    "lfm2_vl": ImageFamily("sized", None),  # SigLIP2's images of any size, flattened patches and their grid
     "internvl": ImageFamily("tiles", None),  # each image cut into tiles of a fixed number of tokens
     "aya_vision": ImageFamily("tiles", None),
+    "cohere2_vision": ImageFamily("tiles", None),
+    "llama4": ImageFamily("tiles", None),
     "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),
@@ -60,6 +66,18 @@ FAMILIES = {
 
 def image_family(model_type: str) -> ImageFamily | None:
     return FAMILIES.get(model_type)
+
+
+def cross_attention_refusal(config) -> str | None:
+    """Why a model whose images reach the language model through cross-attention (Mllama) cannot be packed."""
+    layers = getattr(config.get_text_config(), "cross_attention_layers", None)
+    if not layers:
+        return None
+    return (
+        f"its images reach the language model through cross-attention (layers {list(layers)}): there every token "
+        "attends to the images of its whole batch row, so packed sequences would read each other's images, and no "
+        "packed form of that attention is built; train it padded (padding_free=False)"
+    )
 
 
 def bidirectional_marks(model: torch.nn.Module | None, packed_batch: PackedBatch) -> torch.Tensor | None:

@@ -34,6 +34,10 @@ TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
 # Twin images of the sized layouts, in (rows, columns) of the vision tower's square input: any-resolution tiles
 # (LLaVA-NeXT), or 2 x 2 merged patches each (Mistral 3)
 TWIN_TILE_GRIDS = ((1, 1), (1, 2), (2, 1))
+# Patch grids (rows, columns) of SigLIP2's images of any size (LFM2-VL): 4, 2 and 2 tokens of 2 x 2 patches
+TWIN_PATCH_GRIDS = ((4, 4), (2, 4), (4, 2))
+# The any-resolution families: LLaVA-NeXT's base tile and grid of tiles
+ANYRES = ("llava_next", "llava_next_video", "llava_onevision")
 # Tiles per image of the tiles layout (InternVL, Aya Vision)
 TWIN_TILES = (1, 3, 2)
 
@@ -82,7 +86,7 @@ def twin_geometry(model_type: str, values: dict) -> None:
     elif model_type == "idefics2":  # 2 x 2 patches, resampled to 4 latent tokens as wide as the language model
         vision["image_size"] = 2 * vision["patch_size"]
         values["perceiver_config"].update(resampler_n_latents=4, hidden_size=hidden)
-    elif model_type in ("llava_next", "llava_onevision"):  # tiles of 2 x 2 patches, in grids of 1 x 1, 1 x 2, 2 x 1
+    elif model_type in ANYRES:  # tiles of 2 x 2 patches, in grids of 1 x 1, 1 x 2, 2 x 1
         side = vision["image_size"] = 2 * vision["patch_size"]
         values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
         if model_type == "llava_onevision":
@@ -90,9 +94,19 @@ def twin_geometry(model_type: str, values: dict) -> None:
     elif model_type == "internvl":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
         patch = vision["patch_size"][0]
         vision["image_size"], values["image_seq_length"] = [4 * patch, 4 * patch], 4
-    elif model_type == "aya_vision":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
+    elif model_type in ("aya_vision", "cohere2_vision"):  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
         vision["image_size"] = 4 * vision["patch_size"]
-    elif model_type == "mistral3":  # images of up to 8 x 8 patches, merged 2 x 2
+    elif model_type == "llama4":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
+        vision["image_size"] = 4 * vision["patch_size"]
+        vision["projector_input_dim"] = vision["projector_output_dim"] = vision["vision_output_dim"] = hidden
+        # its adapter reads the pixel-shuffled patches at the tower's intermediate width
+        vision["intermediate_size"] = round(vision["hidden_size"] / vision["pixel_shuffle_ratio"] ** 2)
+    elif model_type == "lfm2_vl":  # up to 4 x 4 patches (SigLIP2's NaFlex), 2 x 2 of them per token
+        vision["num_patches"], values["projector_hidden_size"] = (
+            max(rows * columns for rows, columns in TWIN_PATCH_GRIDS),
+            hidden,
+        )
+    elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
 
 
@@ -119,7 +133,6 @@ def twin_image_inputs(
         pixels = noise(int(grids.prod(-1).sum()), width)
         inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
         return inputs, (grids.prod(-1) // merge**2).tolist()
-    side, channels = _side(vision.image_size), getattr(vision, "num_channels", 3)
     if family.layout == "sized":
         inputs = _sized_images(config, images, noise)
         if config.model_type == "llava_onevision":  # a prompt of several images gets their base tiles only
@@ -128,6 +141,7 @@ def twin_image_inputs(
             features = twin.model.get_image_features(**inputs).pooler_output
         tokens = [len(image) for image in features]
         return {key: torch.cat([value, value]) for key, value in inputs.items()}, tokens
+    side, channels = _side(vision.image_size), getattr(vision, "num_channels", 3)
     if family.layout == "tiles":
         tiles = [TWIN_TILES[index % len(TWIN_TILES)] for index in range(images)]
         pixels = noise(sum(tiles), channels, side, side)
@@ -154,8 +168,16 @@ def _sized_images(config, images: int, noise) -> dict[str, torch.Tensor]:
     as a base tile and its any-resolution tiles (padded to the most tiles), Pixtral's padded to the largest image."""
     vision = config.vision_config
     grids = [TWIN_TILE_GRIDS[index % len(TWIN_TILE_GRIDS)] for index in range(images)]
-    side, channels = vision.image_size, getattr(vision, "num_channels", 3)
-    if config.model_type == "mistral3":  # each grid cell 2 x 2 merged patches
+    side, channels = getattr(vision, "image_size", None), getattr(vision, "num_channels", 3)
+    if config.model_type == "lfm2_vl":  # every image's patches flattened, padded to the most, with their grid
+        patch = vision.patch_size
+        shapes = torch.tensor([TWIN_PATCH_GRIDS[index % len(TWIN_PATCH_GRIDS)] for index in range(images)])
+        pixels = torch.zeros(images, vision.num_patches, channels * patch**2, dtype=torch.float64)
+        mask = torch.zeros(images, vision.num_patches, dtype=torch.long)
+        for image, patches in enumerate(shapes.prod(-1).tolist()):
+            pixels[image, :patches], mask[image, :patches] = noise(patches, channels * patch**2), 1
+        return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+    if vision.model_type == "pixtral":  # each grid cell 2 x 2 merged patches
         side = 2 * vision.patch_size * config.spatial_merge_size
         pixels = torch.zeros(images, channels, 2 * side, 2 * side, dtype=torch.float64)
         for image, (rows, columns) in enumerate(grids):
@@ -177,5 +199,7 @@ def _fixed_tokens(config) -> int:
     if getattr(config, "perceiver_config", None) is not None:  # Idefics2: a resampler's latents
         return config.perceiver_config.resampler_n_latents
     vision = config.vision_config
-    factor = getattr(config, "scale_factor", None) or getattr(config, "downsample_factor", None)  # pixel shuffle
+    # pixel shuffle: Idefics3's scale factor, Aya Vision's downsample factor, Llama 4's ratio
+    factor = getattr(config, "scale_factor", None) or getattr(config, "downsample_factor", None)
+    factor = factor or round(1 / vision.pixel_shuffle_ratio)
     return (_side(vision.image_size) // _side(vision.patch_size)) ** 2 // factor**2

@@ -112,6 +112,8 @@ def _tiles_per_row(
     pixels = inputs.get("pixel_values")
     if pixels is None or image_tokens_per_row is None or "image_grid_thw" in inputs or pixels.shape[0] == images:
         return None
+    if any(key != "pixel_values" and len(value) == len(pixels) for key, value in inputs.items()):
+        return None  # tiles of their own sizes (LFM2-VL's split images): their tokens differ, refused by the caller
     total_tiles, total_tokens = pixels.shape[0], sum(image_tokens_per_row)
     if total_tokens == 0 or total_tokens % total_tiles:
         return None
