@@ -258,13 +258,18 @@ def test_an_explicit_backend_is_not_second_guessed():
 
 @pytest.mark.parametrize(
     "model_type, model_class",
-    [("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"), ("qwen3_vl", "Qwen3VLForConditionalGeneration")],
+    [
+        ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+        ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        ("llava_next", "LlavaNextForConditionalGeneration"),
+        ("internvl", "InternVLForConditionalGeneration"),
+    ],
 )
 def test_models_check_gives_a_vision_language_config_its_verdict_on_image_pairs(
     model_type, model_class, tmp_path, capsys
 ):
-    """A saved Qwen-VL config, as a new user would pass it: checked as TRL's vision trainer loads it, on image pairs
-    (it used to be refused as 'not a causal LM')."""
+    """A saved vision-language config, as a new user would pass it: checked as TRL's vision trainer loads it, on image
+    pairs (Qwen-VL used to be refused as 'not a causal LM'; LLaVA-NeXT and InternVL were unchecked)."""
     AutoConfig.for_model(model_type).save_pretrained(tmp_path)
 
     assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
@@ -273,9 +278,8 @@ def test_models_check_gives_a_vision_language_config_its_verdict_on_image_pairs(
     assert model_class in output and "packs exactly" in output and "padding_free=True trains it" in output
 
 
-@pytest.mark.parametrize("model_type", ["llava_next", "internvl"])
-def test_models_check_calls_a_family_without_twin_images_unchecked_not_exact(model_type, tmp_path, capsys):
-    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+def test_models_check_calls_a_family_without_twin_images_unchecked_not_exact(tmp_path, capsys):
+    AutoConfig.for_model("paligemma").save_pretrained(tmp_path)
 
     assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
 
@@ -284,12 +288,21 @@ def test_models_check_calls_a_family_without_twin_images_unchecked_not_exact(mod
     assert "padding_free=True refuses it" in output
 
 
+def test_a_cross_attention_model_is_refused_with_the_reason_and_the_way_out(tmp_path, capsys):
+    AutoConfig.for_model("mllama").save_pretrained(tmp_path)
+
+    assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert "through cross-attention" in output and "padding_free=False" in output and "packs exactly" not in output
+
+
 def test_models_vision_sweep_lists_every_image_text_to_text_type(capsys):
-    types = ["qwen2_vl", "llava_next", "vision-encoder-decoder"]
+    types = ["qwen2_vl", "paligemma", "vision-encoder-decoder"]
     assert main(["models", "--vision", "--types", *types, "--backends", ATTN_IMPLEMENTATION]) == 0
 
     output = capsys.readouterr().out
     assert re.search(r"qwen2_vl\s+padfree_varlen=exact", output)
-    assert re.search(r"llava_next\s+padfree_varlen=unchecked", output)
+    assert re.search(r"paligemma\s+padfree_varlen=unchecked", output)
     assert re.search(r"vision-encoder-decoder\s+padfree_varlen=refused", output)
     assert {"qwen2_5_vl", "llava_next", "internvl", "mllama"} <= set(vision_language_types())

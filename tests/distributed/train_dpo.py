@@ -10,8 +10,8 @@ with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
 
 The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
 gives a process its slice of the same global batches the single process sees whole. With `--vision` the model folder
-holds a saved vision-language model and its processor (tests/tiny_vision.py's families whose processors save: gemma3,
-llava, idefics3), and the data is `tiny_vision.vision_preference_rows`, pairs with noise images.
+holds a saved vision-language model and, where it can be saved, its processor (else tests/tiny_vision.py builds it), and
+the data is `tiny_vision.vision_preference_rows`, pairs with noise images.
 
 `--model` is a saved model folder, or a folder of them: a run named `NAME:<options>` trains `<model>/NAME`, so one
 launch can train several architectures one after the other (the report keys are the run names as given).
@@ -230,7 +230,9 @@ def text_data(model: str, options: argparse.Namespace):
 
 
 def vision_data(model: str, options: argparse.Namespace):
-    """`--num-pairs` pairs with images from tests/tiny_vision.py for the model saved at `model`, and its processor."""
+    """`--num-pairs` pairs with images from tests/tiny_vision.py for the model saved at `model`, and its processor:
+    the one saved with it, or for a family whose processor here cannot be saved (no video processor, or a stand-in)
+    the same one built again."""
     from datasets import Dataset
     from transformers import AutoConfig, AutoProcessor
 
@@ -238,12 +240,15 @@ def vision_data(model: str, options: argparse.Namespace):
     tests = str(Path(__file__).resolve().parent.parent)
     if tests not in sys.path:
         sys.path.append(tests)
-    from tiny_vision import vision_preference_rows
+    from tiny_vision import make_vision_processor, vision_preference_rows
 
     model_type = AutoConfig.from_pretrained(model).model_type
     images_per_row = [int(count) for count in options.images_per_row.split(",")]
     rows = vision_preference_rows(model_type, options.num_pairs, images_per_row=images_per_row)
-    return Dataset.from_list(rows), AutoProcessor.from_pretrained(model)
+    saved = (Path(model) / "processor_config.json").exists() or (Path(model) / "preprocessor_config.json").exists()
+    return Dataset.from_list(rows), AutoProcessor.from_pretrained(model) if saved else make_vision_processor(
+        model_type
+    )
 
 
 class FirstStepGradients(TrainerCallback):
