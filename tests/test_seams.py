@@ -412,6 +412,24 @@ TRANSFORMERS_VISION = [
         )
         for family in QWEN_VL
     ),
+    *(
+        Seam(
+            "transformers",
+            f"transformers.models.{family}Model.get_image_features",
+            "called by the architecture check on a twin's images of different sizes, by keyword; `pooler_output` "
+            "holds each image's features, whose lengths are the image tokens the twin's sequences get",
+            "modeling/vision_twin.py",
+            keywords=("pixel_values", *size_inputs),
+        )
+        for family, size_inputs in (
+            ("llava_next.LlavaNext", ("image_sizes",)),
+            ("llava_next_video.LlavaNextVideo", ("image_sizes",)),
+            ("llava_onevision.LlavaOnevision", ("image_sizes", "batch_num_images")),
+            ("mistral3.Mistral3", ("image_sizes",)),
+            ("lighton_ocr.LightOnOcr", ("image_sizes",)),
+            ("lfm2_vl.Lfm2Vl", ("spatial_shapes", "pixel_attention_mask")),
+        )
+    ),
     Seam(
         "transformers",
         "transformers.PreTrainedModel.set_attn_implementation",

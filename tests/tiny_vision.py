@@ -5,7 +5,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
     rows = vision_preference_rows("qwen2_5_vl", 8)  # conversational pairs with noise images, for DPOTrainer
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
-glm46v, gemma3, llava, vipllava, idefics2, idefics3, smolvlm. Each
+glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
+smolvlm. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -23,6 +24,11 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     llava           pixel_values (4, 3, 32, 32)                           none
     idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
     smolvlm           (4, N, 32, 32), as Idefics3                         none
+    llava_next      pixel_values (I, 5, 3, 32, 32), image_sizes (I, 2)   none (a base tile and up to 2 x 2 tiles)
+    llava_onevision as LLaVA-NeXT, and batch_num_images (4,)              none
+    internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
+    aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
+    mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -30,6 +36,10 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     llava           image_token_index   yes                          16 <image>
     idefics3        image_token_id      yes                          <fake> <global-img> 4 x <image> <fake>
     smolvlm         image_token_id      yes                          as Idefics3 (12 or 20 <image> if split)
+    llava_next(_ov) image_token_index   yes                          16 per tile + a newline per row of tokens
+    internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
+    aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
+    mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -42,10 +52,12 @@ Departures from the real checkpoints, so that every parameter trains: LLaVA take
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
 
-Without torchvision there is no video processor: the Qwen-VL and SmolVLM processors here are subclasses that accept
-`video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
+Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
+here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
-with `save_strategy="no"`. The Gemma 3, LLaVA and Idefics3 processors are the stock classes and save and reload.
+with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
+`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
+processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ TRL's vision collator lays one out, which the check then packs as training packs
     LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
     Idefics2                    pixel_values, pixel_attention_mask (rows)      2 x 2 patches, 4 resampled latents
+    LLaVA-NeXT(-Video),         pixel_values of a base tile and 1 x 1, 1 x 2   tiles of 2 x 2 patches; tokens from
+    LLaVA-OneVision             or 2 x 1 tiles, image_sizes (sized)            the twin's get_image_features
+    Mistral 3, Mistral Large 3, pixel_values padded to the largest image,      up to 8 x 8 patches merged 2 x 2; tokens
+    LightOnOCR (Pixtral)        image_sizes (sized)                            from get_image_features
+    LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
+    InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
+    Command A Vision, Llama 4   (tiles)                                        to 4 tokens
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
