@@ -250,3 +250,23 @@ def test_token_budget_step_equals_padded_trl_on_the_same_pairs():
 def test_a_vision_pair_over_the_budget_is_refused_with_advice_that_keeps_its_images():
     with pytest.raises(ValueError, match=r"do not fit max_tokens_per_batch=40 .* shrink their images"):
         make_vision_trainer("gemma3", True, rows("gemma3", 4), max_tokens_per_batch=40)
+
+
+# ---- TRL's own test of vision-language DPO (tests/test_dpo_trainer.py, `test_train_vlm`), with the swap-in ----
+
+
+@pytest.mark.parametrize("model_type", ["llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3"])
+def test_trl_train_vlm_passes_with_the_swap_in_padding_free(model_type):
+    """TRL's `test_train_vlm` asks that training logs a loss and changes every parameter; it loads hub checkpoints
+    (trl-internal-testing/tiny-*), so here its assertions run on the local tiny families, through
+    `trl_padfree.DPOTrainer` with `padding_free=True` and TRL's default `max_steps` replaced by 2."""
+    trainer = make_vision_trainer(model_type, True, rows(model_type), max_steps=2, per_device_train_batch_size=2)
+    before = {name: param.detach().clone() for name, param in trainer.model.named_parameters() if param.requires_grad}
+
+    trainer.train()
+
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    unchanged = [
+        name for name, param in trainer.model.named_parameters() if name in before and param.equal(before[name])
+    ]
+    assert not unchanged
