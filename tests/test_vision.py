@@ -205,9 +205,10 @@ def test_precomputed_reference_log_probs_are_refused_by_trl():
         make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl", 4), precompute_ref_log_probs=True)
 
 
-def test_context_parallelism_is_refused_on_vision_language_rows():
-    with pytest.raises(ValueError, match="cannot split a vision-language row"):
-        make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl", 4), context_parallel_size=2)
+def test_context_parallelism_over_image_spans_attended_both_ways_is_refused_with_ulysses_as_the_way_out():
+    # Context parallelism on image rows is tested in test_vision_split_rows.py; Gemma 3's image spans are refused
+    with pytest.raises(ValueError, match="Context parallelism cannot split this vision-language row.*Ulysses"):
+        make_vision_trainer("gemma3", True, rows("gemma3", 4), context_parallel_size=2)
 
 
 # ---- token budget: pairs measured with their image tokens ----

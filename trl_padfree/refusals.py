@@ -550,16 +550,14 @@ def check_fsdp2_vision_lm_head(vision_language: bool, tied_lm_head: bool) -> Non
         )
 
 
-def check_split_rows_without_images(vision: bool, ulysses_size: int, context_size: int) -> None:
-    """Ulysses and context parallelism run each rank's chunk of the row from the embeddings on; a vision-language
-    model places its images' features and computes its positions on the whole row before that."""
-    if vision and (ulysses_size > 1 or context_size > 1):
+def check_split_image_spans(bidirectional_images: bool, context_parallel: bool) -> None:
+    """Context parallelism attends each rank's chunk to the gathered keys, causally within each sequence: an image
+    whose tokens attend to the whole image (Gemma 3) would need its later tokens, which may sit on another rank."""
+    if bidirectional_images and context_parallel:
         raise ValueError(
-            f"Sequence parallelism (sp_size={ulysses_size}) and context parallelism (context_parallel_size="
-            f"{context_size}) cannot split a vision-language row: each rank would run the language model on its chunk "
-            "of the row, while the model's vision tower places every image's features, and its position function "
-            "computes positions, on the whole row. Set sp_size=1 and context_parallel_size=1; prefix_sharing=True "
-            "shortens vision-language rows instead (each pair's prompt and images once)."
+            "Context parallelism cannot split this vision-language row: its image tokens attend to their whole image "
+            "both ways (Gemma 3), and the context-parallel attention is causal within each sequence. Use Ulysses "
+            "sequence parallelism instead (sp_size > 1, context_parallel_size=1), which attends over the whole row."
         )
 
 

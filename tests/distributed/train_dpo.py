@@ -314,12 +314,31 @@ class RowRecorder:
     def __init__(self, collator):
         self.collator = collator
         self.rows = []
+        self.image_spans = []  # per row, the (start, end) of each run of image tokens
 
     def __call__(self, examples):
         batch = self.collator(examples)
         if "cu_seq_lens_q" in batch:
             self.rows.append((batch["cu_seq_lens_q"].tolist(), batch["input_ids"].shape[1]))
+            image_token_id = getattr(self.collator, "image_token_id", None)
+            if image_token_id is None and hasattr(self.collator, "processor"):
+                from trl_padfree.packing.vision import image_token_id_of
+
+                image_token_id = image_token_id_of(self.collator.processor)
+            if image_token_id is not None:
+                flags = (batch["input_ids"][0] == image_token_id).tolist() + [False]
+                starts = [index for index, flag in enumerate(flags) if flag and (index == 0 or not flags[index - 1])]
+                ends = [index for index, flag in enumerate(flags) if not flag and index and flags[index - 1]]
+                self.image_spans.append(list(zip(starts, ends, strict=True)))
         return batch
+
+    def images_split(self, sp_size: int) -> int:
+        """How many images' token runs straddle a boundary between two ranks' chunks of their row."""
+        split = 0
+        for spans, (_, row_length) in zip(self.image_spans, self.rows, strict=False):
+            cuts = [row_length // sp_size * rank for rank in range(1, sp_size)]
+            split += sum(any(start < cut < end for cut in cuts) for start, end in spans)
+        return split
 
     def longest_over_chunk(self, sp_size: int) -> float:
         """The longest sequence of any row over the length of one rank's chunk of its row (> 1: it spans ranks)."""
@@ -431,6 +450,7 @@ def describe(trainer) -> dict:
         "sequence_parallel_size": sp_size,
         "context_parallel_size": cp_size,
         "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size * cp_size),
+        "images_split_across_ranks": trainer.data_collator.images_split(sp_size * cp_size),
         "longest_sequence_over_chunk": trainer.data_collator.longest_over_chunk(sp_size * cp_size),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
         "train_pairs": len(trainer.train_dataset),

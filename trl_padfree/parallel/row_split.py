@@ -21,13 +21,14 @@ from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
 from ..modeling.backends import EXACT_UNDER_ULYSSES
 from ..modeling.mixers import mixer_classes
 from ..modeling.packed_forward import PackedBatch
+from ..modeling.vision import bidirectional_marks, image_family, packed_position_ids
 from ..refusals import (
     check_context_parallel_attention,
     check_no_context_parallelism,
     check_prefix_sharing_without_sequence_parallel,
     check_processes_share_rows,
     check_sequence_parallel_engine,
-    check_split_rows_without_images,
+    check_split_image_spans,
     check_split_rows_without_moe_aux_loss,
     check_split_rows_without_stateful_mixers,
     check_ulysses_without_dropout,
@@ -64,9 +65,14 @@ class SplitRowRun:
         check_prefix_sharing_without_sequence_parallel(
             packed_batch.shared_prefix is not None, self.ulysses is not None
         )
-        model_kwargs = packed_batch.model_kwargs()
-        model_kwargs["input_ids"] = self.row.chunk(packed_batch.input_ids)
-        model_kwargs["position_ids"] = self.row.chunk(packed_batch.position_ids)
+        images = packed_batch.image_inputs is not None
+        if images:  # the model's own forward embeds the whole row; its language model runs this rank's chunk
+            marks = bidirectional_marks(module, packed_batch)  # Ulysses attends over the whole row: spans and all
+            model_kwargs = packed_batch.model_kwargs(packed_position_ids(module, packed_batch), marks)
+        else:
+            model_kwargs = packed_batch.model_kwargs()
+            model_kwargs["input_ids"] = self.row.chunk(packed_batch.input_ids)
+            model_kwargs["position_ids"] = self.row.chunk(packed_batch.position_ids)
         if kwargs.pop("labels", None) is not None:
             kwargs["shift_labels"] = self.row.chunk(packed_batch.shift_labels())
         if self.context is not None:  # carries prefix sharing's layout, localized to the chunk
@@ -78,8 +84,47 @@ class SplitRowRun:
             scopes.enter_context(row_in_flight(model_kwargs[PACKED_ROW_KWARG]))
             if self.ulysses is not None:
                 scopes.enter_context(ulysses_enabled(module))
+            if images:
+                scopes.enter_context(language_model_on_chunk(module, self.row, packed_batch.row_length))
             outputs = forward(**{**kwargs, **model_kwargs})
         return packed_batch.to_padded_outputs(_gathered_outputs(outputs, self.row, packed_batch.row_length))
+
+
+@contextlib.contextmanager
+def language_model_on_chunk(model: torch.nn.Module, row: RowGroup, row_length: int):
+    """Hand a vision-language model's language model this rank's chunk of what the model computed for the whole row:
+    its embeddings (every image's features already placed, the vision tower run on all of the row's images), its
+    positions (the model's own position function, on the whole row) and any other per-token input. The chunk's
+    gradient reaches the vision tower through the embeddings, summed over the row's ranks as the text's is."""
+
+    def chunk_inputs(module, args, kwargs):
+        if args:
+            raise TypeError("trl-padfree splits a language model's inputs by keyword; it was called positionally")
+        return args, chunked_language_model_inputs(kwargs, row, row_length)
+
+    hook = model.get_decoder().register_forward_pre_hook(chunk_inputs, with_kwargs=True)
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+def chunked_language_model_inputs(kwargs: dict, row: RowGroup, row_length: int) -> dict:
+    """`kwargs` of a language model call on the whole row, with every per-token input cut to `row`'s chunk."""
+    chunked = dict(kwargs)
+    chunked.pop("attention_mask", None)  # a mask of the whole row; the packed attention reads the row itself
+    for key, value in kwargs.items():
+        if key == "position_ids":  # (1, T), or (sections, 1, T) with a position function
+            chunked[key] = row.chunk(value.movedim(-1, 1)).movedim(1, -1)
+        elif key == "deepstack_visual_embeds" and value is not None:  # Qwen3-VL: features of the row's image tokens
+            image_tokens = kwargs["visual_pos_masks"][0]
+            length = row_length // row.size
+            mine = torch.zeros_like(image_tokens)
+            mine[row.rank * length : (row.rank + 1) * length] = True
+            chunked[key] = [features[mine[image_tokens]] for features in value]
+        elif isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (1, row_length):
+            chunked[key] = row.chunk(value)
+    return chunked
 
 
 def _gathered_outputs(outputs, group: RowGroup, row_length: int):
@@ -118,13 +163,14 @@ class RowSplit:
         context_size = getattr(args, "context_parallel_size", 1)
         if ulysses_size == 1 and context_size == 1:
             return None
-        check_split_rows_without_images(trainer.is_vision_dataset, ulysses_size, context_size)
         policy = accelerator.unwrap_model(trainer.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attention = attn_implementation(policy)
         if ulysses_size > 1:
             _check_ulysses(trainer, policy, attention, ulysses_size)
         if context_size > 1:
+            family = image_family(policy.config.model_type) if trainer.is_vision_dataset else None
+            check_split_image_spans(family is not None and family.bidirectional_images, True)
             check_processes_share_rows(context_size * ulysses_size, accelerator.num_processes)
             check_context_parallel_attention(attention)
             check_split_rows_without_moe_aux_loss(
@@ -133,6 +179,11 @@ class RowSplit:
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
         split = cls(accelerator, ulysses_size, None, None)
         if ulysses_size > 1:
+            if policy.config.get_text_config() is not policy.config:
+                # DeepSpeed checks the backend it wraps against the model's top-level config, which for a
+                # vision-language model names the vision tower's; Ulysses wraps the language model's (the tower runs
+                # whole images on every rank), so the top-level label names that one, the sub-configs unchanged
+                policy.config._attn_implementation = {"": attention}
             split._set_up_ulysses(attention)
         if context_size > 1:
             split.context, split.row = context_parallel_groups(context_size, ulysses_size)
