@@ -11,16 +11,18 @@ tower on all of the row's images, their features placed on the image tokens, the
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("deepspeed")
 
 from distributed_runs import assert_split_row_training, launch, train_in_this_process  # noqa: E402
-from tiny_vision import make_vision_model, make_vision_processor  # noqa: E402
+from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_model, make_vision_processor  # noqa: E402
 
 # Qwen2.5-VL: mRoPE positions from the whole row; Qwen3-VL: deepstack features added inside the language model;
 # LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3")
 CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl")
+VISION_TOWER_NAMES = (".visual.", ".vision_tower.")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
 IMAGES_PER_ROW = "3,2"
@@ -46,19 +48,51 @@ def vision_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single_process_padded(vision_models, tmp_path_factory):
-    output = tmp_path_factory.mktemp("single") / "report.json"
+    """TRL's padded trainer, one process; each run's first-step gradients in `<dir>/<run>.pt`."""
+    directory = tmp_path_factory.mktemp("single")
     runs = ",".join(f"{model_type}:trl" for model_type in FAMILIES)
-    reports = train_in_this_process(vision_models, output, "--runs", runs, *pairs(1), *VISION_OPTIONS)
-    return {model_type: reports[f"{model_type}:trl"] for model_type in FAMILIES}
+    options = ("--runs", runs, *pairs(1), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))
+    reports = train_in_this_process(vision_models, directory / "report.json", *options)
+    return {
+        model_type: reports[f"{model_type}:trl"] | {"grads": directory / f"{model_type}:trl.pt"}
+        for model_type in FAMILIES
+    }
 
 
 @pytest.fixture(scope="module")
 def context_parallel_runs(vision_models, tmp_path_factory):
-    output = tmp_path_factory.mktemp("cp") / "report.json"
+    """Every CONTEXT_PARALLEL family in the same two processes (plain data parallelism otherwise); each run's
+    first-step gradients, reduced over the row's ranks, in `<dir>/<run>.pt`."""
+    directory = tmp_path_factory.mktemp("cp")
     runs = ",".join(f"{model_type}:padding_free+cp" for model_type in CONTEXT_PARALLEL)
-    options = ("--runs", runs, "--cp-size", "2", *pairs(2), *VISION_OPTIONS)
-    reports = launch("multi_gpu.yaml", vision_models, output, *options)
-    return {model_type: reports[f"{model_type}:padding_free+cp"] for model_type in CONTEXT_PARALLEL}
+    options = (
+        "--runs",
+        runs,
+        "--cp-size",
+        "2",
+        *pairs(2),
+        *VISION_OPTIONS,
+        "--save-grads",
+        str(directory / "{run}.pt"),
+    )
+    reports = launch("multi_gpu.yaml", vision_models, directory / "report.json", *options)
+    return {
+        model_type: reports[f"{model_type}:padding_free+cp"]
+        | {"grads": directory / f"{model_type}:padding_free+cp.pt"}
+        for model_type in CONTEXT_PARALLEL
+    }
+
+
+def assert_same_gradients(path, expected_path) -> None:
+    """Every first-step gradient, the vision tower's included, within 1e-5 of the largest (the fp32 bound of
+    test_token_budget's two-process gradients)."""
+    grads, expected = torch.load(path), torch.load(expected_path)
+    assert grads.keys() == expected.keys()
+    vision = [name for name in expected if any(part in name for part in VISION_TOWER_NAMES)]
+    assert vision and all(expected[name].abs().max() > 0 for name in vision), "the vision tower got no gradient"
+    largest = max(grad.abs().max().item() for grad in expected.values())
+    for name, grad in expected.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5 * max(1.0, largest), rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("model_type", CONTEXT_PARALLEL)
@@ -68,6 +102,7 @@ def test_context_parallel_2_on_image_rows_equals_one_padded_process(
     report = context_parallel_runs[model_type]
     assert report["model_type"] == model_type and report["context_parallel_size"] == 2
     assert_split_row_training(report, single_process_padded[model_type])
+    assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
 
 
@@ -109,3 +144,95 @@ def test_ulysses_times_context_4_on_image_rows_equals_one_padded_process(
     assert report["sequence_parallel_size"] == 2 and report["context_parallel_size"] == 2
     assert_split_row_training(report, single_process_padded[model_type])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
+
+
+# Under the sharding engines, the reference offloaded: ZeRO-3 (Qwen2.5-VL) and FSDP2 (InternVL, its LM head tied)
+
+
+@pytest.mark.parametrize(
+    "config, model_type",
+    [("zero3_ref_offload.yaml", "qwen2_5_vl"), ("fsdp2.yaml", "internvl")],
+    ids=["zero3", "fsdp2"],
+)
+def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
+    vision_models, tmp_path_factory, single_process_padded, config, model_type
+):
+    directory = tmp_path_factory.mktemp(f"cp_{model_type}")
+    run = f"{model_type}:padding_free+cp+ref_offload"
+    options = (
+        "--runs",
+        run,
+        "--cp-size",
+        "2",
+        *pairs(2),
+        *VISION_OPTIONS,
+        "--save-grads",
+        str(directory / "{run}.pt"),
+    )
+    report = launch(config, vision_models, directory / "report.json", *options)[run]
+    if config.startswith("zero3"):
+        assert report["zero_stage"] == 3 and report["policy_sharded"] and report["reference"]["offloaded"]
+    else:
+        assert report["policy_fsdp"]["sharded"] and report["reference_fsdp"]["cpu_offload"]
+        # FSDP2 gathers each gradient's shards (ZeRO-3 keeps them partitioned: its grad_norm is compared instead)
+        assert_same_gradients(directory / f"{run}.pt", single_process_padded[model_type]["grads"])
+    assert_split_row_training(report, single_process_padded[model_type])
+    assert report["images_split_across_ranks"] > 0
+
+
+# Every family tests/tiny_vision.py packs (`-m slow`): context parallelism in one launch, Ulysses and both together in
+# a launch per family
+
+# Refused, with the way out (refusals.py): Gemma 3's image spans under context parallelism; Qwen3.5's gated delta-net
+# layers carry state along the row, which a chunk would cut; a MoE router loss over a split row (as for text models)
+SPLIT_FAMILIES = tuple(family for family in VISION_FAMILIES if family not in (*MOE_FAMILIES, "qwen3_5"))
+REFUSED_UNDER_CONTEXT = ("gemma3",)
+
+
+@pytest.fixture(scope="module")
+def every_family(tmp_path_factory):
+    """Every family's model (and its processor, where it saves), with one padded process's training on each."""
+    directory = tmp_path_factory.mktemp("every_family")
+    for model_type in SPLIT_FAMILIES:
+        processor = make_vision_processor(model_type)
+        make_vision_model(model_type, processor).save_pretrained(directory / model_type)
+        if reloads(processor, directory / "scratch" / model_type):  # else rebuilt by the launched script
+            processor.save_pretrained(directory / model_type)
+    runs = ",".join(f"{model_type}:trl" for model_type in SPLIT_FAMILIES)
+    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(1), *VISION_OPTIONS)
+    return directory, {model_type: reports[f"{model_type}:trl"] for model_type in SPLIT_FAMILIES}
+
+
+def reloads(processor, directory) -> bool:
+    """Whether `processor` saves and `AutoProcessor` loads it back as itself (not so without a video processor, or
+    for a stand-in, whose folder AutoProcessor reads as a tokenizer)."""
+    from transformers import AutoProcessor
+
+    try:
+        processor.save_pretrained(directory)
+    except AttributeError:
+        return False
+    return type(AutoProcessor.from_pretrained(directory)) is type(processor)
+
+
+@pytest.mark.slow
+def test_context_parallel_2_on_every_family(every_family):
+    directory, single = every_family
+    families = [family for family in SPLIT_FAMILIES if family not in REFUSED_UNDER_CONTEXT]
+    runs = ",".join(f"{model_type}:padding_free+cp" for model_type in families)
+    reports = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", runs, "--cp-size", "2", *pairs(2),
+                     *VISION_OPTIONS)  # fmt: skip
+    for model_type in families:
+        assert_split_row_training(reports[f"{model_type}:padding_free+cp"], single[model_type])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", SPLIT_FAMILIES)
+def test_ulysses_2_and_ulysses_times_context_4_on_every_family(every_family, tmp_path_factory, model_type):
+    directory, single = every_family
+    assert_split_row_training(
+        launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+sp"), single[model_type]
+    )
+    if model_type not in REFUSED_UNDER_CONTEXT:
+        report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp", 4, "--cp-size", "2")
+        assert_split_row_training(report, single[model_type])
