@@ -598,6 +598,7 @@ def test_tiny_config_fits_and_json_schema(tmp_path):
         "reference_gpu",
         "activations_gpu",
         "context_parallel_gpu",
+        "vision_gpu",
         "reserve_gpu",
         "gpu_total",
         "gpu_memory",
@@ -651,3 +652,47 @@ def test_bad_plan_arguments_are_one_line_errors(args, expected, capsys):
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in stderr, stderr
     assert expected in lines[0]
+
+
+# A vision-language model's row: the vision tower encodes all of the row's images on every GPU that shares it
+
+QWEN2_5_VL_7B = dict(
+    model_type="qwen2_5_vl",
+    text_config=dict(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, vocab_size=152064,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[16, 24, 24]),
+    ),
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584),
+)  # fmt: skip
+
+
+def test_a_vision_language_row_counts_its_vision_tower_on_every_gpu_of_the_row(tmp_path):
+    from transformers import AutoConfig
+
+    values = dict(QWEN2_5_VL_7B)
+    AutoConfig.for_model(values.pop("model_type"), **values).save_pretrained(tmp_path)
+    shape = load_model_shape(str(tmp_path))
+    assert (shape.vision_layers, shape.vision_hidden_size, shape.vision_patches_per_token) == (32, 1280, 4)
+    assert 8.2e9 < shape.total_params < 8.4e9  # the language model and the vision tower (Qwen2.5-VL-7B: 8.29B)
+    text_only = estimate(shape, Setup(tokens=65536, context_parallel_size=8))
+    with_images = estimate(shape, Setup(tokens=65536, context_parallel_size=8, image_tokens=40000))
+    # 160000 patches (2 x 2 per image token), each GPU all of them: checkpointed inputs, one block recomputed
+    patches, b, h = 160000, 2, 1280
+    assert with_images.vision_gpu > 32 * b * h * patches  # 13 GiB of block inputs alone
+    assert with_images.activations_gpu == text_only.activations_gpu + with_images.vision_gpu
+    # Not divided by the GPUs that share the row
+    alone = estimate(shape, Setup(tokens=65536, image_tokens=40000))
+    assert alone.vision_gpu == with_images.vision_gpu
+    assert estimate(shape, Setup(tokens=65536)).vision_gpu == 0
+
+
+def test_the_report_names_the_vision_tower(tmp_path, capsys):
+    from transformers import AutoConfig
+
+    values = dict(QWEN2_5_VL_7B)
+    AutoConfig.for_model(values.pop("model_type"), **values).save_pretrained(tmp_path)
+    assert (
+        main(["plan", str(tmp_path), "--tokens", "65536", "--context-parallel", "8", "--image-tokens", "40000"]) == 0
+    )
+    assert "of which the vision tower, all 40000 image tokens of the row" in capsys.readouterr().out

@@ -87,6 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "row's keys and values; N must divide the number of GPUs (default: 1, none)",
     )
     parser.add_argument(
+        "--image-tokens",
+        type=count,
+        default=0,
+        metavar="N",
+        help="of the row's tokens, those a vision-language model's images take: the vision tower encodes all of "
+        "them on every GPU that shares the row (default: 0)",
+    )
+    parser.add_argument(
         "--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True, help="default: on"
     )
     parser.add_argument(
@@ -131,6 +139,7 @@ def run(options: argparse.Namespace) -> int:
         reference=options.reference,
         tokens=options.tokens,
         context_parallel_size=options.context_parallel,
+        image_tokens=options.image_tokens,
         activation_checkpointing=options.activation_checkpointing,
         reserve=options.reserve,
         cpu_memory=options.cpu_memory,

@@ -53,6 +53,7 @@ class Setup:
     reference: str = "gpu"  # "gpu", "offload" (ref_offload=True) or "precompute" (precompute_ref_log_probs=True)
     tokens: int = 8192  # per micro-batch: chosen + rejected of all pairs, packed in one row
     context_parallel_size: int = 1  # GPUs sharing each row (context_parallel_size): each runs tokens / this many
+    image_tokens: int = 0  # of the row's tokens, those a vision-language model's images take
     activation_checkpointing: bool = True
     reserve: int = DEFAULT_RESERVE
     cpu_memory: int | None = None  # per node; None: not checked
@@ -255,7 +256,26 @@ def activation_memory(shape: ModelShape, setup: Setup) -> int | None:
         layers = (shape.num_layers + 1) * layer
     logits_tile = b * min(tokens, LOGITS_TILE_TOKENS) * min(shape.vocab_size, LOGITS_TILE_VOCAB)
     head = (4 + 2 * b) * h * tokens + logits_tile + 4 * h * tokens + (4 + b) * shape.vocab_size * h
-    return layers + head
+    return layers + head + vision_activation_memory(shape, setup)
+
+
+def vision_activation_memory(shape: ModelShape, setup: Setup) -> int:
+    """The vision tower's share of `activation_memory`: every GPU of a row encodes all of the row's images
+    (parallel/row_split.py), so its patches are not divided by the GPUs sharing the row. The decoder layer's formula on
+    the tower's width, over P = image tokens x patches per token (a LayerNorm tower without a gate is counted as gated,
+    the upper bound); 0 for a text model or a row without images."""
+    if shape.vision_layers is None or not setup.image_tokens:
+        return 0
+    b, h = BYTES_PER_PARAM[setup.precision], shape.vision_hidden_size
+    patches = setup.image_tokens * shape.vision_patches_per_token
+    tower = ModelShape(
+        "vision tower", 0, None, num_layers=shape.vision_layers, hidden_size=h,
+        intermediate_size=shape.vision_intermediate_size, q_dim=h, kv_dim=h,
+    )  # fmt: skip
+    layer = layer_activation_bytes_per_token(tower, setup.precision) * patches
+    if setup.activation_checkpointing:
+        return shape.vision_layers * b * h * patches + 2 * layer
+    return (shape.vision_layers + 1) * layer
 
 
 @dataclass
@@ -266,6 +286,7 @@ class Estimate:
     reference_gpu: int
     activations_gpu: int | None  # None: not estimated, counted as 0
     context_parallel_gpu: int | None  # the whole row's K/V buffers; 0 without context parallelism, None: not estimated
+    vision_gpu: int  # of the activations, the vision tower's (every GPU of the row encodes all its images)
     reserve_gpu: int
     gpu_total: int
     gpu_memory: int
@@ -294,6 +315,7 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
         reference_gpu=reference_gpu,
         activations_gpu=activations,
         context_parallel_gpu=row_buffers,
+        vision_gpu=vision_activation_memory(shape, setup) if activations is not None else 0,
         reserve_gpu=setup.reserve,
         gpu_total=gpu_total,
         gpu_memory=setup.gpu_memory,

@@ -124,6 +124,14 @@ def memory_table(setup: Setup, result: Estimate) -> list[str]:
         (f"  reference model ({labels['reference']})", gib(result.reference_gpu), ""),
         (f"  activations of {tokens} ({activations})", gib(result.activations_gpu), ""),
     ]
+    if setup.image_tokens:
+        rows.append(
+            (
+                f"    of which the vision tower, all {setup.image_tokens} image tokens of the row",
+                gib(result.vision_gpu),
+                "",
+            )
+        )
     if setup.context_parallel_size > 1:
         buffers = "not estimated" if result.context_parallel_gpu is None else "estimate"
         rows.append(

@@ -36,6 +36,12 @@ class ModelShape:
     non_layer_params: int | None = None  # everything outside them: embeddings, final norm, LM head
     input_embedding_params: int | None = None
     tied_embeddings: bool = False  # the LM head is the input embedding's weight
+    # A vision-language model's vision tower: its blocks and width, and the patches it encodes per image token (a
+    # Qwen-VL merges 2 x 2 patches into one); None for a text model
+    vision_layers: int | None = None
+    vision_hidden_size: int | None = None
+    vision_intermediate_size: int | None = None
+    vision_patches_per_token: int = 1
 
     @property
     def no_activations_reason(self) -> str | None:
@@ -71,12 +77,16 @@ def load_model_shape(model: str, largest_layer_params: int | None = None) -> Mod
 
 
 def shape_of_config(name: str, config) -> ModelShape:
-    """Count the parameters of `config`'s causal LM exactly, built on the meta device: no memory, no weights."""
-    from transformers import AutoModelForCausalLM
+    """Count the parameters of `config`'s causal LM (a vision-language model's image-text-to-text model, vision tower
+    included) exactly, built on the meta device: no memory, no weights."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from ..modeling.vision import is_vision_language
+
+    auto_class = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = auto_class.from_config(config)
     except ValueError as error:
         raise ValueError(f"{name}: cannot build a causal LM from its config ({error}).") from error
     return shape_of_model(name, model)
@@ -98,6 +108,7 @@ def shape_of_model(name: str, model: torch.nn.Module) -> ModelShape:
     mlp = getattr(layers[0], "mlp", None) if len(layers) else None
     layer_units = [sum(p.numel() for p in unit.parameters()) for unit in fsdp_layer_units(model)]
     input_embedding, output_embedding = model.get_input_embeddings(), model.get_output_embeddings()
+    vision = getattr(model.config, "vision_config", None)
     return ModelShape(
         name=name,
         total_params=total_params,
@@ -116,6 +127,21 @@ def shape_of_model(name: str, model: torch.nn.Module) -> ModelShape:
         non_layer_params=total_params - sum(layer_units) if layer_units else None,
         input_embedding_params=sum(p.numel() for p in input_embedding.parameters()),
         tied_embeddings=output_embedding is not None and output_embedding.weight is input_embedding.weight,
+        **(_vision_shape(vision) if vision is not None else {}),
+    )
+
+
+def _vision_shape(vision) -> dict:
+    """A vision tower's blocks, width and patches per image token, read from its config (the names differ by family:
+    `depth` or `num_hidden_layers`, `embed_dim` or `hidden_size`, Qwen-VL's `spatial_merge_size`)."""
+    hidden = getattr(vision, "embed_dim", None) or vision.hidden_size
+    intermediate = getattr(vision, "intermediate_size", None) or int(getattr(vision, "mlp_ratio", 4) * hidden)
+    merge = getattr(vision, "spatial_merge_size", None) or 1
+    return dict(
+        vision_layers=getattr(vision, "depth", None) or vision.num_hidden_layers,
+        vision_hidden_size=hidden,
+        vision_intermediate_size=intermediate,
+        vision_patches_per_token=merge**2,
     )
 
 
