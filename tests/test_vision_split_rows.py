@@ -23,6 +23,7 @@ from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_model, make_v
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3")
 CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl")
 VISION_TOWER_NAMES = (".visual.", ".vision_tower.")
+SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 PAIRS_PER_PROCESS = 2
 STEPS = 3
 IMAGES_PER_ROW = "3,2"
@@ -64,23 +65,12 @@ def context_parallel_runs(vision_models, tmp_path_factory):
     """Every CONTEXT_PARALLEL family in the same two processes (plain data parallelism otherwise); each run's
     first-step gradients, reduced over the row's ranks, in `<dir>/<run>.pt`."""
     directory = tmp_path_factory.mktemp("cp")
-    runs = ",".join(f"{model_type}:padding_free+cp" for model_type in CONTEXT_PARALLEL)
-    options = (
-        "--runs",
-        runs,
-        "--cp-size",
-        "2",
-        *pairs(2),
-        *VISION_OPTIONS,
-        "--save-grads",
-        str(directory / "{run}.pt"),
-    )
-    reports = launch("multi_gpu.yaml", vision_models, directory / "report.json", *options)
-    return {
-        model_type: reports[f"{model_type}:padding_free+cp"]
-        | {"grads": directory / f"{model_type}:padding_free+cp.pt"}
-        for model_type in CONTEXT_PARALLEL
-    }
+    runs = [f"{model_type}:padding_free+cp" for model_type in CONTEXT_PARALLEL]
+    runs += [f"{model_type}:padding_free+cp+prefix_sharing" for model_type in SHARED_UNDER_CONTEXT]
+    options = ("--runs", ",".join(runs), "--cp-size", "2", *pairs(2), *VISION_OPTIONS)
+    reports = launch("multi_gpu.yaml", vision_models, directory / "report.json", *options, "--save-grads",
+                     str(directory / "{run}.pt"))  # fmt: skip
+    return {run: reports[run] | {"grads": directory / f"{run}.pt"} for run in runs}
 
 
 def assert_same_gradients(path, expected_path) -> None:
@@ -99,7 +89,7 @@ def assert_same_gradients(path, expected_path) -> None:
 def test_context_parallel_2_on_image_rows_equals_one_padded_process(
     context_parallel_runs, single_process_padded, model_type
 ):
-    report = context_parallel_runs[model_type]
+    report = context_parallel_runs[f"{model_type}:padding_free+cp"]
     assert report["model_type"] == model_type and report["context_parallel_size"] == 2
     assert_split_row_training(report, single_process_padded[model_type])
     assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
@@ -144,6 +134,17 @@ def test_ulysses_times_context_4_on_image_rows_equals_one_padded_process(
     assert report["sequence_parallel_size"] == 2 and report["context_parallel_size"] == 2
     assert_split_row_training(report, single_process_padded[model_type])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
+
+
+@pytest.mark.parametrize("model_type", SHARED_UNDER_CONTEXT)
+def test_context_parallel_2_with_prefix_sharing_on_image_rows_equals_one_padded_process(
+    context_parallel_runs, single_process_padded, model_type
+):
+    report = context_parallel_runs[f"{model_type}:padding_free+cp+prefix_sharing"]
+    assert all(metrics["padfree/shared_tokens"] > 0 for metrics in report["metrics"])
+    assert all(m["padfree/images_encoded"] < m["padfree/images_padded"] for m in report["metrics"])
+    assert_split_row_training(report, single_process_padded[model_type])
+    assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
 
 
 # Under the sharding engines, the reference offloaded: ZeRO-3 (Qwen2.5-VL) and FSDP2 (InternVL, its LM head tied)
