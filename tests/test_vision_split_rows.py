@@ -22,7 +22,7 @@ from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_model, make_v
 # LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3")
 CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl")
-VISION_TOWER_NAMES = (".visual.", ".vision_tower.")
+VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 PAIRS_PER_PROCESS = 2
 STEPS = 3
@@ -200,7 +200,8 @@ def every_family(tmp_path_factory):
         if reloads(processor, directory / "scratch" / model_type):  # else rebuilt by the launched script
             processor.save_pretrained(directory / model_type)
     runs = ",".join(f"{model_type}:trl" for model_type in SPLIT_FAMILIES)
-    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(1), *VISION_OPTIONS)
+    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(1), *VISION_OPTIONS,
+                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     return directory, {model_type: reports[f"{model_type}:trl"] for model_type in SPLIT_FAMILIES}
 
 
@@ -217,14 +218,16 @@ def reloads(processor, directory) -> bool:
 
 
 @pytest.mark.slow
-def test_context_parallel_2_on_every_family(every_family):
+def test_context_parallel_2_on_every_family_with_and_without_prefix_sharing(every_family):
     directory, single = every_family
     families = [family for family in SPLIT_FAMILIES if family not in REFUSED_UNDER_CONTEXT]
-    runs = ",".join(f"{model_type}:padding_free+cp" for model_type in families)
-    reports = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", runs, "--cp-size", "2", *pairs(2),
-                     *VISION_OPTIONS)  # fmt: skip
-    for model_type in families:
-        assert_split_row_training(reports[f"{model_type}:padding_free+cp"], single[model_type])
+    runs = [f"{model_type}:padding_free+cp{sharing}" for model_type in families for sharing in ("", "+prefix_sharing")]
+    reports = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", ",".join(runs), "--cp-size", "2",
+                     *pairs(2), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+    for run in runs:
+        model_type = run.split(":")[0]
+        assert_split_row_training(reports[run], single[model_type])
+        assert_same_gradients(directory / f"{run}.pt", directory / f"{model_type}:trl.pt")
 
 
 @pytest.mark.slow
