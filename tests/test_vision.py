@@ -271,3 +271,38 @@ def test_trl_train_vlm_passes_with_the_swap_in_padding_free(model_type):
         name for name, param in trainer.model.named_parameters() if name in before and param.equal(before[name])
     ]
     assert not unchanged
+
+
+# ---- a split row's language model inputs (parallel/row_split.py; the multi-process runs: test_vision_split_rows.py) ----
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_the_language_model_gets_its_chunk_of_every_per_token_input(rank):
+    from trl_padfree.parallel.groups import RowGroup
+    from trl_padfree.parallel.row_split import chunked_language_model_inputs
+
+    row_length, width, ranks = 12, 4, 3
+    image_tokens = torch.tensor([[0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0]], dtype=torch.bool)  # runs cross both cuts
+    features = torch.arange(int(image_tokens.sum()))[:, None].float().expand(-1, width)
+    kwargs = {
+        "inputs_embeds": torch.randn(1, row_length, width),
+        "position_ids": torch.arange(3 * row_length).view(3, 1, row_length),  # a position function's sections
+        "attention_mask": torch.ones(1, 1, row_length, row_length),
+        "visual_pos_masks": image_tokens,
+        "deepstack_visual_embeds": [features, 2 * features],
+        "cu_seq_lens_q": torch.tensor([0, 5, 12], dtype=torch.int32),
+    }
+
+    chunk = chunked_language_model_inputs(kwargs, RowGroup(None, rank, ranks), row_length)
+
+    mine = slice(4 * rank, 4 * rank + 4)
+    assert torch.equal(chunk["inputs_embeds"], kwargs["inputs_embeds"][:, mine])
+    assert torch.equal(chunk["position_ids"], kwargs["position_ids"][..., mine])
+    assert torch.equal(chunk["visual_pos_masks"], image_tokens[:, mine])
+    assert "attention_mask" not in chunk  # the whole row's: the packed attention reads the row itself
+    assert torch.equal(chunk["cu_seq_lens_q"], kwargs["cu_seq_lens_q"])  # the row's boundaries stay whole
+    # The deepstack features of the chunk's image tokens, in order
+    before = int(image_tokens[0, : mine.start].sum())
+    count = int(image_tokens[0, mine].sum())
+    for scale, chunked in zip((1, 2), chunk["deepstack_visual_embeds"], strict=True):
+        torch.testing.assert_close(chunked, scale * features[before : before + count])
