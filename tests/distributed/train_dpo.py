@@ -332,6 +332,17 @@ class RowRecorder:
                 self.image_spans.append(list(zip(starts, ends, strict=True)))
         return batch
 
+    def rows_with_images_on_one_rank(self, sp_size: int) -> int:
+        """How many rows with images hold all of them in one rank's chunk (the other ranks place no image)."""
+        count = 0
+        for spans, (_, row_length) in zip(self.image_spans, self.rows, strict=False):
+            chunk = row_length // sp_size
+            count += (
+                bool(spans)
+                and len({start // chunk for start, _ in spans} | {(end - 1) // chunk for _, end in spans}) == 1
+            )
+        return count
+
     def images_split(self, sp_size: int) -> int:
         """How many images' token runs straddle a boundary between two ranks' chunks of their row."""
         split = 0
@@ -451,6 +462,7 @@ def describe(trainer) -> dict:
         "context_parallel_size": cp_size,
         "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size * cp_size),
         "images_split_across_ranks": trainer.data_collator.images_split(sp_size * cp_size),
+        "rows_with_images_on_one_rank": trainer.data_collator.rows_with_images_on_one_rank(sp_size * cp_size),
         "longest_sequence_over_chunk": trainer.data_collator.longest_over_chunk(sp_size * cp_size),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
         "train_pairs": len(trainer.train_dataset),
