@@ -105,8 +105,11 @@ def test_context_parallel_2_on_image_rows_equals_one_padded_process(
 
 def launch_ulysses(vision_models, tmp_path_factory, model_type: str, run: str, processes: int = 2, *options) -> dict:
     """One run in its own `accelerate launch`: DeepSpeed sets sequence parallelism up once per process."""
-    output = tmp_path_factory.mktemp(f"{model_type}_{run}") / "report.json"
-    arguments = ("--runs", f"{model_type}:{run}", "--sp-size", "2", *pairs(processes), *VISION_OPTIONS, *options)
+    directory = tmp_path_factory.mktemp(f"{model_type}_{run}")
+    output = directory / "report.json"
+    # --save-grads turns gradient clipping off (train_dpo.py), as in the padded runs it is compared with
+    arguments = ("--runs", f"{model_type}:{run}", "--sp-size", "2", *pairs(processes), *VISION_OPTIONS, *options,
+                 "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     return launch("zero3.yaml", vision_models, output, *arguments, processes=processes)[f"{model_type}:{run}"]
 
 
