@@ -60,6 +60,7 @@ RUN_OPTIONS = (
     "eval",
     "prefix_sharing",
     "aux",
+    "no_aux",
     "bf16_weights",
     "cp",
     "bf16_sums",
@@ -81,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "with '+', optionally after 'NAME:' to train the model <model>/NAME ('trl': TRL's own trainer, padded; "
         "'padded': this package's trainer with padding_free=False, TRL's with its fused LM head's lookups fixed; "
         "'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model every step, half way; 'sp': "
-        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'bf16_weights': load in bfloat16; 'bf16_sums': fp32_log_probs=False, TRL's own precision; 'fp32_head': "
+        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'no_aux': router_aux_loss_coef=0; 'bf16_weights': load in bfloat16; 'bf16_sums': fp32_log_probs=False, TRL's own precision; 'fp32_head': "
         "cast_lm_head_to_fp32=True)",
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
@@ -164,6 +165,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra |= {"sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
     if "aux" in flags:
         extra["router_aux_loss_coef"] = AUX_LOSS_COEF
+    if "no_aux" in flags:  # a MoE model trained without its router loss (the way out where a split row refuses it)
+        extra["router_aux_loss_coef"] = 0.0
     if "bf16_sums" in flags:
         extra["fp32_log_probs"] = False
     if "fp32_head" in flags:
