@@ -48,6 +48,13 @@ def set_language_model_attention(model, attn_implementation: str) -> None:
         model.set_attn_implementation({text_key: attn_implementation})
 
 
+def label_top_level_attention(config, attn_implementation: str) -> None:
+    """Name `attn_implementation` on a multimodal config's top level only, its sub-configs (the towers, the language
+    model) keeping theirs: DeepSpeed's Ulysses checks the backend it wraps against the top-level name, which for a
+    vision-language model otherwise names the vision tower's."""
+    config._attn_implementation = {"": attn_implementation}
+
+
 def set_config_implementations(config, attn_implementation: str, experts_implementation: str | None = None) -> None:
     """Set a config's attention backend (and its experts backend, where the config has one) before a model is built
     from it."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import is_peft_model
 
-from ..integrations.transformers import attn_implementation
+from ..integrations.transformers import attn_implementation, label_top_level_attention
 from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
 from ..modeling.backends import EXACT_UNDER_ULYSSES
 from ..modeling.mixers import mixer_classes
@@ -180,10 +180,8 @@ class RowSplit:
         split = cls(accelerator, ulysses_size, None, None)
         if ulysses_size > 1:
             if policy.config.get_text_config() is not policy.config:
-                # DeepSpeed checks the backend it wraps against the model's top-level config, which for a
-                # vision-language model names the vision tower's; Ulysses wraps the language model's (the tower runs
-                # whole images on every rank), so the top-level label names that one, the sub-configs unchanged
-                policy.config._attn_implementation = {"": attention}
+                # Ulysses wraps the language model's attention (the vision tower runs whole images on every rank)
+                label_top_level_attention(policy.config, attention)
             split._set_up_ulysses(attention)
         if context_size > 1:
             split.context, split.row = context_parallel_groups(context_size, ulysses_size)
