@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from distributed_runs import assert_same_training, launch, train_in_this_process  # noqa: E402
-from tiny_vision import make_vision_model, make_vision_processor  # noqa: E402
+from tiny_vision import save_vision_models  # noqa: E402
 
 FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision")
 TILE_FAMILIES = ("internvl", "aya_vision")
@@ -53,11 +53,7 @@ FSDP2_GEMMA3_RUNS = {
 def vision_models(tmp_path_factory):
     """One folder per family, `<dir>/<family>`, holding the model and its processor, for runs named `FAMILY:...`."""
     directory = tmp_path_factory.mktemp("vision_models")
-    for model_type in FAMILIES:
-        processor = make_vision_processor(model_type)
-        make_vision_model(model_type, processor).save_pretrained(directory / model_type)
-        if model_type != "internvl":  # its processor here has no video processor and cannot save: rebuilt instead
-            processor.save_pretrained(directory / model_type)
+    save_vision_models(directory, FAMILIES)
     return directory
 
 

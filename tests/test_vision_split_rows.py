@@ -23,7 +23,7 @@ from distributed_runs import (  # noqa: E402
     launch,
     train_in_this_process,
 )
-from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_model, make_vision_processor  # noqa: E402
+from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, save_vision_models  # noqa: E402
 
 # Qwen2.5-VL: mRoPE positions from the whole row; Qwen3-VL: deepstack features added inside the language model;
 # LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
@@ -37,7 +37,7 @@ IMAGES_PER_ROW = "3,2"
 VISION_OPTIONS = ("--vision", "--images-per-row", IMAGES_PER_ROW, "--steps", str(STEPS), "--max-length", "1024")  # fmt: skip
 
 
-def pairs(processes: int) -> tuple[str, ...]:
+def pairs() -> tuple[str, ...]:
     """The same dataset for every run (the sampler's order depends on its size), whole batches for up to 4 processes:
     one row of `PAIRS_PER_PROCESS` pairs per step, each step one of the row's ranks' micro-batches."""
     return ("--num-pairs", str(PAIRS_PER_PROCESS * 8), "--batch-size", str(PAIRS_PER_PROCESS))
@@ -46,11 +46,7 @@ def pairs(processes: int) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def vision_models(tmp_path_factory):
     directory = tmp_path_factory.mktemp("vision_models")
-    for model_type in FAMILIES:
-        processor = make_vision_processor(model_type)
-        make_vision_model(model_type, processor).save_pretrained(directory / model_type)
-        if model_type in ("llava_next", "gemma3"):  # the others' processors here cannot save: rebuilt instead
-            processor.save_pretrained(directory / model_type)
+    save_vision_models(directory, FAMILIES)
     return directory
 
 
@@ -59,7 +55,7 @@ def single_process_padded(vision_models, tmp_path_factory):
     """TRL's padded trainer, one process; each run's first-step gradients in `<dir>/<run>.pt`."""
     directory = tmp_path_factory.mktemp("single")
     runs = ",".join(f"{model_type}:trl" for model_type in FAMILIES)
-    options = ("--runs", runs, *pairs(1), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))
+    options = ("--runs", runs, *pairs(), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))
     reports = train_in_this_process(vision_models, directory / "report.json", *options)
     return {
         model_type: reports[f"{model_type}:trl"] | {"grads": directory / f"{model_type}:trl.pt"}
@@ -74,7 +70,7 @@ def context_parallel_runs(vision_models, tmp_path_factory):
     directory = tmp_path_factory.mktemp("cp")
     runs = [f"{model_type}:padding_free+cp" for model_type in CONTEXT_PARALLEL]
     runs += [f"{model_type}:padding_free+cp+prefix_sharing" for model_type in SHARED_UNDER_CONTEXT]
-    options = ("--runs", ",".join(runs), "--cp-size", "2", *pairs(2), *VISION_OPTIONS)
+    options = ("--runs", ",".join(runs), "--cp-size", "2", *pairs(), *VISION_OPTIONS)
     reports = launch("multi_gpu.yaml", vision_models, directory / "report.json", *options, "--save-grads",
                      str(directory / "{run}.pt"))  # fmt: skip
     return {run: reports[run] | {"grads": directory / f"{run}.pt"} for run in runs}
@@ -108,7 +104,7 @@ def launch_ulysses(vision_models, tmp_path_factory, model_type: str, run: str, p
     directory = tmp_path_factory.mktemp(f"{model_type}_{run}")
     output = directory / "report.json"
     # --save-grads turns gradient clipping off (train_dpo.py), as in the padded runs it is compared with
-    arguments = ("--runs", f"{model_type}:{run}", "--sp-size", "2", *pairs(processes), *VISION_OPTIONS, *options,
+    arguments = ("--runs", f"{model_type}:{run}", "--sp-size", "2", *pairs(), *VISION_OPTIONS, *options,
                  "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     return launch("zero3.yaml", vision_models, output, *arguments, processes=processes)[f"{model_type}:{run}"]
 
@@ -162,7 +158,7 @@ def test_context_parallel_2_with_accumulation_and_a_row_whose_images_sit_on_one_
     # prompt, laid out once, so its images sit in rank 0's chunk; two micro-batches accumulated per step
     directory = tmp_path_factory.mktemp("cp_accumulation")
     run = "qwen2_5_vl:padding_free+cp+prefix_sharing"
-    options = (*pairs(2), "--vision", "--images-per-row", "1,0", "--steps", "2", "--grad-accum", "2")
+    options = (*pairs(), "--vision", "--images-per-row", "1,0", "--steps", "2", "--grad-accum", "2")
     single = train_in_this_process(vision_models, directory / "single.json", "--runs", "qwen2_5_vl:trl", *options)
     report = launch("multi_gpu.yaml", vision_models, directory / "cp.json", "--runs", run, "--cp-size", "2", *options)
     assert report[run]["rows_with_images_on_one_rank"] > 0, "every row had images on both ranks: nothing was tested"
@@ -190,7 +186,7 @@ def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
         run,
         "--cp-size",
         "2",
-        *pairs(2),
+        *pairs(),
         *VISION_OPTIONS,
         "--save-grads",
         str(directory / "{run}.pt"),
@@ -219,27 +215,11 @@ REFUSED_UNDER_CONTEXT = ("gemma3",)
 def every_family(tmp_path_factory):
     """Every family's model (and its processor, where it saves), with one padded process's training on each."""
     directory = tmp_path_factory.mktemp("every_family")
-    for model_type in SPLIT_FAMILIES:
-        processor = make_vision_processor(model_type)
-        make_vision_model(model_type, processor).save_pretrained(directory / model_type)
-        if reloads(processor, directory / "scratch" / model_type):  # else rebuilt by the launched script
-            processor.save_pretrained(directory / model_type)
+    save_vision_models(directory, SPLIT_FAMILIES)
     runs = ",".join(f"{model_type}:trl" for model_type in SPLIT_FAMILIES)
-    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(1), *VISION_OPTIONS,
+    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
                                     "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     return directory, {model_type: reports[f"{model_type}:trl"] for model_type in SPLIT_FAMILIES}
-
-
-def reloads(processor, directory) -> bool:
-    """Whether `processor` saves and `AutoProcessor` loads it back as itself (not so without a video processor, or
-    for a stand-in, whose folder AutoProcessor reads as a tokenizer)."""
-    from transformers import AutoProcessor
-
-    try:
-        processor.save_pretrained(directory)
-    except AttributeError:
-        return False
-    return type(AutoProcessor.from_pretrained(directory)) is type(processor)
 
 
 @pytest.mark.slow
@@ -248,7 +228,7 @@ def test_context_parallel_2_on_every_family_with_and_without_prefix_sharing(ever
     families = [family for family in SPLIT_FAMILIES if family not in REFUSED_UNDER_CONTEXT]
     runs = [f"{model_type}:padding_free+cp{sharing}" for model_type in families for sharing in ("", "+prefix_sharing")]
     reports = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", ",".join(runs), "--cp-size", "2",
-                     *pairs(2), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+                     *pairs(), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     for run in runs:
         model_type = run.split(":")[0]
         assert_split_row_training(reports[run], single[model_type])
@@ -276,13 +256,12 @@ def test_moe_families_without_their_router_loss_split_by_context(tmp_path_factor
     # in loading state_dict", before any packing), and under ZeRO-2 the first step's grad_norm differed (not yet
     # investigated)
     directory = tmp_path_factory.mktemp("moe")
-    for model_type in MOE_WITHOUT_ROUTER_LOSS:
-        make_vision_model(model_type, make_vision_processor(model_type)).save_pretrained(directory / model_type)
+    save_vision_models(directory, MOE_WITHOUT_ROUTER_LOSS)
     runs = ",".join(f"{model_type}:trl+no_aux" for model_type in MOE_WITHOUT_ROUTER_LOSS)
-    single = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(1), *VISION_OPTIONS,
+    single = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     runs = ",".join(f"{model_type}:padding_free+cp+no_aux" for model_type in MOE_WITHOUT_ROUTER_LOSS)
-    split = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", runs, "--cp-size", "2", *pairs(2),
+    split = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", runs, "--cp-size", "2", *pairs(),
                    *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     for model_type in MOE_WITHOUT_ROUTER_LOSS:
         run = f"{model_type}:padding_free+cp+no_aux"

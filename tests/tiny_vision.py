@@ -756,6 +756,27 @@ def make_vision_model(
     return model
 
 
+def save_vision_models(directory, families) -> None:
+    """Each family's model in `<directory>/<family>`, with its processor where it saves and `AutoProcessor` loads it back
+    as itself (not so without a video processor, or for a stand-in, whose folder AutoProcessor reads as a tokenizer):
+    tests/distributed/train_dpo.py builds the others again."""
+    from pathlib import Path
+
+    from transformers import AutoProcessor
+
+    directory = Path(directory)
+    for model_type in families:
+        processor = make_vision_processor(model_type)
+        make_vision_model(model_type, processor).save_pretrained(directory / model_type)
+        scratch = directory / "processors" / model_type
+        try:
+            processor.save_pretrained(scratch)
+        except AttributeError:  # no video processor here
+            continue
+        if type(AutoProcessor.from_pretrained(scratch)) is type(processor):
+            processor.save_pretrained(directory / model_type)
+
+
 # --- Data ---------------------------------------------------------------------------------------------------------
 
 # Sizes (height, width) that give Qwen 1 to 12 image tokens, and odd aspect ratios to the square-resizing families
