@@ -22,7 +22,7 @@ from distributed_runs import (  # noqa: E402
 
 from trl_padfree.modeling.backends import EXACT_UNDER_ULYSSES  # noqa: E402
 from trl_padfree.parallel.ulysses import check_ulysses_model  # noqa: E402
-from trl_padfree.refusals import check_ulysses_without_dropout  # noqa: E402
+from trl_padfree.refusals import check_sequence_parallel_engine, check_ulysses_without_dropout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = 2  # per micro-batch: with sequence parallelism every rank of the group shares it
@@ -125,6 +125,17 @@ def test_sequence_parallel_refuses_head_counts_not_divisible():
 def test_sequence_parallel_refuses_attention_dropout():
     with pytest.raises(ValueError, match="attention dropout must be 0"):
         check_sequence_parallel(tiny_config(attention_dropout=0.1), "padfree_varlen", 2)
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_sequence_parallel_refuses_zero_below_3(zero_stage):
+    # Under ZeRO-1/2 (deepspeed 0.19.8) the step applied 2x the gradient at sp_size 2: an SGD run without clipping
+    # left one padded process at its second step, and grad_norm was exactly 2x (docs/sequence-parallel.md)
+    with pytest.raises(
+        ValueError, match=f"needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero stage {zero_stage}"
+    ):
+        check_sequence_parallel_engine(2, deepspeed=True, padding_free=True, zero_stage=zero_stage)
+    check_sequence_parallel_engine(2, deepspeed=True, padding_free=True, zero_stage=3)
 
 
 def test_sequence_parallel_accepts_packing_aware_attention():

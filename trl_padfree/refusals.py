@@ -446,12 +446,22 @@ def check_prefix_sharing_without_sequence_parallel(prefix_sharing: bool, sequenc
         )
 
 
-def check_sequence_parallel_engine(sp_size: int, deepspeed: bool, padding_free: bool) -> None:
+def check_sequence_parallel_engine(sp_size: int, deepspeed: bool, padding_free: bool, zero_stage: int | None) -> None:
+    """Ulysses runs under DeepSpeed ZeRO-3 only. Under ZeRO-1 and ZeRO-2 (deepspeed 0.19.8) the step applies sp_size
+    times the gradient, and logs and clips sp_size times its norm (docs/sequence-parallel.md, measured): refused."""
     if not deepspeed:
         raise ValueError(
             f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses, not under FSDP or plain data "
             "parallelism: launch with a DeepSpeed config, e.g. `accelerate launch --config_file "
             "recipes/accelerate_configs/zero3_sp2.yaml ...`. ZeRO-3 shards the policy as FSDP2 does (docs/fsdp.md)."
+        )
+    if zero_stage != 3:
+        raise ValueError(
+            f"Sequence parallelism (sp_size={sp_size}) needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero "
+            f"stage {zero_stage}: under ZeRO-1 and ZeRO-2 the optimizer step applies sp_size times the gradient "
+            "(docs/sequence-parallel.md). Set `zero_stage: 3` in the accelerate config (e.g. "
+            "recipes/accelerate_configs/zero3_sp2.yaml), or split rows with context_parallel_size instead, which "
+            "works under any engine."
         )
     if not padding_free:
         raise ValueError(

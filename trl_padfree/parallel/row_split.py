@@ -220,11 +220,13 @@ class RowSplit:
     def mark(self, packed_batch: PackedBatch) -> None:
         """Tell a training micro-batch's row how it is split (the packed forward hands the run to it)."""
         ulysses = active_group(self.accelerator)
-        packed_batch.split = SplitRowRun(self.row or ulysses, ulysses, self.context)
+        packed_batch.split = SplitRowRun(self.row or ulysses, ulysses, self.context, self.deal_images, self.image_rows)
 
 
 def _check_ulysses(trainer, policy, attention: str, size: int) -> None:
-    check_sequence_parallel_engine(size, trainer.is_deepspeed_enabled, trainer.padding_free_enabled)
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    zero_stage = None if plugin is None else plugin.zero_stage
+    check_sequence_parallel_engine(size, trainer.is_deepspeed_enabled, trainer.padding_free_enabled, zero_stage)
     attention_dropout = getattr(policy.config.get_text_config(), "attention_dropout", 0.0)
     check_ulysses_without_dropout(trainer.args.disable_dropout, attention_dropout)
     check_split_rows_without_moe_aux_loss("Sequence parallelism", "sp_size=1", trainer.aux_loss_enabled)
