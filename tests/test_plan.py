@@ -667,7 +667,7 @@ QWEN2_5_VL_7B = dict(
 )  # fmt: skip
 
 
-def test_a_vision_language_row_counts_its_vision_tower_on_every_gpu_of_the_row(tmp_path):
+def test_a_vision_language_row_counts_each_gpus_share_of_the_vision_tower(tmp_path):
     from transformers import AutoConfig
 
     values = dict(QWEN2_5_VL_7B)
@@ -676,14 +676,16 @@ def test_a_vision_language_row_counts_its_vision_tower_on_every_gpu_of_the_row(t
     assert (shape.vision_layers, shape.vision_hidden_size, shape.vision_patches_per_token) == (32, 1280, 4)
     assert 8.2e9 < shape.total_params < 8.4e9  # the language model and the vision tower (Qwen2.5-VL-7B: 8.29B)
     text_only = estimate(shape, Setup(tokens=65536, context_parallel_size=8))
-    with_images = estimate(shape, Setup(tokens=65536, context_parallel_size=8, image_tokens=40000))
+    whole = estimate(shape, Setup(tokens=65536, context_parallel_size=8, image_tokens=40000, deal_images=False))
     # 160000 patches (2 x 2 per image token), each GPU all of them: checkpointed inputs, one block recomputed
     patches, b, h = 160000, 2, 1280
-    assert with_images.vision_gpu > 32 * b * h * patches  # 13 GiB of block inputs alone
-    assert with_images.activations_gpu == text_only.activations_gpu + with_images.vision_gpu
-    # Not divided by the GPUs that share the row
-    alone = estimate(shape, Setup(tokens=65536, image_tokens=40000))
-    assert alone.vision_gpu == with_images.vision_gpu
+    assert whole.vision_gpu > 32 * b * h * patches  # 13 GiB of block inputs alone
+    assert whole.activations_gpu == text_only.activations_gpu + whole.vision_gpu
+    assert estimate(shape, Setup(tokens=65536, image_tokens=40000)).vision_gpu == whole.vision_gpu  # one GPU: all
+    # Dealt (the default): each of the 8 GPUs encodes 5000 of the image tokens, 1/8 of the tower's activations
+    dealt = estimate(shape, Setup(tokens=65536, context_parallel_size=8, image_tokens=40000))
+    assert dealt.vision_gpu == estimate(shape, Setup(tokens=65536, image_tokens=5000)).vision_gpu
+    assert dealt.vision_gpu == pytest.approx(whole.vision_gpu / 8, rel=1e-6)
     assert estimate(shape, Setup(tokens=65536)).vision_gpu == 0
 
 
@@ -695,4 +697,9 @@ def test_the_report_names_the_vision_tower(tmp_path, capsys):
     assert (
         main(["plan", str(tmp_path), "--tokens", "65536", "--context-parallel", "8", "--image-tokens", "40000"]) == 0
     )
+    assert "of which the vision tower, its share of the row's images: 5000 of 40000 image tokens" in (
+        capsys.readouterr().out
+    )
+    arguments = ["plan", str(tmp_path), "--tokens", "65536", "--context-parallel", "8", "--image-tokens", "40000"]
+    assert main([*arguments, "--whole-images"]) == 0
     assert "of which the vision tower, all 40000 image tokens of the row" in capsys.readouterr().out

@@ -430,6 +430,43 @@ TRANSFORMERS_VISION = [
             ("lfm2_vl.Lfm2Vl", ("spatial_shapes", "pixel_attention_mask")),
         )
     ),
+    *(
+        Seam(
+            "transformers",
+            f"transformers.models.{family}Model.forward",
+            "encodes the batch's images with one `self.get_image_features(...)` call, which image_shares.py replaces "
+            "on the instance to encode a rank's share and gather every rank's features, and places the output's "
+            "`pooler_output` (and Qwen3-VL's `deepstack_features`) on the image tokens",
+            "parallel/image_shares.py",
+            source={
+                f"transformers.models.{family}Model.forward": (
+                    "self.get_image_features(",
+                    'mm_encoder_outputs["image"].pooler_output',
+                    *(['mm_encoder_outputs["image"].deepstack_features'] if family.startswith("qwen3") else []),
+                )
+            },
+        )
+        for family in (
+            "qwen2_vl.Qwen2VL",
+            "qwen2_5_vl.Qwen2_5_VL",
+            "qwen3_vl.Qwen3VL",
+            "qwen3_vl_moe.Qwen3VLMoe",
+            "glm4v.Glm4v",
+            "glm4v_moe.Glm4vMoe",
+            "glm46v.Glm46V",
+            "gemma3.Gemma3",
+            "llava.Llava",
+            "vipllava.VipLlava",
+            "llava_next.LlavaNext",
+            "llava_onevision.LlavaOnevision",
+            "internvl.InternVL",
+            "aya_vision.AyaVision",
+            "mistral3.Mistral3",
+            "idefics2.Idefics2",
+            "idefics3.Idefics3",
+            "smolvlm.SmolVLM",
+        )  # fmt: skip
+    ),
     Seam(
         "transformers",
         "transformers.PreTrainedModel.set_attn_implementation",

@@ -31,6 +31,7 @@ FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3")
 CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl")
 VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
+WHOLE_IMAGES = "qwen3_vl"  # deal_images=False: every rank runs the vision tower on all of the row's images
 PAIRS_PER_PROCESS = 2
 STEPS = 3
 IMAGES_PER_ROW = "3,2"
@@ -70,6 +71,7 @@ def context_parallel_runs(vision_models, tmp_path_factory):
     directory = tmp_path_factory.mktemp("cp")
     runs = [f"{model_type}:padding_free+cp" for model_type in CONTEXT_PARALLEL]
     runs += [f"{model_type}:padding_free+cp+prefix_sharing" for model_type in SHARED_UNDER_CONTEXT]
+    runs += [f"{WHOLE_IMAGES}:padding_free+cp+whole_images"]
     options = ("--runs", ",".join(runs), "--cp-size", "2", *pairs(), *VISION_OPTIONS)
     reports = launch("multi_gpu.yaml", vision_models, directory / "report.json", *options, "--save-grads",
                      str(directory / "{run}.pt"))  # fmt: skip
@@ -88,6 +90,13 @@ def assert_same_gradients(path, expected_path) -> None:
         torch.testing.assert_close(grads[name], grad, atol=1e-5 * max(1.0, largest), rtol=0, msg=name)
 
 
+def assert_images_dealt(report: dict) -> None:
+    """Every training row's vision tower ran on each rank's share of its images (parallel/image_shares.py): the rows
+    here hold more sequences with images than they have ranks."""
+    rows = report["vision_tower_rows"]
+    assert rows["dealt"] > 0 and rows["whole"] == 0, rows
+
+
 @pytest.mark.parametrize("model_type", CONTEXT_PARALLEL)
 def test_context_parallel_2_on_image_rows_equals_one_padded_process(
     context_parallel_runs, single_process_padded, model_type
@@ -97,6 +106,15 @@ def test_context_parallel_2_on_image_rows_equals_one_padded_process(
     assert_split_row_training(report, single_process_padded[model_type])
     assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
+    assert_images_dealt(report)
+
+
+def test_context_parallel_2_with_every_rank_encoding_every_image(context_parallel_runs, single_process_padded):
+    # deal_images=False: the vision tower on all of the row's images on every rank, the other exact way
+    report = context_parallel_runs[f"{WHOLE_IMAGES}:padding_free+cp+whole_images"]
+    assert report["vision_tower_rows"]["dealt"] == 0 and report["vision_tower_rows"]["whole"] > 0
+    assert_split_row_training(report, single_process_padded[WHOLE_IMAGES])
+    assert_same_gradients(report["grads"], single_process_padded[WHOLE_IMAGES]["grads"])
 
 
 def launch_ulysses(vision_models, tmp_path_factory, model_type: str, run: str, processes: int = 2, *options) -> dict:
@@ -126,6 +144,7 @@ def test_ulysses_2_on_image_rows_equals_one_padded_process(
     assert report["zero_stage"] == 3 and report["policy_sharded"]
     assert_split_row_training(report, single_process_padded[model_type])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
+    assert_images_dealt(report)
 
 
 BOTH = ("qwen2_5_vl", "llava_next")
@@ -140,6 +159,7 @@ def test_ulysses_times_context_4_on_image_rows_equals_one_padded_process(
     assert report["sequence_parallel_size"] == 2 and report["context_parallel_size"] == 2
     assert_split_row_training(report, single_process_padded[model_type])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
+    assert_images_dealt(report)
 
 
 @pytest.mark.parametrize("model_type", SHARED_UNDER_CONTEXT)
@@ -151,6 +171,7 @@ def test_context_parallel_2_with_prefix_sharing_on_image_rows_equals_one_padded_
     assert all(m["padfree/images_encoded"] < m["padfree/images_padded"] for m in report["metrics"])
     assert_split_row_training(report, single_process_padded[model_type])
     assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
+    assert_images_dealt(report)  # each pair's images once, in its chosen sequence: 2 sequences with images a row
 
 
 def test_context_parallel_2_with_accumulation_and_a_row_whose_images_sit_on_one_rank(vision_models, tmp_path_factory):
@@ -162,6 +183,8 @@ def test_context_parallel_2_with_accumulation_and_a_row_whose_images_sit_on_one_
     single = train_in_this_process(vision_models, directory / "single.json", "--runs", "qwen2_5_vl:trl", *options)
     report = launch("multi_gpu.yaml", vision_models, directory / "cp.json", "--runs", run, "--cp-size", "2", *options)
     assert report[run]["rows_with_images_on_one_rank"] > 0, "every row had images on both ranks: nothing was tested"
+    # one sequence with images to a row, for two ranks: each encodes it (image_shares.py deals none)
+    assert report[run]["vision_tower_rows"]["whole"] > 0
     # (assert_split_row_training's token count is per micro-batch; here two make a step)
     assert report[run]["sequences_split_across_ranks"] > 0
     assert report[run]["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
@@ -200,6 +223,7 @@ def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
         assert_same_gradients(directory / f"{run}.pt", single_process_padded[model_type]["grads"])
     assert_split_row_training(report, single_process_padded[model_type])
     assert report["images_split_across_ranks"] > 0
+    assert_images_dealt(report)  # every rank calls the sharded vision tower, on its share
 
 
 # Every family tests/tiny_vision.py packs (`-m slow`): context parallelism in one launch, Ulysses and both together in
@@ -233,37 +257,60 @@ def test_context_parallel_2_on_every_family_with_and_without_prefix_sharing(ever
         model_type = run.split(":")[0]
         assert_split_row_training(reports[run], single[model_type])
         assert_same_gradients(directory / f"{run}.pt", directory / f"{model_type}:trl.pt")
+        assert_images_dealt(reports[run])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", SPLIT_FAMILIES)
 def test_ulysses_2_and_ulysses_times_context_4_on_every_family(every_family, tmp_path_factory, model_type):
     directory, single = every_family
-    assert_split_row_training(
-        launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+sp"), single[model_type]
-    )
+    report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+sp")
+    assert_split_row_training(report, single[model_type])
+    assert_images_dealt(report)
     if model_type not in REFUSED_UNDER_CONTEXT:
         report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp", 4, "--cp-size", "2")
         assert_split_row_training(report, single[model_type])
+        assert_images_dealt(report)
 
 
 MOE_WITHOUT_ROUTER_LOSS = ("qwen3_vl_moe", "glm4v_moe")  # a router loss over a split row is refused; without it
 
 
-@pytest.mark.slow
-def test_moe_families_without_their_router_loss_split_by_context(tmp_path_factory):
-    # Ulysses is not tested on them: DeepSpeed's zero.Init fails to load the saved Qwen3-VL-MoE under ZeRO-3 ("Error(s)
-    # in loading state_dict", before any packing), and under ZeRO-2 the first step's grad_norm differed (not yet
-    # investigated)
+@pytest.fixture(scope="module")
+def moe_families(tmp_path_factory):
+    """The MoE families (Qwen3-VL-MoE's checkpoint in the hub's layout, tiny_vision.save_experts_in_hub_layout, which
+    DeepSpeed's zero.Init loads), with one padded process's training on each, without the router loss."""
     directory = tmp_path_factory.mktemp("moe")
     save_vision_models(directory, MOE_WITHOUT_ROUTER_LOSS)
     runs = ",".join(f"{model_type}:trl+no_aux" for model_type in MOE_WITHOUT_ROUTER_LOSS)
     single = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+    return directory, {model_type: single[f"{model_type}:trl+no_aux"] for model_type in MOE_WITHOUT_ROUTER_LOSS}
+
+
+@pytest.mark.slow
+def test_moe_families_without_their_router_loss_split_by_context(moe_families):
+    directory, single = moe_families
     runs = ",".join(f"{model_type}:padding_free+cp+no_aux" for model_type in MOE_WITHOUT_ROUTER_LOSS)
     split = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", runs, "--cp-size", "2", *pairs(),
                    *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     for model_type in MOE_WITHOUT_ROUTER_LOSS:
         run = f"{model_type}:padding_free+cp+no_aux"
-        assert_split_row_training(split[run], single[f"{model_type}:trl+no_aux"])
+        assert_split_row_training(split[run], single[model_type])
         assert_same_gradients(directory / f"{run}.pt", directory / f"{model_type}:trl+no_aux.pt")
+        assert_images_dealt(split[run])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", MOE_WITHOUT_ROUTER_LOSS)
+def test_moe_families_without_their_router_loss_under_ulysses_and_ulysses_times_context(
+    moe_families, tmp_path_factory, model_type
+):
+    directory, single = moe_families
+    report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+sp+no_aux")
+    assert report["zero_stage"] == 3 and report["policy_sharded"]
+    assert_split_row_training(report, single[model_type])
+    assert_images_dealt(report)
+    report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp+no_aux", 4, "--cp-size", "2")
+    assert_split_row_training(report, single[model_type])
+    assert_images_dealt(report)

@@ -500,7 +500,8 @@ def _qwen_config(model_type, processor):
         text.update(head_dim=_HEAD_DIM)
         vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])  # a 4 x 4 grid of learned positions
     if model_type == "qwen3_vl_moe":
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+        # experts narrower than the model: a checkpoint in the hub's layout is transposed on load (save_vision_models)
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1)
     if model_type == "qwen3_5_moe":
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
     if model_type.startswith("qwen3_5"):  # a gated delta-net layer, then a gated attention layer
@@ -768,6 +769,8 @@ def save_vision_models(directory, families) -> None:
     for model_type in families:
         processor = make_vision_processor(model_type)
         make_vision_model(model_type, processor).save_pretrained(directory / model_type)
+        if model_type == "qwen3_vl_moe":
+            save_experts_in_hub_layout(directory / model_type)
         scratch = directory / "processors" / model_type
         try:
             processor.save_pretrained(scratch)
@@ -775,6 +778,20 @@ def save_vision_models(directory, families) -> None:
             continue
         if type(AutoProcessor.from_pretrained(scratch)) is type(processor):
             processor.save_pretrained(directory / model_type)
+
+
+def save_experts_in_hub_layout(model_dir) -> None:
+    """Rewrite a saved Qwen3-VL-MoE's expert weights as the hub's checkpoints hold them, (experts, in, out), which
+    transformers transposes on load. Saved in its own layout, the checkpoint loads under DeepSpeed ZeRO-3's zero.Init
+    with a size error (transformers 5.23-5.24 compares the partitioned parameter's empty shape, so it always transposes;
+    docs/sequence-parallel.md), as a user's own saved Qwen3-VL-MoE would."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    for name in [name for name in tensors if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 # --- Data ---------------------------------------------------------------------------------------------------------

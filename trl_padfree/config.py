@@ -113,6 +113,14 @@ class DPOConfig(trl.DPOConfig):
             `sequence_parallel_size=S` too, S x N consecutive ranks share a row: Ulysses splits the heads S ways,
             context parallelism the rest. docs/sequence-parallel.md.
 
+        deal_images (`bool`, *optional*, defaults to `True`):
+            With rows split over processes (`sequence_parallel_size` or `context_parallel_size` above 1) on a
+            vision-language model: each process of a row runs the vision tower on its share of the row's images (a
+            contiguous run of its sequences, balanced by image tokens) and the features are all-gathered,
+            differentiably (trl_padfree/parallel/image_shares.py). `False`: every process runs it on all of the row's
+            images. Both are exact; dealing divides the vision tower's time and activations by the processes of a
+            row. docs/vision-language.md.
+
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
             to pinned CPU memory (`offload_param: {device: cpu, pin_memory: true}`), whatever the policy's offload
@@ -180,6 +188,13 @@ class DPOConfig(trl.DPOConfig):
         metadata={
             "help": "All-gather context parallelism: split each packed row over this many processes, every "
             "attention head on every process (needs padding_free=True and the padfree_varlen attention)."
+        },
+    )
+    deal_images: bool = field(
+        default=True,
+        metadata={
+            "help": "With rows split over processes: each runs the vision tower on its share of the row's images, "
+            "the features all-gathered (False: every process runs it on all of them)."
         },
     )
     sequence_parallel_size: int = field(

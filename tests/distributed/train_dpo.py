@@ -66,6 +66,8 @@ RUN_OPTIONS = (
     "bf16_sums",
     "fp32_head",
     "balanced",
+    "sgd",
+    "whole_images",
 )
 # The 'aux' option's router_aux_loss_coef: large enough that the load-balancing term moves the loss visibly
 AUX_LOSS_COEF = 0.05
@@ -167,6 +169,10 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra["router_aux_loss_coef"] = AUX_LOSS_COEF
     if "no_aux" in flags:  # a MoE model trained without its router loss (the way out where a split row refuses it)
         extra["router_aux_loss_coef"] = 0.0
+    if "whole_images" in flags:  # every rank of a split row encodes all of the row's images
+        extra["deal_images"] = False
+    if "sgd" in flags:  # a step proportional to the gradient (AdamW's barely depends on its scale)
+        extra["optim"] = "sgd"
     if "bf16_sums" in flags:
         extra["fp32_log_probs"] = False
     if "fp32_head" in flags:
@@ -466,6 +472,8 @@ def describe(trainer) -> dict:
         "sequences_split_across_ranks": trainer.data_collator.sequences_split(sp_size * cp_size),
         "images_split_across_ranks": trainer.data_collator.images_split(sp_size * cp_size),
         "rows_with_images_on_one_rank": trainer.data_collator.rows_with_images_on_one_rank(sp_size * cp_size),
+        # training rows with images this process ran, by how the vision tower ran (parallel/image_shares.py)
+        "vision_tower_rows": trainer._row_split.image_rows if getattr(trainer, "_row_split", None) else None,
         "longest_sequence_over_chunk": trainer.data_collator.longest_over_chunk(sp_size * cp_size),
         # token-budget batching: every micro-batch of the epoch, in the order the processes share them out
         "train_pairs": len(trainer.train_dataset),

@@ -22,7 +22,7 @@ import torch
 from ..integrations.transformers import attn_implementation, mask_creation_skipped
 from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view
 from ..packing.prefix_sharing import SharedPrefixAttention
-from ..packing.vision import IMAGE_INPUTS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS
+from ..packing.vision import IMAGE_INPUTS, IMAGE_UNITS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS, ImageUnitSizes
 from ..refusals import check_no_cache, check_packed_row_length, check_prefix_sharing_attention
 from .attention.bidirectional import BidirectionalSpans
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
@@ -61,6 +61,7 @@ class PackedBatch:
     image_inputs: dict[str, torch.Tensor] | None = None
     sequence_image_grid_thw: torch.Tensor | None = None
     images_per_sequence: torch.Tensor | None = None
+    image_units: ImageUnitSizes | None = field(default=None, compare=False)  # host integers: which inputs are whose
     # Set on a training batch whose row several ranks share (sequence or context parallelism, parallel/row_split.py)
     split: SplitRun | None = field(default=None, compare=False)
     # The boundaries as host integers (the collator's): every index below is built from them without a device read
@@ -98,6 +99,7 @@ class PackedBatch:
             image_inputs=batch.get(IMAGE_INPUTS),
             sequence_image_grid_thw=batch.get(SEQUENCE_IMAGE_GRIDS),
             images_per_sequence=batch.get(IMAGES_PER_SEQUENCE),
+            image_units=batch.get(IMAGE_UNITS),
             host=batch.get(HOST_ROW),
         )
 

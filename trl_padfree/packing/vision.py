@@ -42,6 +42,7 @@ IMAGE_INPUTS = "image_inputs"  # the packed batch's key for what the model takes
 # Qwen-VL's image grids in TRL's row order: the model's position function reads every sequence's images
 SEQUENCE_IMAGE_GRIDS = "sequence_image_grid_thw"
 IMAGES_PER_SEQUENCE = "images_per_sequence"
+IMAGE_UNITS = "image_units"
 
 
 def image_count(example: dict[str, Any]) -> int:
@@ -56,6 +57,8 @@ class ImageUnits:
     """Every image input of a padded batch, cut into what each row of the batch holds."""
 
     by_row: dict[str, list[torch.Tensor]]  # key -> per row, that row's part of the input (possibly empty)
+    # key -> each image's entries, where every input has its own entries per image (not per row or per tile)
+    by_image: dict[str, list[int]] | None = None
 
     @classmethod
     def of(
@@ -83,6 +86,9 @@ class ImageUnits:
             "images",
         )
         ends = list(itertools.accumulate(images_per_row))
+        by_image = None
+        if not by_row and tiles is None:
+            by_image = {key: [part.shape[0] for part in parts] for key, parts in per_image.items()}
         for key, parts in per_image.items():
             if tiles is not None and len(parts) == sum(tiles):  # a row's tiles, in proportion to its image tokens
                 by_row[key] = list(inputs[key].split(tiles))
@@ -91,12 +97,52 @@ class ImageUnits:
                     _cat(parts[end - count : end], inputs[key])
                     for end, count in zip(ends, images_per_row, strict=True)
                 ]
-        return cls(by_row)
+        return cls(by_row, by_image)
+
+    def unit_sizes(
+        self, keys, rows: list[int], images_per_row: list[int], image_tokens_per_row: list[int]
+    ) -> ImageUnitSizes:
+        """The units of `rows` (inputs `keys` concatenated in that order, as `of_rows` gives them): each image where
+        every input has entries per image, else each row; a row's image tokens split over its images by entries."""
+        first_image = [0, *itertools.accumulate(images_per_row)]
+        entries: dict[str, list[int]] = {key: [] for key in keys}
+        tokens: list[int] = []
+        for row in rows:
+            if self.by_image is None or images_per_row[row] < 2:
+                for key in entries:
+                    entries[key].append(self.by_row[key][row].shape[0])
+                tokens.append(image_tokens_per_row[row])
+                continue
+            images = range(first_image[row], first_image[row + 1])
+            weights = [sum(self.by_image[key][image] for key in entries) for image in images]
+            for key in entries:
+                entries[key] += [self.by_image[key][image] for image in images]
+            tokens += [max(1, image_tokens_per_row[row] * weight // sum(weights)) for weight in weights]
+        return ImageUnitSizes(tuple((key, tuple(sizes)) for key, sizes in entries.items()), tuple(tokens))
 
     def of_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
         """The image inputs of `rows`, in that order; none where those rows hold no image."""
         inputs = {key: torch.cat([parts[row] for row in rows]) for key, parts in self.by_row.items()}
         return {key: value for key, value in inputs.items() if value.shape[0] > 0}
+
+
+@dataclass(frozen=True)
+class ImageUnitSizes:
+    """How a packed row's image inputs divide into units, in row order, as host integers: each image, or where the
+    processor lays inputs out per sequence (a count per row, tiles, Idefics' rows), each sequence laid out with its
+    images. A rank of a split row encodes a contiguous run of units (parallel/image_shares.py). Plain tuples, so the
+    Trainer and accelerate hand it on untouched."""
+
+    entries: tuple[tuple[str, tuple[int, ...]], ...]  # image input -> its entries (dim 0) of each unit
+    image_tokens: tuple[int, ...]  # each unit's image tokens
+
+    def share(self, inputs: dict[str, torch.Tensor], first: int, end: int) -> dict[str, torch.Tensor]:
+        """The image inputs of units `first` to `end` (exclusive): each input's entries of those units."""
+        shared = {}
+        for key, entries in self.entries:
+            start = sum(entries[:first])
+            shared[key] = inputs[key][start : start + sum(entries[first:end])]
+        return shared
 
 
 def _is_count_per_row(value: torch.Tensor, rows: int, images: int) -> bool:
@@ -212,6 +258,8 @@ def pack_vision_batch(
     image_tokens_per_row = (padded["input_ids"] == image_token_id).sum(-1).tolist()
     units = ImageUnits.of(image_inputs, images_per_row, image_tokens_per_row) if image_inputs else None
     inputs = units.of_rows(rows_with_images) if units is not None else {}
+    if inputs:
+        row[IMAGE_UNITS] = units.unit_sizes(list(inputs), rows_with_images, images_per_row, image_tokens_per_row)
     length = row["input_ids"].shape[1]
     inputs |= {key: _packed_per_token(padded, key, layout, length) for key in per_token}
     row[IMAGE_INPUTS] = inputs

@@ -58,3 +58,27 @@ class _GatherChunks(torch.autograd.Function):
         mine = torch.empty_like(chunks[rank])
         dist.reduce_scatter(mine, chunks, group=ctx.group)
         return mine, None, None
+
+
+def gather_uneven(tensor: torch.Tensor, group: RowGroup, sizes: list[int]) -> torch.Tensor:
+    """Every rank's `tensor`, of `sizes[rank]` entries along dim 0, concatenated in rank order, differentiably: the
+    backward hands each rank the gradient of its own entries, summed over the group."""
+    return _GatherUneven.apply(tensor.contiguous(), group, sizes)
+
+
+class _GatherUneven(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: RowGroup, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        received = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(received, padded, group=group.group)
+        return torch.cat([part[:size] for part, size in zip(received, sizes, strict=True)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone(memory_format=torch.contiguous_format)  # reduced in place: not autograd's own buffer
+        dist.all_reduce(grad, group=ctx.group.group)
+        start = sum(ctx.sizes[: ctx.group.rank])
+        return grad[start : start + ctx.sizes[ctx.group.rank]], None, None

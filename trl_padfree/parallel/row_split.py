@@ -11,7 +11,7 @@ context.py), alone or together, in one object:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from accelerate.utils import is_peft_model
@@ -35,6 +35,7 @@ from ..refusals import (
 )
 from .context import ContextParallelRow, context_parallel_groups
 from .groups import RowGroup
+from .image_shares import images_dealt
 from .ulysses import (
     SameBatchOnEveryRank,
     active_group,
@@ -55,6 +56,8 @@ class SplitRowRun:
     row: RowGroup
     ulysses: RowGroup | None
     context: RowGroup | None
+    deal_images: bool = True
+    image_rows: dict[str, int] | None = None  # counts rows whose images were dealt, or run whole, here
 
     @property
     def size(self) -> int:
@@ -86,6 +89,15 @@ class SplitRowRun:
                 scopes.enter_context(ulysses_enabled(module))
             if images:
                 scopes.enter_context(language_model_on_chunk(module, self.row, packed_batch.row_length))
+                dealt = (
+                    self.deal_images
+                    and packed_batch.image_units is not None
+                    and scopes.enter_context(
+                        images_dealt(module, packed_batch.image_units, packed_batch.image_inputs, self.row)
+                    )
+                )
+                if self.image_rows is not None:
+                    self.image_rows["dealt" if dealt else "whole"] += 1
             outputs = forward(**{**kwargs, **model_kwargs})
         return packed_batch.to_padded_outputs(_gathered_outputs(outputs, self.row, packed_batch.row_length))
 
@@ -93,7 +105,7 @@ class SplitRowRun:
 @contextlib.contextmanager
 def language_model_on_chunk(model: torch.nn.Module, row: RowGroup, row_length: int):
     """Hand a vision-language model's language model this rank's chunk of what the model computed for the whole row:
-    its embeddings (every image's features already placed, the vision tower run on all of the row's images), its
+    its embeddings (every image's features already placed, dealt or not: image_shares.py), its
     positions (the model's own position function, on the whole row) and any other per-token input. The chunk's
     gradient reaches the vision tower through the embeddings, summed over the row's ranks as the text's is."""
 
@@ -147,6 +159,9 @@ class RowSplit:
     ulysses_size: int
     context: RowGroup | None  # None without context parallelism
     row: RowGroup | None  # every rank of the row; None with Ulysses alone (DeepSpeed's group, later)
+    deal_images: bool = True
+    # Training rows with images this rank ran, by how their vision tower ran: dealt over the row's ranks, or whole
+    image_rows: dict[str, int] = field(default_factory=lambda: {"dealt": 0, "whole": 0})
 
     @property
     def ranks_per_row(self) -> int:
@@ -177,7 +192,7 @@ class RowSplit:
                 "Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled
             )
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
-        split = cls(accelerator, ulysses_size, None, None)
+        split = cls(accelerator, ulysses_size, None, None, deal_images=getattr(args, "deal_images", True))
         if ulysses_size > 1:
             if policy.config.get_text_config() is not policy.config:
                 # Ulysses wraps the language model's attention (the vision tower runs whole images on every rank)

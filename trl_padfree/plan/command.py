@@ -91,8 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=count,
         default=0,
         metavar="N",
-        help="of the row's tokens, those a vision-language model's images take: the vision tower encodes all of "
-        "them on every GPU that shares the row (default: 0)",
+        help="of the row's tokens, those a vision-language model's images take: each GPU that shares the row "
+        "encodes its share of them (default: 0)",
+    )
+    parser.add_argument(
+        "--whole-images",
+        action="store_true",
+        help="deal_images=False: every GPU that shares a row encodes all of its images",
     )
     parser.add_argument(
         "--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True, help="default: on"
@@ -140,6 +145,7 @@ def run(options: argparse.Namespace) -> int:
         tokens=options.tokens,
         context_parallel_size=options.context_parallel,
         image_tokens=options.image_tokens,
+        deal_images=not options.whole_images,
         activation_checkpointing=options.activation_checkpointing,
         reserve=options.reserve,
         cpu_memory=options.cpu_memory,

@@ -54,6 +54,7 @@ class Setup:
     tokens: int = 8192  # per micro-batch: chosen + rejected of all pairs, packed in one row
     context_parallel_size: int = 1  # GPUs sharing each row (context_parallel_size): each runs tokens / this many
     image_tokens: int = 0  # of the row's tokens, those a vision-language model's images take
+    deal_images: bool = True  # deal_images: each GPU of a row encodes its share of the row's images (False: all)
     activation_checkpointing: bool = True
     reserve: int = DEFAULT_RESERVE
     cpu_memory: int | None = None  # per node; None: not checked
@@ -259,15 +260,22 @@ def activation_memory(shape: ModelShape, setup: Setup) -> int | None:
     return layers + head + vision_activation_memory(shape, setup)
 
 
+def encoded_image_tokens(setup: Setup) -> int:
+    """The image tokens one GPU of a row encodes: an even share of the row's (`deal_images`, parallel/image_shares.py;
+    a share is whole sequences, so a row of few image-heavy sequences deals less evenly), or all of them."""
+    if setup.deal_images:
+        return -(-setup.image_tokens // setup.context_parallel_size)
+    return setup.image_tokens
+
+
 def vision_activation_memory(shape: ModelShape, setup: Setup) -> int:
-    """The vision tower's share of `activation_memory`: every GPU of a row encodes all of the row's images
-    (parallel/row_split.py), so its patches are not divided by the GPUs sharing the row. The decoder layer's formula on
-    the tower's width, over P = image tokens x patches per token (a LayerNorm tower without a gate is counted as gated,
-    the upper bound); 0 for a text model or a row without images."""
+    """The vision tower's share of `activation_memory`, on the image tokens one GPU encodes (`encoded_image_tokens`).
+    The decoder layer's formula on the tower's width, over P = image tokens x patches per token (a LayerNorm tower
+    without a gate is counted as gated, the upper bound); 0 for a text model or a row without images."""
     if shape.vision_layers is None or not setup.image_tokens:
         return 0
     b, h = BYTES_PER_PARAM[setup.precision], shape.vision_hidden_size
-    patches = setup.image_tokens * shape.vision_patches_per_token
+    patches = encoded_image_tokens(setup) * shape.vision_patches_per_token
     tower = ModelShape(
         "vision tower", 0, None, num_layers=shape.vision_layers, hidden_size=h,
         intermediate_size=shape.vision_intermediate_size, q_dim=h, kv_dim=h,
@@ -286,7 +294,7 @@ class Estimate:
     reference_gpu: int
     activations_gpu: int | None  # None: not estimated, counted as 0
     context_parallel_gpu: int | None  # the whole row's K/V buffers; 0 without context parallelism, None: not estimated
-    vision_gpu: int  # of the activations, the vision tower's (every GPU of the row encodes all its images)
+    vision_gpu: int  # of the activations, the vision tower's (on the image tokens one GPU encodes)
     reserve_gpu: int
     gpu_total: int
     gpu_memory: int

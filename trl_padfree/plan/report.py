@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from . import context_parallel, fsdp2
-from .memory import Estimate, Setup
+from .memory import Estimate, Setup, encoded_image_tokens
 from .search import Plan
 from .shapes import ModelShape
 from .units import gib
@@ -127,7 +127,7 @@ def memory_table(setup: Setup, result: Estimate) -> list[str]:
     if setup.image_tokens:
         rows.append(
             (
-                f"    of which the vision tower, all {setup.image_tokens} image tokens of the row",
+                f"    of which the vision tower, {vision_share(setup)}",
                 gib(result.vision_gpu),
                 "",
             )
@@ -216,3 +216,9 @@ def plan_to_json(plan: Plan) -> dict:
         ],
         "notes": plan.notes,
     }
+
+
+def vision_share(setup: Setup) -> str:
+    if setup.deal_images and setup.context_parallel_size > 1:
+        return f"its share of the row's images: {encoded_image_tokens(setup)} of {setup.image_tokens} image tokens"
+    return f"all {setup.image_tokens} image tokens of the row"

@@ -1,0 +1,169 @@
+"""The vision tower of a split row, dealt over the row's ranks.
+
+Every rank of a row builds the whole row's embeddings (the language model then runs its chunk, row_split.py). The
+image features in them need not be computed N times: each rank runs the vision tower on a contiguous run of the row's
+sequences with images (a share, balanced by image tokens) and the features are all-gathered, differentiably, into
+what the model's own `get_image_features` returns for the whole row. The backward sums each feature's gradient over
+the row's ranks (only the rank whose chunk holds a feature's token gives it one) and hands each rank its share's, so
+the vision tower's gradient, summed over the ranks as every gradient is, is the whole row's.
+
+    row of 3 ranks          | seq 0: 2 images | seq 1: 1 image | seq 2: 3 images | seq 3: 1 image |
+    vision tower            | rank 0          | rank 1                           | rank 2         |
+    features                all-gathered on every rank, in row order
+
+The unit is an image, or where the processor lays an input out per sequence (LLaVA-OneVision's count per row,
+InternVL's and Aya Vision's tiles, Idefics' rows) a sequence with its images (packing/vision.py, `ImageUnitSizes`).
+Each rank runs the tower on at least one unit, so sharded engines (ZeRO-3, FSDP2) see every rank call it; a row with
+fewer units than ranks runs the tower on all of them on every rank, as `deal_images=False` does.
+
+The seam is the model's own `get_image_features`, which every family's forward calls once with the batch's image
+inputs and whose `pooler_output` (and Qwen3-VL's `deepstack_features`) it places on the image tokens; that each
+family's features on a share equal the whole row's is tested (tests/test_image_shares.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+import torch.distributed as dist
+
+from ..packing.vision import ImageUnitSizes
+from .groups import RowGroup, gather_uneven
+
+# What `get_image_features` returns that the model's forward reads (transformers 5.23-5.24): `pooler_output`, one
+# tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image
+GATHERED_FIELDS = ("pooler_output", "deepstack_features")
+DROPPED_FIELDS = ("last_hidden_state", "hidden_states", "attentions")
+POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def deal_units(image_tokens: tuple[int, ...], ranks: int) -> list[tuple[int, int]] | None:
+    """Contiguous runs of units, one per rank, each with at least one image token, whose largest token count is the
+    smallest possible; None when fewer units than ranks hold images."""
+    holding = [index for index, tokens in enumerate(image_tokens) if tokens]
+    if len(holding) < ranks:
+        return None
+    # Cut between units holding images (a unit without any joins the run before it, the first run's if none)
+    weights = [
+        sum(image_tokens[start:end]) for start, end in zip(holding, [*holding[1:], len(image_tokens)], strict=True)
+    ]
+    count = len(weights)
+    prefix = [0]
+    for weight in weights:
+        prefix.append(prefix[-1] + weight)
+    # best[k][i]: the smallest largest run over the first i weights in k runs, and where its last run starts
+    best = [[(float("inf"), 0)] * (count + 1) for _ in range(ranks + 1)]
+    best[0][0] = (0, 0)
+    for runs in range(1, ranks + 1):
+        for end in range(runs, count - (ranks - runs) + 1):
+            best[runs][end] = min(
+                (max(best[runs - 1][start][0], prefix[end] - prefix[start]), start) for start in range(runs - 1, end)
+            )
+    cuts, end = [], count
+    for runs in range(ranks, 0, -1):
+        start = best[runs][end][1]
+        cuts.append((start, end))
+        end = start
+    bounds = [*holding, len(image_tokens)]
+    return [(0 if start == 0 else bounds[start], bounds[end]) for start, end in reversed(cuts)]
+
+
+def image_encoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The innermost module defining `get_image_features`: the one whose forward calls it (the task model's only
+    delegates to it)."""
+    owners = [module for module in model.modules() if callable(getattr(type(module), "get_image_features", None))]
+    if not owners:
+        raise TypeError(f"{type(model).__name__} has no get_image_features: its images cannot be dealt over ranks")
+    return owners[-1]
+
+
+@contextlib.contextmanager
+def images_dealt(model: torch.nn.Module, units: ImageUnitSizes, image_inputs: dict[str, torch.Tensor], row: RowGroup):
+    """While the model's forward runs on the whole row, its `get_image_features` runs on this rank's share of
+    `image_inputs` and returns every rank's features, gathered. Yields False, changing nothing, where the row has too
+    few sequences with images to give every rank one."""
+    runs = deal_units(units.image_tokens, row.size)
+    if runs is None:
+        yield False
+        return
+    encoder = image_encoder(model)
+    whole_row = encoder.get_image_features  # bound to the class's method
+    parameters = inspect.signature(whole_row).parameters.values()
+    named = {parameter.name for parameter in parameters if parameter.kind is not inspect.Parameter.VAR_KEYWORD}
+    positional = [parameter.name for parameter in parameters if parameter.kind in POSITIONAL]
+    share = units.share(image_inputs, *runs[row.rank])
+    totals = {key: sum(entries) for key, entries in units.entries}
+
+    @functools.wraps(whole_row)
+    def on_share(*args, **kwargs):
+        # The call as the forward made it, each image input replaced by this rank's share of it (positional
+        # arguments by the function's own parameter order: its decorators bind them again)
+        args = [_share_of(name, value) for name, value in zip(positional, args, strict=False)]
+        kwargs = {name: _share_of(name, value) for name, value in kwargs.items()}
+        return gathered_features(whole_row(*args, **kwargs), row)
+
+    def _share_of(name: str, value):
+        if name in share:
+            if value.shape[0] != totals[name]:
+                raise RuntimeError(f"get_image_features got {name} of {value.shape[0]} entries, not the row's")
+            return share[name]
+        if isinstance(value, torch.Tensor) and name in named:  # an image input of its own (not the **kwargs)
+            raise NotImplementedError(
+                f"{type(encoder).__name__}.get_image_features takes {name}, which trl-padfree cannot deal over the "
+                "ranks of a row: set deal_images=False (every rank encodes the whole row's images)."
+            )
+        return value
+
+    encoder.get_image_features = on_share
+    try:
+        yield True
+    finally:
+        del encoder.get_image_features  # the class's method again
+
+
+def gathered_features(output, row: RowGroup):
+    """`get_image_features`' output on a share, made the whole row's: the fields the forward reads gathered over
+    `row` in rank order, the others dropped."""
+    if isinstance(output, tuple) or not hasattr(output, "keys"):
+        raise NotImplementedError(
+            f"get_image_features returned a {type(output).__name__}, not a model output: set deal_images=False."
+        )
+    fields = {}
+    for key in output.keys():
+        if key in DROPPED_FIELDS:
+            continue
+        if key not in GATHERED_FIELDS:
+            raise NotImplementedError(
+                f"get_image_features returned {key!r}, which trl-padfree does not know how to gather over the ranks "
+                "of a row: set deal_images=False."
+            )
+        fields[key] = output[key]
+    # One exchange of every gathered tensor's entries (and per-image counts) from every rank
+    mine = [_entries(value) for value in fields.values()]
+    everyone = [None] * row.size
+    dist.all_gather_object(everyone, mine, group=row.group)
+    return type(output)(**{
+        key: _gathered(value, [ranks[index] for ranks in everyone], row)
+        for index, (key, value) in enumerate(fields.items())
+    })  # fmt: skip
+
+
+def _entries(value):
+    """A field's shape as the gather needs it: a tensor's entries; per image, each one's; per layer, each layer's."""
+    if isinstance(value, torch.Tensor):
+        return value.shape[0]
+    if all(isinstance(part, torch.Tensor) for part in value):
+        return tuple(part.shape[0] for part in value)
+    return [_entries(part) for part in value]
+
+
+def _gathered(value, entries: list, row: RowGroup):
+    if isinstance(value, torch.Tensor):  # images or tokens first
+        return gather_uneven(value, row, entries)
+    if all(isinstance(part, torch.Tensor) for part in value):  # one tensor per image: every rank's images, in order
+        whole = gather_uneven(torch.cat(value), row, [sum(sizes) for sizes in entries])
+        return whole.split([size for sizes in entries for size in sizes])
+    return [_gathered(part, [ranks[layer] for ranks in entries], row) for layer, part in enumerate(value)]
