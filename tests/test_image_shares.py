@@ -44,6 +44,20 @@ def test_each_rank_gets_a_contiguous_run_with_images_and_the_largest_is_smallest
     assert max(sum(image_tokens[start:end]) for start, end in runs) == brute_force_largest(image_tokens, ranks)
 
 
+def test_random_rows_deal_as_well_as_the_best_cut():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        units = int(torch.randint(1, 9, (1,), generator=generator))
+        image_tokens = tuple(torch.randint(0, 6, (units,), generator=generator).tolist())
+        for ranks in range(1, 5):
+            runs = deal_units(image_tokens, ranks)
+            if sum(1 for tokens in image_tokens if tokens) < ranks:
+                assert runs is None
+                continue
+            assert len(runs) == ranks and all(sum(image_tokens[start:end]) for start, end in runs)
+            assert max(sum(image_tokens[start:end]) for start, end in runs) == brute_force_largest(image_tokens, ranks)
+
+
 def test_too_few_sequences_with_images_are_not_dealt():
     assert deal_units((0, 5, 0), 2) is None  # every rank encodes the one sequence's images
     assert deal_units((3, 5), 2) == [(0, 1), (1, 2)]
