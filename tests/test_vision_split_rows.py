@@ -124,7 +124,8 @@ def launch_ulysses(vision_models, tmp_path_factory, model_type: str, run: str, p
     # --save-grads turns gradient clipping off (train_dpo.py), as in the padded runs it is compared with
     arguments = ("--runs", f"{model_type}:{run}", "--sp-size", "2", *pairs(), *VISION_OPTIONS, *options,
                  "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
-    return launch("zero3.yaml", vision_models, output, *arguments, processes=processes)[f"{model_type}:{run}"]
+    report = launch("zero3.yaml", vision_models, output, *arguments, processes=processes)[f"{model_type}:{run}"]
+    return report | {"grads": directory / f"{model_type}:{run}.pt"}
 
 
 # Each Ulysses run is a launch of its own: the default suite runs the two families with their own paths through the
@@ -143,6 +144,8 @@ def test_ulysses_2_on_image_rows_equals_one_padded_process(
     assert report["model_type"] == model_type and report["sequence_parallel_size"] == 2
     assert report["zero_stage"] == 3 and report["policy_sharded"]
     assert_split_row_training(report, single_process_padded[model_type])
+    # ZeRO-3's partitioned gradients, gathered before its step (train_dpo.py, FirstStepGradients)
+    assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
     assert_images_dealt(report)
 
@@ -219,8 +222,8 @@ def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
         assert report["zero_stage"] == 3 and report["policy_sharded"] and report["reference"]["offloaded"]
     else:
         assert report["policy_fsdp"]["sharded"] and report["reference_fsdp"]["cpu_offload"]
-        # FSDP2 gathers each gradient's shards (ZeRO-3 keeps them partitioned: its grad_norm is compared instead)
-        assert_same_gradients(directory / f"{run}.pt", single_process_padded[model_type]["grads"])
+    # Each gradient gathered from its shards (FSDP2) or partitions (ZeRO-3, before the engine's step)
+    assert_same_gradients(directory / f"{run}.pt", single_process_padded[model_type]["grads"])
     assert_split_row_training(report, single_process_padded[model_type])
     assert report["images_split_across_ranks"] > 0
     assert_images_dealt(report)  # every rank calls the sharded vision tower, on its share
@@ -266,6 +269,7 @@ def test_ulysses_2_and_ulysses_times_context_4_on_every_family(every_family, tmp
     directory, single = every_family
     report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+sp")
     assert_split_row_training(report, single[model_type])
+    assert_same_gradients(report["grads"], directory / f"{model_type}:trl.pt")
     assert_images_dealt(report)
     if model_type not in REFUSED_UNDER_CONTEXT:
         report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp", 4, "--cp-size", "2")
@@ -310,6 +314,7 @@ def test_moe_families_without_their_router_loss_under_ulysses_and_ulysses_times_
     report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+sp+no_aux")
     assert report["zero_stage"] == 3 and report["policy_sharded"]
     assert_split_row_training(report, single[model_type])
+    assert_same_gradients(report["grads"], directory / f"{model_type}:trl+no_aux.pt")
     assert_images_dealt(report)
     report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp+no_aux", 4, "--cp-size", "2")
     assert_split_row_training(report, single[model_type])

@@ -222,7 +222,7 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     )
     trainer.data_collator = RowRecorder(trainer.data_collator)
     if options.save_grads:
-        trainer.add_callback(FirstStepGradients(options.save_grads.replace("{run}", run)))
+        trainer.add_callback(FirstStepGradients(options.save_grads.replace("{run}", run), trainer))
     trainer.add_callback(PrecisionProbe(trainer))
     return trainer
 
@@ -261,11 +261,34 @@ def vision_data(model: str, options: argparse.Namespace):
 
 
 class FirstStepGradients(TrainerCallback):
-    """Saves the gradients the first optimizer step applies (after the data-parallel reduction), from process 0."""
+    """Saves the gradients the first optimizer step applies (after the data-parallel reduction), from process 0.
+    Under DeepSpeed ZeRO-3 the engine steps inside accelerate's backward, before this callback's hook, with each
+    gradient partitioned over the processes: its `step` is wrapped to gather them first (`safe_get_full_grad`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, trainer):
         self.path = path
+        self.trainer = trainer
         self.saved = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        engine = self.trainer.model_wrapped
+        if getattr(self.trainer.accelerator.state.deepspeed_plugin, "zero_stage", None) != 3:
+            return
+        from deepspeed.utils import safe_get_full_grad
+
+        step = engine.step
+
+        def step_after_saving(*step_args, **step_kwargs):
+            if not self.saved and engine.is_gradient_accumulation_boundary():
+                grads = {}
+                for name, p in engine.module.named_parameters():
+                    grad = safe_get_full_grad(p) if p.requires_grad else None  # every process joins the gather
+                    if grad is not None:
+                        grads[name] = grad.detach().cpu().clone()
+                self.save(grads, state.is_world_process_zero)
+            return step(*step_args, **step_kwargs)
+
+        engine.step = step_after_saving
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         from torch.distributed.tensor import DTensor
@@ -277,8 +300,11 @@ class FirstStepGradients(TrainerCallback):
                 for name, p in model.named_parameters()
                 if p.grad is not None
             }
-            if state.is_world_process_zero:
-                torch.save(grads, self.path)
+            self.save(grads, state.is_world_process_zero)
+
+    def save(self, grads: dict, process_zero: bool) -> None:
+        if process_zero and grads:
+            torch.save(grads, self.path)
         self.saved = True
 
 
