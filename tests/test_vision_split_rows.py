@@ -82,9 +82,14 @@ def assert_same_gradients(path, expected_path) -> None:
     """Every first-step gradient, the vision tower's included, within 1e-5 of the largest (the fp32 bound of
     test_token_budget's two-process gradients)."""
     grads, expected = torch.load(path), torch.load(expected_path)
-    assert grads.keys() == expected.keys()
     vision = [name for name in expected if any(part in name for part in VISION_TOWER_NAMES)]
     assert vision and all(expected[name].abs().max() > 0 for name in vision), "the vision tower got no gradient"
+    # A parameter no forward used has no gradient in one process, and zeros gathered from ZeRO-3's partitions
+    # (LLaVA's unused last vision layer): compared as zeros
+    for name in grads.keys() | expected.keys():
+        like = grads.get(name, expected.get(name))
+        grads.setdefault(name, torch.zeros_like(like))
+        expected.setdefault(name, torch.zeros_like(like))
     largest = max(grad.abs().max().item() for grad in expected.values())
     for name, grad in expected.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-5 * max(1.0, largest), rtol=0, msg=name)
