@@ -91,7 +91,7 @@ def image_encoder(model: torch.nn.Module) -> torch.nn.Module:
 def images_dealt(model: torch.nn.Module, units: ImageUnitSizes, image_inputs: dict[str, torch.Tensor], row: RowGroup):
     """While the model's forward runs on the whole row, its `get_image_features` runs on this rank's share of
     `image_inputs` and returns every rank's features, gathered. Yields False, changing nothing, where the row has too
-    few sequences with images to give every rank one."""
+    few units with images to give every rank one."""
     runs = deal_units(units.image_tokens, row.size)
     if runs is None:
         yield False
@@ -108,6 +108,11 @@ def images_dealt(model: torch.nn.Module, units: ImageUnitSizes, image_inputs: di
     def on_share(*args, **kwargs):
         # The call as the forward made it, each image input replaced by this rank's share of it (positional
         # arguments by the function's own parameter order: its decorators bind them again)
+        if len(args) > len(positional):
+            raise NotImplementedError(
+                f"{type(encoder).__name__}.get_image_features was called with {len(args)} positional arguments, "
+                "more than it names: set deal_images=False (every rank encodes the whole row's images)."
+            )
         args = [_share_of(name, value) for name, value in zip(positional, args, strict=False)]
         kwargs = {name: _share_of(name, value) for name, value in kwargs.items()}
         return gathered_features(whole_row(*args, **kwargs), row)
