@@ -654,7 +654,7 @@ def test_bad_plan_arguments_are_one_line_errors(args, expected, capsys):
     assert expected in lines[0]
 
 
-# A vision-language model's row: the vision tower encodes all of the row's images on every GPU that shares it
+# A vision-language model's row: each GPU that shares it encodes its share of the row's images (or, not dealt, all)
 
 QWEN2_5_VL_7B = dict(
     model_type="qwen2_5_vl",

@@ -3,9 +3,10 @@ packed row (`accelerate launch`, tests/distributed/train_dpo.py --vision), again
 process on the same global batches (distributed_runs' fp32 bounds, grad_norm included).
 
 Every rank runs the model's own forward up to its language model on the whole row: the text embeddings, the vision
-tower on all of the row's images, their features placed on the image tokens, the positions (Qwen-VL's
-`get_rope_index`); the language model then runs this rank's chunk (parallel/row_split.py,
-`language_model_on_chunk`). The rows are long enough that sequences, and images, cross the chunk boundaries.
+tower on the rank's share of the row's images with every rank's features gathered (parallel/image_shares.py), their
+features placed on the image tokens, the positions (Qwen-VL's `get_rope_index`); the language model then runs this
+rank's chunk (parallel/row_split.py, `language_model_on_chunk`). The rows are long enough that sequences, and images,
+cross the chunk boundaries.
 """
 
 from __future__ import annotations
