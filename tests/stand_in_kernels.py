@@ -5,20 +5,21 @@ Each stand-in computes the reference result per segment (one sequence at a time,
 records what it was given (`CALLS`): the boundary tensors and their dtype, the window, grouped heads, the backend a
 torch release would pick. Signatures are the real ones, quoted from the releases:
 
-    varlen_attn                          torch 2.10 (is_causal), 2.11 (scale, window_size), 2.13-2.15 (enable_gqa, ...)
+    varlen_attn                          torch 2.10 (is_causal), 2.11 (scale, window_size), 2.13-2.15 (enable_gqa, ...):
+                                         the wrapper's, the op schema's and ATen's Flash kernel's checks, each
     causal_conv1d_fn                     causal-conv1d (seq_idx; widths 2 to 4)
     chunk_gated_delta_rule               flash-linear-attention (cu_seqlens; batch 1)
     mamba_chunk_scan_combined            mamba-ssm (seq_idx)
     mamba_split_conv1d_scan_combined     mamba-ssm (seq_idx; conv, scan, gated grouped RMSNorm, out projection)
 
 The mixer stand-ins compute each segment with the model module's own PyTorch fallbacks (what padded training runs),
-so a stand-in and the fallback differ only in how the row is cut. Faulty variants reproduce real failures: a
-`causal_conv1d_fn` that names `seq_idx` and ignores it, and one that swallows extra keywords (transformers 5.23's
-LFM3 function).
+so a stand-in and the fallback differ only in how the row is cut. A faulty variant reproduces a real failure: a
+`causal_conv1d_fn` that swallows extra keywords (transformers 5.23's LFM3 function).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +45,124 @@ def calls_of(kernel: str) -> list[KernelCall]:
 
 
 # ---- torch's varlen_attn ----
+#
+# Each stand-in refuses what the real call refuses, in the order it checks, with its message: the Python wrapper of
+# the release (torch/nn/attention/varlen.py), the custom op's schema (`torch_attn::_varlen_attn`), then ATen's Flash
+# kernel (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`, and `mha_varlen_bwd`
+# for the backward). None of them casts or pads: docs/kernels.md lists every check with its source.
 
 # The GPU a stand-in plays: SM90 (H100), where torch 2.15 prefers cuDNN
 PLAYED_CAPABILITY = (9, 0)
-# Besides half precision, the stand-ins compute fp32 and fp64, so the fp32 equivalence tests and the float64 twins of
-# the architecture check run the kernel branch
-STAND_IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256
+
+
+def _schema_int(name: str, value) -> None:
+    # The custom op's schema types `max_q`/`max_k` as int: a float or None is refused, a 0-dim integer tensor passes
+    if isinstance(value, bool) or not (
+        isinstance(value, int)
+        or (isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point())
+    ):
+        raise RuntimeError(
+            f"torch_attn::_varlen_attn() Expected a value of type 'int' for argument '{name}' but instead found type "
+            f"'{type(value).__name__}'."
+        )
+
+
+def _window_schema(window_size) -> list[int]:
+    # varlen.py `_normalize_window_size`, then the schema's `Optional[List[int]]`
+    window = list(window_size)
+    if len(window) != 2:
+        raise ValueError(f"window_size must have length 2, got {len(window)}")
+    if not all(isinstance(each, int) and not isinstance(each, bool) for each in window):
+        raise RuntimeError(
+            "torch_attn::_varlen_attn() Expected a value of type 'Optional[List[int]]' for argument 'window_size' but "
+            "instead found type 'list'."
+        )
+    return window
+
+
+def _wrapper_heads(query, key, enable_gqa: bool) -> None:
+    """varlen.py `varlen_attn` (2.12 and later) before it calls the op."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if not enable_gqa and heads != kv_heads:
+        raise ValueError(
+            f"Expect query and key/value to have the same number of heads but got Hq={heads} and Hkv={kv_heads}. "
+            "Try setting enable_gqa=True for GQA."
+        )
+    if enable_gqa and heads % kv_heads != 0:
+        raise ValueError(
+            f"Expect number of query heads to be a multiple of kv heads for GQA but got Hq={heads} and Hkv={kv_heads}."
+        )
+
+
+def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability) -> None:
+    """ATen's `mha_varlen_fwd` (flash_api.cpp), in its order; the first failure wins. CUDA tensors are played by
+    tensors on the query's device."""
+    _schema_int("max_q", max_q)
+    _schema_int("max_k", max_k)
+    if cu_seq_k is None or cu_seq_q is None:
+        raise RuntimeError(
+            "cumulative_sequence_length_q and cumulative_sequence_length_k must be both set or both not set"
+        )
+    if tuple(capability) < (8, 0):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+    if query.dtype not in FLASH_DTYPES:
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    if key.dtype != query.dtype:
+        raise RuntimeError("query and key must have the same dtype")
+    if value.dtype != query.dtype:
+        raise RuntimeError("query and value must have the same dtype")
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if boundaries.dtype != torch.int32:
+            raise RuntimeError(f"{name} must have dtype int32")
+    for name, tensor in (
+        ("q", query),
+        ("k", key),
+        ("v", value),
+        ("cu_seqlens_q", cu_seq_q),
+        ("cu_seqlens_k", cu_seq_k),
+    ):
+        if tensor.device != query.device:
+            raise RuntimeError(f"{name} must be on CUDA")
+    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
+        raise RuntimeError("Input tensor must have contiguous last dimension")
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if not boundaries.is_contiguous():
+            raise RuntimeError(f"{name} must be contiguous")
+    if query.dim() != 3:
+        raise RuntimeError("temp_q must have shape (total_q, num_heads, head_size_og)")
+    if cu_seq_q.numel() - 1 <= 0:
+        raise RuntimeError("batch size must be positive")
+    head_dim, heads, kv_heads = query.shape[-1], query.shape[1], key.shape[1]
+    if head_dim > FLASH_MAX_HEAD_DIM:
+        raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
+    if heads % kv_heads:
+        raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    if head_dim % 8:
+        raise RuntimeError("head_size must be a multiple of 8, this is ensured by padding!")
+    if tuple(key.shape) != (key.shape[0], kv_heads, head_dim):
+        raise RuntimeError("k must have shape (total_k, num_heads_k, head_size_og)")
+    if tuple(value.shape) != (key.shape[0], kv_heads, head_dim):
+        raise RuntimeError("v must have shape (total_k, num_heads_k, head_size_og)")
+    if cu_seq_q.dim() != 1:
+        raise RuntimeError("cu_seqlens_q must have shape (batch_size + 1)")
+    if tuple(cu_seq_k.shape) != tuple(cu_seq_q.shape):
+        raise RuntimeError("cu_seqlens_k must have shape (batch_size + 1)")
+
+
+def _checked_backward(output: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """`mha_varlen_bwd` checks the incoming gradient as the forward checks its inputs."""
+
+    def check(grad: torch.Tensor) -> None:
+        if grad.dtype != query.dtype:
+            raise RuntimeError("query and dout must have the same dtype")
+        if grad.stride(-1) != 1:
+            raise RuntimeError("dout tensor must have contiguous last dimension")
+
+    if output.requires_grad:
+        output.register_hook(check)
+    return output
 
 
 def _segment_attention(query, key, value, scale, left: int, right: int) -> torch.Tensor:
@@ -69,15 +182,10 @@ def _segment_attention(query, key, value, scale, left: int, right: int) -> torch
     return torch.einsum("hqk,khd->qhd", weights, value.float()).to(query.dtype)
 
 
-def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, window, enable_gqa) -> torch.Tensor:
+def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, window) -> torch.Tensor:
+    """The result the kernel computes (after its checks passed): grouped heads shared, each segment alone."""
     heads, kv_heads = query.shape[1], key.shape[1]
-    if heads != kv_heads:
-        if not enable_gqa:
-            raise ValueError(
-                f"Expect query and key/value to have the same number of heads but got Hq={heads} and Hkv={kv_heads}. "
-                "Try setting enable_gqa=True for GQA."
-            )
-        key, value = (tensor.repeat_interleave(heads // kv_heads, dim=1) for tensor in (key, value))
+    key, value = (tensor.repeat_interleave(heads // kv_heads, dim=1) for tensor in (key, value))
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     bounds_q, bounds_k = cu_seq_q.tolist(), cu_seq_k.tolist()
     outputs = [
@@ -85,7 +193,8 @@ def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, window, enab
         for start_q, end_q, start_k, end_k in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:], strict=False)
         if end_q > start_q
     ]
-    return torch.cat(outputs) if outputs else query.new_zeros(query.shape)
+    output = torch.cat(outputs) if outputs else query.new_zeros(query.shape)
+    return _checked_backward(output, query)
 
 
 def _record_varlen(version, query, key, cu_seq_q, cu_seq_k, **details) -> None:
@@ -98,22 +207,26 @@ def _record_varlen(version, query, key, cu_seq_q, cu_seq_k, **details) -> None:
                 dtype=cu_seq_q.dtype,
                 same_boundaries=cu_seq_q is cu_seq_k,
                 heads=(query.shape[1], key.shape[1]),
+                head_dim=query.shape[-1],
+                input_dtype=query.dtype,
                 **details,
             ),
         )
     )
 
 
-def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, window) -> str:
-    """torch 2.15's choice for an SM90 GPU with its wheel's cuDNN (9.26): cuDNN when eligible, then Flash, among the
-    backends `sdpa_kernel` leaves enabled."""
+def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, enable_gqa) -> str:
+    """torch 2.15's choice for an SM90 GPU with its wheel's cuDNN (9.26), varlen.py `_select_backend`: cuDNN when
+    `_cudnn_rejection_reasons` finds nothing, then Flash, among the backends `sdpa_kernel` leaves enabled."""
     reasons = []
-    if query.dtype not in (torch.float16, torch.bfloat16):
+    if max_q <= 128:
+        reasons.append("max_q must be greater than 128")
+    if query.dtype not in FLASH_DTYPES:
         reasons.append("query dtype must be float16 or bfloat16")
     if query.shape[-1] % 8 or value.shape[-1] % 8:
-        reasons.append("head dimensions must be divisible by 8")
+        reasons.append("query and value head dimensions must be divisible by 8")
     if query.shape[-1] > 128 or value.shape[-1] > 128:
-        reasons.append("head dimensions above 128")
+        reasons.append("query/value head dimensions are unsupported for cuDNN varlen forward")
     if window == [-1, 0]:
         if cu_seq_q is not cu_seq_k:
             reasons.append("causal attention requires the same cu_seq tensor for Q and K")
@@ -124,27 +237,40 @@ def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, window) -> str:
         return "cudnn"
     if torch.backends.cuda.flash_sdp_enabled():
         return "flash"
+    if cudnn_enabled:
+        raise RuntimeError(
+            "SDPBackend.CUDNN_ATTENTION was requested for varlen_attn, but its constraints are not satisfied:\n"
+            + "\n".join(f"  - {reason}" for reason in reasons)
+        )
     raise RuntimeError(
         "No viable backend for varlen_attn. Enable SDPBackend.FLASH_ATTENTION or SDPBackend.CUDNN_ATTENTION with "
         "sdpa_kernel()."
     )
 
 
-def varlen_attn_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None):
-    _record_varlen("2.10", query, key, cu_seq_q, cu_seq_k, is_causal=is_causal, backend="flash")
-    return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, None, (-1, 0 if is_causal else -1), False)
+def _varlen_attn_2_10(capability):
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        # No check of its own: straight to the kernel, which shares grouped heads natively
+        flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability)
+        _record_varlen("2.10", query, key, cu_seq_q, cu_seq_k, is_causal=is_causal, backend="flash")
+        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, None, (-1, 0 if is_causal else -1))
+
+    return varlen_attn
 
 
-def varlen_attn_2_11(
-    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
-):
-    _record_varlen(
-        "2.11", query, key, cu_seq_q, cu_seq_k, window_size=tuple(window_size), scale=scale, backend="flash"
-    )
-    return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window_size), False)
+def _varlen_attn_2_11(capability):
+    def varlen_attn(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+    ):
+        window = _window_schema(window_size)
+        flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability)
+        _record_varlen("2.11", query, key, cu_seq_q, cu_seq_k, window_size=tuple(window), scale=scale, backend="flash")
+        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window))
+
+    return varlen_attn
 
 
-def _varlen_attn_2_13_to_2_15(version: str):
+def _varlen_attn_2_13_to_2_15(version: str, capability):
     def varlen_attn(
         query,
         key,
@@ -162,14 +288,17 @@ def _varlen_attn_2_13_to_2_15(version: str):
         block_table=None,
         num_splits=None,
     ):
-        window = list(window_size)
+        _wrapper_heads(query, key, enable_gqa)
+        window = _window_schema(window_size)
         if version == "2.15":
             if scale is not None and not scale > 0:
                 raise ValueError(f"scale must be greater than 0, got {scale}")
-            backend = _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, window)
+            backend = _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, enable_gqa)
         else:  # 2.13 runs Flash; 2.14.1 takes cuDNN only for non-causal attention without grouped heads
-            cudnn = version == "2.14" and window == [-1, -1] and not enable_gqa and query.dtype in STAND_IN_DTYPES[:2]
+            cudnn = version == "2.14" and window == [-1, -1] and not enable_gqa and query.dtype in FLASH_DTYPES
             backend = "cudnn" if cudnn else "flash"
+        if backend == "flash":
+            flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability)
         _record_varlen(
             version,
             query,
@@ -181,23 +310,25 @@ def _varlen_attn_2_13_to_2_15(version: str):
             enable_gqa=enable_gqa,
             backend=backend,
         )
-        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window), enable_gqa)
+        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window))
 
     varlen_attn.__qualname__ = f"varlen_attn_{version.replace('.', '_')}"
     return varlen_attn
 
 
+# Each torch release's `varlen_attn`, made for the GPU it plays
 VARLEN_SIGNATURES = {
-    "2.10": varlen_attn_2_10,
-    "2.11": varlen_attn_2_11,
-    "2.13": _varlen_attn_2_13_to_2_15("2.13"),
-    "2.14": _varlen_attn_2_13_to_2_15("2.14"),
-    "2.15": _varlen_attn_2_13_to_2_15("2.15"),
+    "2.10": _varlen_attn_2_10,
+    "2.11": _varlen_attn_2_11,
+    "2.13": functools.partial(_varlen_attn_2_13_to_2_15, "2.13"),
+    "2.14": functools.partial(_varlen_attn_2_13_to_2_15, "2.14"),
+    "2.15": functools.partial(_varlen_attn_2_13_to_2_15, "2.15"),
 }
 
 
-def varlen_stand_in(version: str = "2.15") -> VarlenKernel:
-    return VarlenKernel(VARLEN_SIGNATURES[version], dtypes=STAND_IN_DTYPES, capability=PLAYED_CAPABILITY)
+def varlen_stand_in(version: str = "2.15", capability: tuple[int, int] = PLAYED_CAPABILITY) -> VarlenKernel:
+    """torch `version`'s `varlen_attn` on a GPU of `capability`, as strict as the real one."""
+    return VarlenKernel(VARLEN_SIGNATURES[version](capability), capability=capability)
 
 
 # ---- mixer kernels ----
@@ -222,7 +353,52 @@ def _conv(fallbacks):
     return fallbacks["causal_conv1d_fn"]
 
 
-def causal_conv1d_stand_in(fallbacks: dict, ignore_seq_idx: bool = False):
+CONV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def conv1d_checks(x, weight, bias, seq_idx, initial_states, return_final_states, activation) -> None:
+    """causal-conv1d's refusals, in order: its Python function (causal_conv1d_interface.py, `CausalConv1dFn.forward`,
+    as the kernel hub's mamba-ssm bundles it), then `causal_conv1d_fwd` (csrc/causal_conv1d.cpp). A channel-last input
+    whose strides are not multiples of 8 is laid out again by the hub's Python, not refused."""
+    if activation not in (None, "silu", "swish"):
+        raise NotImplementedError("activation must be None, silu, or swish")
+    if seq_idx is not None:
+        assert initial_states is None, "initial_states must be None if seq_idx is not None"
+        assert not return_final_states, "If seq_idx is not None, we don't return final_states_out"
+    if x.stride(2) != 1 and x.stride(1) != 1:  # the Python side makes such an input contiguous
+        x = x.contiguous()
+    if x.dtype not in CONV_DTYPES:
+        raise RuntimeError("Expected input_type == at::ScalarType::Float || ... to be true, but got false.")
+    if weight.dtype not in CONV_DTYPES:
+        raise RuntimeError("Expected weight_type == at::ScalarType::Float || ... to be true, but got false.")
+    if x.dim() != 3:
+        raise RuntimeError("x must have shape (batch_size, dim, seqlen)")
+    batch, dim, length = x.shape
+    width = weight.shape[-1]
+    if tuple(weight.shape) != (dim, width):
+        raise RuntimeError("weight must have shape (dim, width)")
+    channel_last = x.stride(1) == 1 and x.stride(2) > 1
+    if channel_last and dim % 8:
+        raise RuntimeError("causal_conv1d only supports channel dimension divisible by 8 for now")
+    if not 2 <= width <= 4:
+        raise RuntimeError("causal_conv1d only supports width between 2 and 4")
+    if bias is not None:
+        if bias.dtype != weight.dtype:
+            raise RuntimeError("Expected bias.scalar_type() == weight_type to be true, but got false.")
+        if tuple(bias.shape) != (dim,):
+            raise RuntimeError("bias must have shape (dim)")
+    if seq_idx is not None:
+        if not channel_last:
+            raise RuntimeError("seq_idx is only supported for channel last layout")
+        if seq_idx.dtype != torch.int32:
+            raise RuntimeError("Expected seq_idx.scalar_type() == torch::kInt32 to be true, but got false.")
+        if not seq_idx.is_contiguous():
+            raise RuntimeError("Expected seq_idx.is_contiguous() to be true, but got false.")
+        if tuple(seq_idx.shape) != (batch, length):
+            raise RuntimeError("seq_idx must have shape (batch_size, seqlen)")
+
+
+def causal_conv1d_stand_in(fallbacks: dict):
     reference = _conv(fallbacks)
 
     def causal_conv1d_fn(
@@ -235,36 +411,21 @@ def causal_conv1d_stand_in(fallbacks: dict, ignore_seq_idx: bool = False):
         final_states_out=None,
         activation=None,
     ):
-        width = weight.shape[-1]
-        if not 2 <= width <= 4:
-            raise RuntimeError("causal_conv1d only supports width between 2 and 4")
-        if activation not in (None, "silu", "swish"):
-            raise NotImplementedError("activation must be None, silu, or swish")
+        conv1d_checks(x, weight, bias, seq_idx, initial_states, return_final_states, activation)
         if initial_states is not None or return_final_states:
             raise NotImplementedError("the stand-in computes packed training rows only (no conv state)")
-        if seq_idx is not None:
-            if seq_idx.dtype != torch.int32:
-                raise RuntimeError("seq_idx must have dtype int32")
-            if not (x.stride(1) == 1 and x.stride(2) > 1):
-                raise RuntimeError("seq_idx is only supported for channel last layout")
-            if x.shape[1] % 8:
-                raise RuntimeError("causal_conv1d only supports channel dimension divisible by 8 for now")
-        CALLS.append(KernelCall("causal_conv1d_fn", seq_idx, dict(width=width, ignored=ignore_seq_idx)))
+        width = weight.shape[-1]
+        CALLS.append(KernelCall("causal_conv1d_fn", seq_idx, dict(width=width)))
         activation = "silu" if activation == "swish" else activation
         return _per_run(
             lambda part: reference(part, weight, bias, activation=activation),
-            None if ignore_seq_idx else seq_idx,
+            seq_idx,
             x.shape[-1],
             -1,
             x,
         )
 
     return causal_conv1d_fn
-
-
-def leaky_causal_conv1d_stand_in(fallbacks: dict):
-    """Names `seq_idx` but convolves across it: a kernel that carries one sequence into the next."""
-    return causal_conv1d_stand_in(fallbacks, ignore_seq_idx=True)
 
 
 def keyword_swallowing_causal_conv1d_stand_in(fallbacks: dict):
@@ -294,8 +455,26 @@ def chunk_gated_delta_rule_stand_in(fallbacks: dict):
         cu_seqlens=None,
         **kwargs,
     ):
+        # fla/ops/gated_delta_rule/chunk.py `chunk_gated_delta_rule` (the kernel hub's fla, version 2), then the
+        # chunked forward's head-dim assert (fla/ops/common/chunk_delta_h.py)
+        if "head_first" in kwargs:
+            raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} and "
+                f"k.shape[2]={k.shape[2]}"
+            )
+        if v.shape[2] % q.shape[2]:
+            raise ValueError(
+                f"For GVA, num_v_heads (HV={v.shape[2]}) must be evenly divisible by num_heads (H={q.shape[2]}), but "
+                f"got HV % H = {v.shape[2] % q.shape[2]}"
+            )
         if cu_seqlens is not None and q.shape[0] != 1:
-            raise ValueError(f"The batch size is expected to be 1 rather than {q.shape[0]} when using `cu_seqlens`.")
+            raise ValueError(
+                f"The batch size is expected to be 1 rather than {q.shape[0]} when using `cu_seqlens`.Please flatten "
+                "variable-length inputs before processing."
+            )
+        assert k.shape[-1] <= 256, "current kernel does not support head dimension larger than 256."
         if initial_state is not None or output_final_state:
             raise NotImplementedError("the stand-in computes packed training rows only (no recurrent state)")
         if scale is not None and not math.isclose(scale, k.shape[-1] ** -0.5):
@@ -324,6 +503,20 @@ def _chunk_scan(reference, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplu
     return out if z is None else out * F.silu(z)
 
 
+def scan_checks(x, dt, A, B, C, D, z, seq_idx) -> None:
+    """mamba-ssm's `_mamba_chunk_scan_combined_fwd` (ops/triton/ssd_combined.py): bare shape asserts."""
+    batch, length, nheads, headdim = x.shape
+    _, _, ngroups, dstate = B.shape
+    assert nheads % ngroups == 0
+    assert B.shape == (batch, length, ngroups, dstate)
+    assert dt.shape == (batch, length, nheads)
+    assert A.shape == (nheads,)
+    assert C.shape == B.shape
+    assert z is None or z.shape == x.shape
+    assert D is None or D.shape in ((nheads, headdim), (nheads,))
+    assert seq_idx is None or seq_idx.shape == (batch, length)
+
+
 def mamba_chunk_scan_stand_in(fallbacks: dict):
     reference = fallbacks["mamba_chunk_scan_combined"]
 
@@ -345,6 +538,7 @@ def mamba_chunk_scan_stand_in(fallbacks: dict):
         return_final_states=False,
         return_varlen_states=False,
     ):
+        scan_checks(x, dt, A, B, C, D, z, seq_idx)
         if initial_states is not None or return_final_states or return_varlen_states:
             raise NotImplementedError("the stand-in computes packed training rows only (no SSM state)")
         CALLS.append(KernelCall("mamba_chunk_scan_combined", seq_idx, {}))
@@ -393,16 +587,25 @@ def mamba_split_conv1d_scan_stand_in(fallbacks: dict):
     ):
         if initial_states is not None or return_final_states:
             raise NotImplementedError("the stand-in computes packed training rows only (no SSM state)")
-        if seq_idx is not None and seq_idx.dtype != torch.int32:
-            raise RuntimeError("seq_idx must have dtype int32")
-        CALLS.append(KernelCall("mamba_split_conv1d_scan_combined", seq_idx, dict(ngroups=ngroups)))
+        # `MambaSplitConv1dScanCombinedFn.forward` (ops/triton/ssd_combined.py): its asserts, then causal-conv1d's
+        # checks on the channel-last conv input it hands the kernel, then the scan's
+        assert activation in (None, "silu", "swish")
+        assert D.dim() != 1 or headdim is not None
         batch, length, _ = zxbcdt.shape
         nheads = A.shape[0]
+        assert nheads % ngroups == 0
         headdim = D.shape[1] if D.dim() == 2 else headdim
         dim = nheads * headdim
         dstate = (conv1d_weight.shape[0] - dim) // ngroups // 2
         d_nonssm = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * dstate - nheads) // 2
+        assert d_nonssm >= 0
+        assert zxbcdt.shape == (batch, length, 2 * d_nonssm + 2 * dim + 2 * ngroups * dstate + nheads)
+        assert dt_bias.shape == (nheads,) and A.shape == (nheads,)
+        assert outproj_weight is not None or outproj_bias is None
         zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
+        conv_input = xBC.contiguous().transpose(1, 2)  # (batch, channels, length), channel-last
+        conv1d_checks(conv_input, conv1d_weight, conv1d_bias, seq_idx, None, False, activation)
+        CALLS.append(KernelCall("mamba_split_conv1d_scan_combined", seq_idx, dict(ngroups=ngroups)))
         activation = "silu" if activation in ("silu", "swish") else None
         xBC = _per_run(
             lambda part: conv(part, conv1d_weight, conv1d_bias, activation=activation),

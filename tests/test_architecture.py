@@ -25,12 +25,11 @@ from trl_padfree.modeling.packability import (
     GRADIENT_TOLERANCE,
     LOG_PROB_TOLERANCE,
     architecture_verdict,
-    build_twin,
     check_architecture,
     check_packable,
     packing_errors,
-    twin_config,
 )
+from trl_padfree.modeling.twin import build_twin, twin_config
 from trl_padfree.modeling.packed_forward import packed_row_limit
 from trl_padfree.refusals import check_packed_row_length
 

@@ -14,6 +14,7 @@ chunk (4) and four longer than the sliding window (6).
 """
 
 import logging
+import math
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ from tiny_fixtures import make_model
 from trl_padfree.modeling.attention import rows
 from trl_padfree.modeling.attention import varlen as attention
 from trl_padfree.modeling.attention.interface import attention_chunk_size, padfree_varlen_attention
-from trl_padfree.modeling.attention.varlen import varlen_kernel_plan
+from trl_padfree.modeling.attention.plan import varlen_kernel_plan
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.kernels import varlen_kernel
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
@@ -499,7 +500,7 @@ TORCH_SIGNATURES = {
     "2.11": POSITIONAL | {"return_aux", "scale", "window_size"},
     "2.12": POSITIONAL | {"return_aux", "scale", "window_size", "enable_gqa"},
 }
-PLAIN_LAYER = dict(dtype=torch.bfloat16, grouped=True, head_dim=HEAD_DIM, scaling=SCALING)
+PLAIN_LAYER = dict(dtype=torch.bfloat16, heads=NUM_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, scaling=SCALING)
 
 
 @pytest.mark.parametrize(
@@ -520,7 +521,7 @@ def test_kernel_plan_of_a_plain_grouped_layer(torch_version, options, expand_hea
 
 @pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
 def test_kernel_plan_without_grouped_heads_passes_no_gqa(torch_version):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "grouped": False})
+    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "kv_heads": NUM_HEADS})
 
     assert "enable_gqa" not in plan.options
     assert not plan.expand_heads
@@ -570,6 +571,97 @@ def test_kernel_plan_falls_back_without_a_way_to_mask_causally():
     plan = varlen_kernel_plan(POSITIONAL | {"return_aux"}, **PLAIN_LAYER)
 
     assert "causal masking" in plan.fallback
+
+
+# ---- the kernel's limits: dtypes, head dims ----
+
+
+def test_kernel_plan_pads_a_narrower_value_to_the_query_head_dim():
+    # Multi-head latent attention (DeepSeek-V3): query and key 192, value 128; the kernel takes one head dim
+    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **{**PLAIN_LAYER, "head_dim": 192, "value_head_dim": 128})
+
+    assert plan.on_kernel and plan.padded_head_dim == 192 and plan.value_head_dim == 128
+    assert plan.padding == "the value padded from 128 to the query's 192"
+
+
+@pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
+def test_kernel_plan_pads_a_head_dim_that_is_not_a_multiple_of_8_and_keeps_its_scale(torch_version):
+    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "head_dim": 100, "scaling": None})
+
+    if torch_version == "2.10":  # no `scale`: the padded query's default scale would be wrong
+        assert "takes no `scale`" in plan.fallback
+    else:
+        assert plan.padded_head_dim == 104 and plan.value_head_dim == 100
+        assert plan.options["scale"] == 100**-0.5
+
+
+@pytest.mark.parametrize("head_dims", [(512, 512), (288, 256), (192, 320)])
+def test_kernel_plan_runs_head_dims_above_256_per_segment(head_dims):
+    head_dim, value_head_dim = head_dims
+    plan = varlen_kernel_plan(
+        TORCH_SIGNATURES["2.12"], **{**PLAIN_LAYER, "head_dim": head_dim, "value_head_dim": value_head_dim}
+    )
+
+    assert plan.fallback == f"head dim {max(head_dims)} (the Flash kernel takes at most 256)"
+
+
+def test_kernel_plan_casts_mixed_inputs_to_the_dtype_it_computes_in():
+    # TRL's default: float32 queries and keys (RoPE's float32 cos/sin) and bf16 values, under bf16 autocast
+    mixed = (torch.float32, torch.float32, torch.bfloat16)
+    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **PLAIN_LAYER, input_dtypes=mixed)
+    assert plan.on_kernel and plan.cast_to == torch.bfloat16
+
+    same = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **PLAIN_LAYER, input_dtypes=(torch.bfloat16,) * 3)
+    assert same.cast_to is None
+
+
+@pytest.mark.parametrize(
+    "inputs, autocast, weights, expected",
+    [
+        ((torch.bfloat16,) * 3, None, None, torch.bfloat16),  # bf16 weights
+        ((torch.float32, torch.float32, torch.bfloat16), torch.bfloat16, None, torch.bfloat16),  # TRL's default
+        ((torch.float32,) * 3, torch.float16, None, torch.float16),  # fp16 autocast
+        ((torch.float32, torch.float32, torch.bfloat16), None, torch.bfloat16, torch.bfloat16),  # float32 norms
+        ((torch.float32,) * 3, None, torch.float32, torch.float32),  # float32 without autocast: per segment
+    ],
+    ids=["bf16", "trl_default", "fp16_autocast", "float32_norms", "float32"],
+)
+def test_the_kernel_computes_in_autocasts_dtype_else_the_weights(inputs, autocast, weights, expected):
+    from trl_padfree.modeling.attention.plan import kernel_dtype
+
+    read = []
+
+    def weights_dtype():
+        read.append(1)
+        return weights
+
+    assert kernel_dtype(inputs, autocast, weights_dtype) == expected
+    assert bool(read) == (weights is not None)  # the weights are read only when neither inputs nor autocast decide
+
+
+@pytest.mark.parametrize(
+    "head_dim, value_head_dim", [(192, 128), (100, 100), (8, 8)], ids=["latent_value", "not_multiple_of_8", "plain"]
+)
+def test_the_strict_kernel_gets_padded_inputs_and_the_output_is_cropped(head_dim, value_head_dim):
+    from stand_in_kernels import CALLS, calls_of, varlen_stand_in
+
+    from trl_padfree.modeling.kernels import stand_in_kernels
+
+    lengths = [5, 1, 9]
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 4, sum(lengths), head_dim, generator=generator)
+    key = torch.randn(1, 2, sum(lengths), head_dim, generator=generator)
+    value = torch.randn(1, 2, sum(lengths), value_head_dim, generator=generator)
+    reference, _ = padfree_varlen_attention(torch.nn.Module(), query, key, value, None, **with_cu_seq_lens(lengths))
+    CALLS.clear()
+
+    with stand_in_kernels(varlen=varlen_stand_in("2.15")), torch.autocast("cpu", dtype=torch.bfloat16):
+        output, _ = padfree_varlen_attention(torch.nn.Module(), query, key, value, None, **with_cu_seq_lens(lengths))
+
+    (call,) = calls_of("varlen_attn")
+    assert call.details["head_dim"] == math.ceil(head_dim / 8) * 8 and call.details["input_dtype"] == torch.bfloat16
+    assert output.shape == reference.shape and output.dtype == torch.bfloat16
+    torch.testing.assert_close(output.float(), reference, atol=2e-2, rtol=2e-2)  # bf16 inputs
 
 
 def test_installed_torch_has_a_known_varlen_signature():

@@ -5,11 +5,15 @@ A host read (tests/host_reads.py) is a read of a tensor's value on the host, or 
 values: on a GPU each one waits for every kernel queued before it. Counted per training step (policy and reference
 forwards, loss, metrics, backward) against TRL's padded step on the same batch, and inside every attention call,
 where there must be none. docs/kernels.md states the counts.
+
+Both in TRL's default precision (float32 weights under bf16 autocast, where RoPE hands attention float32 queries and
+keys and bf16 values) and with bf16 weights: either way every attention call makes one kernel call.
 """
 
 import functools
 
 import pytest
+import torch
 from host_reads import HostReads, kernel_call
 from stand_in_kernels import CALLS, calls_of, varlen_stand_in
 from trainer_utils import first_batch, make_trainer
@@ -21,6 +25,8 @@ from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
 SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
 # A prefix-sharing or plain packed step may read the host at most this many times more than TRL's padded step
 EXTRA_READS_ALLOWED = 2
+# TRL's default (its `bf16=True` autocast over the float32 weights it loads), and a model loaded in bf16
+PRECISIONS = {"trl_default": dict(bf16=True), "bf16_weights": dict(dtype=torch.bfloat16)}
 
 
 def counted_stand_in() -> VarlenKernel:
@@ -32,7 +38,7 @@ def counted_stand_in() -> VarlenKernel:
         with kernel_call():
             return stand_in.function(*args, **kwargs)
 
-    return VarlenKernel(varlen_attn, stand_in.dtypes, stand_in.capability)
+    return VarlenKernel(varlen_attn, stand_in.capability)
 
 
 class AttentionCalls:
@@ -68,38 +74,47 @@ def step_counts(monkeypatch, padding_free: bool, on_step=None, **options) -> tup
         CALLS.clear()
         if on_step is not None:
             on_step()
-        with reads, trainer.compute_loss_context_manager():
-            trainer.compute_loss(trainer.model, batch).backward()
+        with reads, trainer.compute_loss_context_manager(), trainer.accelerator.autocast():
+            loss = trainer.compute_loss(trainer.model, batch)
+        with reads:
+            loss.backward()
     return reads, attention
 
 
+@pytest.fixture(scope="module", params=list(PRECISIONS))
+def precision(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def padded_reads():
+def padded_reads(precision):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        reads, _ = step_counts(monkeypatch, False)
+        reads, _ = step_counts(monkeypatch, False, **PRECISIONS[precision])
     return reads.count
 
 
 @pytest.mark.parametrize("options", [{}, SHARE], ids=["packed", "prefix_sharing"])
-def test_attention_calls_make_one_kernel_call_and_never_read_the_host(monkeypatch, options):
-    _, attention = step_counts(monkeypatch, True, **options)
+def test_attention_calls_make_one_kernel_call_and_never_read_the_host(monkeypatch, precision, options):
+    _, attention = step_counts(monkeypatch, True, **PRECISIONS[precision], **options)
     assert attention.calls, "the registered attention never ran"
     for reads, _, kernels in attention.calls:
         assert reads == 0
         assert kernels == 1
 
 
-def test_prefix_sharing_adds_a_gather_and_nothing_else_to_an_attention_call(monkeypatch):
-    _, plain = step_counts(monkeypatch, True)
-    _, shared = step_counts(monkeypatch, True, **SHARE)
+def test_prefix_sharing_adds_a_gather_and_nothing_else_to_an_attention_call(monkeypatch, precision):
+    _, plain = step_counts(monkeypatch, True, **PRECISIONS[precision])
+    _, shared = step_counts(monkeypatch, True, **PRECISIONS[precision], **SHARE)
     plain_ops = max(ops for _, ops, _ in plain.calls)
     # The keys' and the values' gather (index_select), and nothing per call beyond what the plain row does
     assert max(ops for _, ops, _ in shared.calls) <= plain_ops + 2
 
 
 @pytest.mark.parametrize("options", [{}, SHARE], ids=["packed", "prefix_sharing"])
-def test_a_packed_step_reads_the_host_at_most_twice_more_than_trls_padded_step(monkeypatch, padded_reads, options):
-    reads, _ = step_counts(monkeypatch, True, **options)
+def test_a_packed_step_reads_the_host_at_most_twice_more_than_trls_padded_step(
+    monkeypatch, precision, padded_reads, options
+):
+    reads, _ = step_counts(monkeypatch, True, **PRECISIONS[precision], **options)
     assert reads.count <= padded_reads + EXTRA_READS_ALLOWED, reads.where
 
 
@@ -123,7 +138,7 @@ def test_the_flash_backend_is_chosen_once_per_forward_and_the_users_flags_restor
     flags = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
     torch.backends.cuda.enable_flash_sdp(False)  # the user's choice, which the kernel call overrides and then restores
     try:
-        _, attention = step_counts(monkeypatch, True, on_step=entered.clear, **SHARE)
+        _, attention = step_counts(monkeypatch, True, on_step=entered.clear, bf16=True, **SHARE)
         assert len(attention.calls) == 4 and len(entered) == 2  # one per forward (policy, reference), not per call
         assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
     finally:

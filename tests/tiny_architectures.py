@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from trl_padfree.modeling.packability import twin_config
+from trl_padfree.modeling.twin import twin_config
 
 INITIALIZER_RANGE = 0.02
 TINY_LAYERS = {
@@ -74,10 +74,10 @@ HYBRID_MODEL_TYPES = (
 _PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
 
 
-def tiny_config(model_type: str, vocab_size: int, **overrides) -> PretrainedConfig:
-    """The default config of `model_type`, shrunk like the packability twin, with `TINY_LAYERS` layers (two by
-    default)."""
-    values = twin_config(AutoConfig.for_model(model_type)).to_dict()
+def tiny_config(model_type: str, vocab_size: int, real_head_dims: bool = False, **overrides) -> PretrainedConfig:
+    """The default config of `model_type`, shrunk like the packability twin (with `real_head_dims`, at the default
+    config's head dims), with `TINY_LAYERS` layers (two by default)."""
+    values = twin_config(AutoConfig.for_model(model_type), real_head_dims).to_dict()
     layers = {**TINY_LAYERS.get(model_type, DEFAULT_LAYERS), **overrides}
     count = layers["num_hidden_layers"]
     for name in _PER_LAYER_LISTS:
@@ -88,7 +88,10 @@ def tiny_config(model_type: str, vocab_size: int, **overrides) -> PretrainedConf
     if isinstance(values.get("per_layer_config"), dict):
         # Gemma 4's full-attention layers have wider heads (512 by default): keep them wider than the sliding ones
         values["per_layer_config"] = {
-            key: {name: 2 * values["head_dim"] if name == "head_dim" else value for name, value in layer.items()}
+            key: {
+                name: 2 * values["head_dim"] if name == "head_dim" and not real_head_dims else value
+                for name, value in layer.items()
+            }
             for key, layer in values["per_layer_config"].items()
             if int(key) < count
         }
@@ -112,11 +115,14 @@ def make_tiny_model(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str | None = None,
+    real_head_dims: bool = False,
     **overrides,
 ):
     """A randomly initialised tiny model of `model_type`, the same weights for the same seed, no zero tensor. The
-    attention defaults to transformers' choice for the class (sdpa, or eager where the class has no sdpa: gpt_oss)."""
-    config = tiny_config(model_type, vocab_size, **overrides)
+    attention defaults to transformers' choice for the class (sdpa, or eager where the class has no sdpa: gpt_oss).
+    With `real_head_dims`, its attention layers have the default config's head dims (Gemma 4: 256 sliding, 512
+    global; DeepSeek-V3: 192 query and key, 128 value)."""
+    config = tiny_config(model_type, vocab_size, real_head_dims, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
     with torch.no_grad():

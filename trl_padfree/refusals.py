@@ -428,6 +428,17 @@ def check_mixer_segments(mixer_class: str, packed_without_segments: bool) -> Non
         )
 
 
+def check_mixer_conv_width(mixer_class: str, width: int, refusing_kernel: tuple[str, str] | None) -> None:
+    """`refusing_kernel`: (the resolved convolution kernel, its pip distribution) when it refuses this width."""
+    if refusing_kernel is not None:
+        kernel, distribution = refusing_kernel
+        raise ValueError(
+            f"{mixer_class} layers convolve over {width} tokens, and transformers hands them to {kernel}, which takes "
+            f"widths 2 to 4 only: the model fails in transformers itself, padded or packed. Uninstall {distribution} "
+            "(transformers then runs its PyTorch convolution)."
+        )
+
+
 def check_mixer_inputs(mixer_class: str, live_cache: bool, has_mask: bool) -> None:
     if live_cache:
         raise ValueError(f"{mixer_class}: a packed forward runs without a cache (use_cache=False).")

@@ -6,6 +6,10 @@ is refused, and how long the check took. `--markdown` prints the table of docs/m
 `trl-padfree models --check MODEL` reads only the `config.json` of a hub id or local folder and says whether and how
 that model will pack: the same check the trainer runs at start-up.
 
+For `padfree_varlen`, each exact type also gets its kernel coverage (modeling/kernel_coverage.py): how many of its
+attention layers reach torch's varlen kernel on a GPU in TRL's default precision, planned at the default config's real
+head dims, and why the others run per segment (softcapping, sinks, a head dim above 256).
+
 `--vision` checks the image-text-to-text types instead (`AutoModelForImageTextToText`), each on image pairs: a tiny
 twin with its vision tower, images laid out as TRL's vision collator lays them out and packed as training packs them.
 A type whose images the check cannot give its twin yet is "unchecked", never exact; `--check` on a vision-language
@@ -15,6 +19,7 @@ config checks it the same way.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -30,7 +35,9 @@ from ..integrations.transformers import (
     image_text_to_text_class_names,
     not_decoder_only_types,
 )
+from ..modeling.backends import ATTN_IMPLEMENTATION
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
+from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
 from ..modeling.packability import Verdict, check_architecture
 from ..modeling.vision import cross_attention_refusal, image_family
 
@@ -92,10 +99,18 @@ class CoverageRow:
     model_type: str
     model_class: str
     verdicts: dict[str, Verdict]  # by attention backend
+    kernel: KernelCoverage | None = None  # where it packs exactly on padfree_varlen: its layers on the GPU kernel
 
     @property
     def seconds(self) -> float:
         return sum(verdict.seconds for verdict in self.verdicts.values())
+
+
+def _with_kernel_coverage(row: CoverageRow, model_class: type, config: PretrainedConfig) -> CoverageRow:
+    verdict = row.verdicts.get(ATTN_IMPLEMENTATION)
+    if verdict is None or not verdict.exact:
+        return row
+    return dataclasses.replace(row, kernel=kernel_coverage(model_class, config))
 
 
 def _refused_row(model_type: str, model_class: str, reason: str, backends) -> CoverageRow:
@@ -123,7 +138,7 @@ def check_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow
         )
         return _refused_row(model_type, model_class.__name__, reason, backends)
     verdicts = {backend: check_architecture(model_class, config, backend) for backend in backends}
-    return CoverageRow(model_type, model_class.__name__, verdicts)
+    return _with_kernel_coverage(CoverageRow(model_type, model_class.__name__, verdicts), model_class, config)
 
 
 @functools.cache
@@ -152,7 +167,7 @@ def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> Cove
     if image_family(model_type) is None and cross_attention_refusal(config) is None:
         return _refused_row(model_type, name, UNCHECKED, backends)
     verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}
-    return CoverageRow(model_type, name, verdicts)
+    return _with_kernel_coverage(CoverageRow(model_type, name, verdicts), model_class, config)
 
 
 def _cell(verdict: Verdict) -> str:
@@ -174,11 +189,42 @@ def summary_counts(rows: list[CoverageRow], backend: str) -> dict[str, int]:
     return counts
 
 
+def _kernel_cells(coverage: KernelCoverage | None) -> list[str]:
+    if coverage is None:
+        return ["", ""]
+    per_segment = "; ".join(f"{count}: {why}" for why, count in coverage.per_segment)
+    return [coverage.cell, (coverage.error or per_segment).replace("|", "\\|")[:120]]
+
+
+def kernel_summary(coverages: list[KernelCoverage]) -> str:
+    """One line over the exact types' kernel coverage: types wholly on the kernel, layers on it, and why not."""
+    planned = [coverage for coverage in coverages if coverage.error is None]
+    whole = sum(coverage.on_kernel == coverage.layers for coverage in planned)
+    layers = sum(coverage.layers for coverage in planned)
+    on_kernel = sum(coverage.on_kernel for coverage in planned)
+    reasons: dict[str, int] = {}
+    for coverage in planned:
+        for why, count in coverage.per_segment:
+            reason = why.split(" (")[0] if why.startswith("head dim") else why
+            reasons[reason] = reasons.get(reason, 0) + count
+    why = "; ".join(f"{count} {reason}" for reason, count in sorted(reasons.items(), key=lambda item: -item[1]))
+    return (
+        f"{ATTN_IMPLEMENTATION} on a GPU (bf16): {whole} of {len(planned)} exact types with every attention layer on "
+        f"torch's varlen kernel; {on_kernel} of {layers} layers on it; per segment: {why or 'none'}"
+        + (f"; {len(coverages) - len(planned)} not planned" if len(planned) < len(coverages) else "")
+    )
+
+
 def markdown_table(rows: list[CoverageRow], backends=CHECKED_ATTENTION) -> str:
     header = ["Model type", "Class", *backends, "Check (s)", "Why not (first refused backend)"]
+    kernel = any(row.kernel is not None for row in rows)
+    if kernel:  # after the verdicts: layers on torch's varlen kernel on a GPU (bf16), and why the rest are not
+        header[2 + len(backends) : 2 + len(backends)] = ["Varlen kernel layers (bf16)", "Per segment on a GPU"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [_cell(row.verdicts[backend]) for backend in backends]
+        if kernel:
+            cells += _kernel_cells(row.kernel)
         refused = next((row.verdicts[b] for b in backends if not row.verdicts[b].exact), None)
         why = "" if refused is None else " ".join(refused.reason.split()).replace("|", "\\|")[:160]
         lines.append(
@@ -187,12 +233,20 @@ def markdown_table(rows: list[CoverageRow], backends=CHECKED_ATTENTION) -> str:
     return "\n".join(lines)
 
 
-def describe(verdicts: dict[str, Verdict]) -> str:
-    """Plain-language answer for one model: which backends pack it, and why the others do not."""
-    lines = []
-    for backend, verdict in verdicts.items():
-        status = "packs exactly" if verdict.exact else f"refused: {verdict.reason}"
-        lines.append(f"  {backend:16s} {status} ({verdict.seconds:.1f} s)")
+def describe(verdicts: dict[str, Verdict], coverage: KernelCoverage | None = None) -> str:
+    """Plain-language answer for one model: which backends pack it, and why the others do not (a reason shared by
+    every backend said once); on `padfree_varlen`, what runs on the GPU kernel."""
+    reasons = {verdict.reason for verdict in verdicts.values()}
+    if len(verdicts) > 1 and len(reasons) == 1 and None not in reasons:
+        seconds = sum(verdict.seconds for verdict in verdicts.values())
+        lines = [f"  {', '.join(verdicts)}: refused: {reasons.pop()} ({seconds:.1f} s)"]
+    else:
+        lines = []
+        for backend, verdict in verdicts.items():
+            status = "packs exactly" if verdict.exact else f"refused: {verdict.reason}"
+            lines.append(f"  {backend:16s} {status} ({verdict.seconds:.1f} s)")
+    if coverage is not None:
+        lines.append(f"  on a GPU (TRL's default precision, its real head dims): {coverage.describe()}")
     return "\n".join(lines)
 
 
@@ -211,6 +265,9 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     else:
         model_class, config = model_class_for(config)
         verdicts = {backend: check_architecture(model_class, config, backend) for backend in backends}
+    coverage = None
+    if verdicts.get(ATTN_IMPLEMENTATION) is not None and verdicts[ATTN_IMPLEMENTATION].exact:
+        coverage = kernel_coverage(model_class, config)
     exact = [backend for backend, verdict in verdicts.items() if verdict.exact]
     if "padfree_varlen" in exact:
         advice = "padding_free=True trains it with the default packed_attn_implementation='auto'."
@@ -219,7 +276,7 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     else:
         advice = "padding_free=True refuses it; train it with padding_free=False."
     title = f"{name_or_path}: {model_class.__name__} (model type {config.model_type!r})"
-    return f"{title}\n{describe(verdicts)}\n{advice}"
+    return f"{title}\n{describe(verdicts, coverage)}\n{advice}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +285,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vision", action="store_true", help="the image-text-to-text types, checked on image pairs, instead"
     )
-    parser.add_argument("--backends", nargs="+", default=list(CHECKED_ATTENTION), choices=CHECKED_ATTENTION)
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=list(CHECKED_ATTENTION),
+        choices=CHECKED_ATTENTION,
+        help="the attention backends to check each type on (default: all three)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the markdown table of the docs")
     parser.add_argument("--trust-remote-code", action="store_true", help="with --check: allow custom config code")
     parser.set_defaults(run=run)
@@ -254,6 +317,8 @@ def run(options: argparse.Namespace) -> int:
         rows.append(row)
         if not options.markdown:
             cells = "  ".join(f"{backend}={_cell(row.verdicts[backend])}" for backend in options.backends)
+            if row.kernel is not None:
+                cells += f"  varlen-kernel-layers={row.kernel.cell}"
             print(f"[{index}/{len(types)}] {model_type:26s} {cells}  ({row.seconds:.1f} s)", flush=True)
         else:
             print(f"[{index}/{len(types)}] {model_type}", file=sys.stderr, flush=True)
@@ -264,4 +329,7 @@ def run(options: argparse.Namespace) -> int:
         f"\n{len(rows)} model types, transformers {transformers.__version__}, {elapsed:.0f} s in all. "
         + "; ".join(f"{backend}: {summary_counts(rows, backend)}" for backend in options.backends)
     )
+    planned = [row.kernel for row in rows if row.kernel is not None]
+    if planned:
+        print(kernel_summary(planned))
     return 0

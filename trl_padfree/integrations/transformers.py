@@ -90,21 +90,34 @@ class AttentionCalls:
 
 
 @contextlib.contextmanager
+def attention_calls_observed(attn_implementation: str, observe: Callable[..., None]) -> Iterator[bool]:
+    """`observe(*args, **kwargs)` before every call of a registered attention function, with the call's arguments;
+    yields False (observing nothing) for a backend that is the model's own code (eager)."""
+    if attn_implementation not in ALL_ATTENTION_FUNCTIONS:
+        yield False
+        return
+    function = ALL_ATTENTION_FUNCTIONS[attn_implementation]
+
+    @functools.wraps(function)
+    def observed(*args, **kwargs):
+        observe(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    with swapped_item(ALL_ATTENTION_FUNCTIONS, attn_implementation, observed):
+        yield True
+
+
+@contextlib.contextmanager
 def attention_calls_counted(attn_implementation: str) -> Iterator[AttentionCalls | None]:
     """Count the calls of a registered attention function (to see that a model really runs it); None for a backend
     that is the model's own code (eager), which cannot be counted."""
-    if attn_implementation not in ALL_ATTENTION_FUNCTIONS:
-        yield None
-        return
-    function, counter = ALL_ATTENTION_FUNCTIONS[attn_implementation], AttentionCalls()
+    counter = AttentionCalls()
 
-    @functools.wraps(function)
-    def counted(*args, **kwargs):
+    def count(*args, **kwargs):
         counter.calls += 1
-        return function(*args, **kwargs)
 
-    with swapped_item(ALL_ATTENTION_FUNCTIONS, attn_implementation, counted):
-        yield counter
+    with attention_calls_observed(attn_implementation, count) as observed:
+        yield counter if observed else None
 
 
 # ---- mixer kernels: transformers' kernel-hub wrappers ----

@@ -46,23 +46,34 @@ def log_once(message: str) -> None:
 
 # ---- attention: torch's varlen kernel ----
 
-# The real kernel's inputs: torch's varlen flash attention computes in half precision only
-VARLEN_DTYPES = (torch.float16, torch.bfloat16)
-# Flash attention needs Ampere (SM80) or newer
-FLASH_MIN_CAPABILITY = (8, 0)
+
+@dataclass(frozen=True)
+class FlashLimits:
+    """What ATen's Flash kernel behind torch's `varlen_attn` refuses, which every call the plan makes stays within
+    (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`; docs/kernels.md lists each
+    check with its message). `varlen_attn` pads nothing: a head dim the kernel refuses is the caller's to pad."""
+
+    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)  # and query, key, value of one dtype
+    max_head_dim: int = 256  # of the query, key and value alike: the value's head dim must equal the query's
+    head_dim_multiple: int = 8
+    min_capability: tuple[int, int] = (8, 0)  # Ampere or newer
+
+
+FLASH_LIMITS = FlashLimits()
 
 
 @dataclass(frozen=True)
 class VarlenKernel:
-    """A `varlen_attn` to call: torch's, or a stand-in with the signature of some torch release."""
+    """A `varlen_attn` to call: torch's, or a stand-in with the signature of some torch release, which refuses what the
+    real one refuses (`limits`)."""
 
     function: Callable
-    dtypes: tuple[torch.dtype, ...] = VARLEN_DTYPES
     capability: tuple[int, int] | None = None  # of the GPU a stand-in plays; None: ask the device
+    limits: FlashLimits = FLASH_LIMITS
 
     @functools.cached_property
     def parameters(self) -> frozenset[str]:
-        # By name: torch releases differ in what `varlen_attn` takes (attention.varlen_kernel_plan)
+        # By name: torch releases differ in what `varlen_attn` takes (attention.plan.varlen_kernel_plan)
         return frozenset(inspect.signature(self.function).parameters)
 
     def device_capability(self, device: torch.device) -> tuple[int, int]:
@@ -70,7 +81,8 @@ class VarlenKernel:
 
 
 @functools.cache
-def _torch_varlen_kernel() -> VarlenKernel:
+def torch_varlen_kernel() -> VarlenKernel:
+    """torch's own `varlen_attn` (CUDA; its signature and limits are known on any machine)."""
     from torch.nn.attention.varlen import varlen_attn
 
     return VarlenKernel(varlen_attn)
@@ -81,7 +93,7 @@ def varlen_kernel() -> VarlenKernel:
     stand_ins = _STAND_INS.get()
     if stand_ins is not None and stand_ins.varlen is not None:
         return stand_ins.varlen
-    return _torch_varlen_kernel()
+    return torch_varlen_kernel()
 
 
 @contextlib.contextmanager
@@ -229,19 +241,43 @@ def kernel_functions_called(mixer_class: type) -> tuple[ResolvedKernel, ...]:
 
 
 @contextlib.contextmanager
-def pytorch_fallback_kernels() -> Iterator[None]:
-    """transformers' own PyTorch fallbacks in place of every mixer kernel a package provides, for work on CPU tensors
-    (the architecture check's twin): a kernel package installed for the GPU would be handed CPU tensors. Under
-    `stand_in_kernels`, which are CPU functions, the stand-ins stay."""
-    if _STAND_INS.get() is not None:
-        yield
-        return
+def cpu_twin_kernels() -> Iterator[None]:
+    """What work on CPU tensors runs on a GPU machine (the architecture check's twin): transformers' own PyTorch
+    fallbacks in place of every mixer kernel a package provides (a kernel installed for the GPU would be handed CPU
+    tensors), and no CUDA branch. Under `stand_in_kernels` too: the stand-ins play a GPU's kernels, which refuse what
+    a float64 twin hands them, so the twin runs there as it runs beside a real GPU."""
 
     def fallback(wrapper: KernelWrapper, fallbacks: dict[str, Callable]) -> Callable | None:
         return None if wrapper.is_fallback else fallbacks[wrapper.name]
 
-    with kernel_wrappers_replaced(fallback):
-        yield
+    token = _STAND_INS.set(None)
+    try:
+        with kernel_wrappers_replaced(fallback):
+            yield
+    finally:
+        _STAND_INS.reset(token)
+
+
+# causal-conv1d's widths (csrc/causal_conv1d.cpp, `causal_conv1d_fwd`: "causal_conv1d only supports width between 2
+# and 4"), which mamba-ssm's fused split-conv-scan inherits
+CONV_KERNEL_WIDTHS = (2, 4)
+CONV_KERNELS = ("causal_conv1d_fn", "mamba_split_conv1d_scan_combined")
+
+
+def conv_kernel_refusing(mixer_class: type, width: int) -> ResolvedKernel | None:
+    """The convolution kernel `mixer_class.forward` calls, as resolved, when it refuses a convolution of `width`
+    (transformers' PyTorch fallbacks take any width)."""
+    low, high = CONV_KERNEL_WIDTHS
+    if low <= width <= high:
+        return None
+    return next(
+        (
+            kernel
+            for kernel in kernel_functions_called(mixer_class)
+            if kernel.name in CONV_KERNELS and not kernel.wrapper.is_fallback
+        ),
+        None,
+    )
 
 
 # ---- stand-ins ----

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from ..packing.layout import cu_seq_lens_from_lengths, segment_ids_from_lengths
-from ..refusals import check_mixer_inputs, check_mixer_segments
-from .kernels import MixerKernels, branch_key, log_once, mixer_kernels, takes_cuda_branch
+from ..refusals import check_mixer_conv_width, check_mixer_inputs, check_mixer_segments
+from .kernels import MixerKernels, branch_key, conv_kernel_refusing, log_once, mixer_kernels, takes_cuda_branch
 
 # The keyword argument the packed forward adds for models with stateful mixers; transformers passes it down to them
 SEGMENTS_KWARG = "padfree_mixer_segments"
@@ -128,6 +128,11 @@ def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
     """Give every stateful mixer of `model` a forward that honours `MixerSegments` (idempotent); returns their class
     names. Outside packed forwards (no `padfree_mixer_segments` keyword) the mixers run as before."""
     for mixer in stateful_mixers(model):
+        width = next(child.kernel_size[0] for child in mixer.children() if _is_causal_depthwise_conv(child))
+        refusing = conv_kernel_refusing(type(mixer), width)
+        check_mixer_conv_width(
+            type(mixer).__name__, width, None if refusing is None else (refusing.described, refusing.distribution)
+        )
         if not getattr(mixer, "_padfree_segmented", False):
             mixer.forward = _segmented_forward(mixer, mixer.forward)
             mixer._padfree_segmented = True

@@ -12,30 +12,26 @@ given small random values so that a leak cannot hide behind them. On the twin it
 log-probs and parameter gradients, in training mode (forward and backward, as the policy runs) and in eval mode
 (forward, as the reference model runs). The packed side is the training path itself: preference pairs through the
 collator (`concatenated_inputs`), `PackedBatch`, its model keyword arguments and the packed forward
-(`forward.add_packed_forward`), so a change to any of them is checked here too. Under `kernels.stand_in_kernels` the
-packed forward takes its CUDA branches, so the check runs them as well. The verdict is cached per architecture
-signature (class, backend, twin config) and kernels in force, so the real model's dtype and ZeRO-3 partitioning do
-not matter, and a trainer pays for the check once per process.
+(`forward.add_packed_forward`), so a change to any of them is checked here too. The twin runs on the CPU, on
+transformers' PyTorch fallbacks, on a GPU machine and under the tests' stand-in kernels alike (`kernels.cpu_twin_kernels`):
+the kernels' own limits are planned from the real model's shapes (attention/plan.py). The verdict is cached per
+architecture signature (class, backend, twin config), so the real model's dtype and ZeRO-3 partitioning do not matter,
+and a trainer pays for the check once per process.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass
 
 import torch
-from transformers import CONFIG_MAPPING, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from ..integrations.torch import uncompiled
 from ..integrations.transformers import (
     attention_calls_counted,
-    set_config_implementations,
     set_language_model_attention,
-    without_deepspeed_zero3,
 )
 from ..integrations.transformers import attn_implementation as running_attention
 from ..packing.collator import concatenated_inputs
@@ -46,12 +42,13 @@ from ..refusals import (
     refuse_architecture,
 )
 from .backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU, FLASH_VARLEN, PACKING_AWARE, checked_backend
-from .kernels import branch_key, mixer_kernels, pytorch_fallback_kernels
-from .mixers import mixer_calls, mixer_classes, stateful_mixers
-from .packed_forward import PackedBatch, add_packed_forward
+from .kernels import cpu_twin_kernels
+from .mixers import mixer_calls, mixer_classes
+from .packed_forward import PackedBatch
+from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
 from .vision import FAMILIES as IMAGE_FAMILIES
 from .vision import cross_attention_refusal, image_family, image_token_id
-from .vision_twin import remap_special_tokens, twin_geometry, twin_image_inputs
+from .vision_twin import twin_image_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -68,246 +65,11 @@ CHECK_SHARED_PAIRS = ((6, 3, 4), (3, 5, 2))
 CHECK_IMAGE_PAIRS = ((2, 1, 2, 3, 5), (1, 2, 1, 1, 4))
 CHECK_SHARED_IMAGE_PAIRS = ((3, 1, 2, 2, 4), (2, 2, 2, 3, 1))
 CHECK_SPECIAL_TOKENS = 8  # the twin's last token ids, where its special tokens are (vision_twin.remap_special_tokens)
-TWIN_SLIDING_WINDOW = 3
-TWIN_CHUNK_SIZE = 4
-TWIN_VOCAB_SIZE = 64
-# Float64 puts rounding far below any leak (float32 noise on a deep twin reached 3e-5); MoE experts then run
-# transformers' eager expert loop, the same per-token math as its grouped-GEMM kernels, which take no float64
-TWIN_DTYPE = torch.float64
-
 # Largest max-abs difference the check accepts: of log-probs, and of gradients relative to the largest gradient.
 # Measured on exact twins: log-probs at most 2e-6 (Gemma 4, whose norms compute in float32; 1e-7 for most), gradients
 # at most 3e-5; leaks measured 6e-4 (Falcon-H1's Mamba scan run across the whole row, before mixers.py) to 1.
 LOG_PROB_TOLERANCE = 1e-4
 GRADIENT_TOLERANCE = 1e-4
-
-# Config fields shrunk on the twin, by name as transformers' configs spell them. Layer counts and per-layer lists
-# are kept, so the twin has the real model's layer pattern.
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embedding_dim")
-_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-_KV_HEADS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "n_kv_heads")
-_SHRUNK = {
-    # widths
-    "head_dim": 8,
-    "intermediate_size": 64,
-    "intermediate_size_mlp": 64,
-    "ffn_hidden_size": 64,
-    "n_inner": 64,
-    "ffn_dim": 64,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32,
-    "moe_shared_expert_intermediate_size": 32,
-    # multi-head latent attention (DeepSeek-V2/V3 and kin)
-    "kv_lora_rank": 16,
-    "q_lora_rank": 16,
-    "qk_rope_head_dim": 4,
-    "qk_nope_head_dim": 8,
-    "v_head_dim": 8,
-    # the check's sequences must cross windows and chunks
-    "sliding_window": TWIN_SLIDING_WINDOW,
-    "attention_chunk_size": TWIN_CHUNK_SIZE,
-    "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer inputs
-    "rotary_dim": 4,  # partial rotary (GPT-J, CodeGen): at most the twin's head_dim
-    "shared_intermediate_size": 32,
-    # state-space and linear-attention mixers of hybrid models: a 32-wide twin expands to 64 inner channels
-    "mamba_n_heads": 4,
-    "mamba_num_heads": 4,
-    "mamba_d_head": 16,
-    "mamba_head_dim": 16,
-    "mamba_headdim": 16,
-    "mamba_d_ssm": 64,
-    "mamba_d_state": 8,
-    "ssm_state_size": 8,
-    "mamba_chunk_size": 8,  # scans run in chunks: the check's sequences cross them
-    "chunk_size": 8,  # (the Mamba2 mixers of Nemotron-H and Zamba2 call theirs chunk_size)
-    "n_mamba_heads": 4,
-    "linear_key_head_dim": 8,
-    "linear_value_head_dim": 8,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "block_size": 8,  # lightning attention blocks (MiniMax)
-    "linear_head_dim": 8,  # Kimi Linear's KDA, Bailing's linear attention
-    "mamba_dt_rank": 8,
-    "lru_width": 32,  # RecurrentGemma's recurrent block
-    "attention_window_size": TWIN_SLIDING_WINDOW,
-}
-# The usual initialisation scale, set on every twin whatever the real config says, so every check measures alike
-TWIN_INITIALIZER_RANGE = 0.02
-_AT_MOST = {  # expert counts: a few experts keep routing real without the size
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "n_routed_experts": 4,
-    "moe_num_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_topk": 2,
-    "moe_k": 2,
-    "n_shared_experts": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    # Mamba2 groups must divide the twin's 4 Mamba heads
-    "n_groups": 2,
-    "mamba_n_groups": 2,
-    "mamba_ngroups": 2,
-}
-
-
-def _is_randomness(name: str) -> bool:
-    """Config fields of randomness in training mode, where the check runs too: every dropout probability (configs
-    spell them `attention_dropout`, `residual_dropout`, `hidden_dropout_prob`, `resid_pdrop`, `layerdrop`...), stochastic
-    depth, and router jitter. Zeroed on the twin: a random mask differs between the packed and the separate runs."""
-    return "dropout" in name or "jitter" in name or name.endswith(("pdrop", "layerdrop")) or name == "drop_path_rate"
-
-
-# Derived on the real config from fields shrunk above (Zamba2 derives its attention widths): recomputed by the config
-# class from the shrunk values. Dropped only where they are not fields of the config class (RWKV's, JetMoE's are).
-_DERIVED = ("qk_head_dim", "attention_hidden_size", "attention_head_dim", "kv_channels", "num_query_groups")
-
-
-class TwinError(ValueError):
-    """The tiny twin of a model could not be built or run."""
-
-
-def _shrink(values: dict) -> dict:
-    shrunk = dict(values)
-    heads = next((shrunk[name] for name in _HEADS if isinstance(shrunk.get(name), int)), None)
-    for name in _HEADS:
-        if isinstance(shrunk.get(name), int):
-            shrunk[name] = 4
-    for name in _KV_HEADS:
-        kv_heads = shrunk.get(name)
-        if isinstance(kv_heads, int) and heads:
-            # Keep the kind of attention: multi-query, grouped-query or multi-head
-            shrunk[name] = 1 if kv_heads == 1 else (2 if kv_heads < heads else 4)
-    head_dim = shrunk["head_dim"] if isinstance(shrunk.get("head_dim"), int) else None
-    for name in _HIDDEN:
-        if isinstance(shrunk.get(name), int):
-            shrunk[name] = 32 if head_dim is None else 4 * _SHRUNK["head_dim"]
-    for name, size in _SHRUNK.items():
-        if isinstance(shrunk.get(name), int) and not isinstance(shrunk.get(name), bool):
-            shrunk[name] = size
-    for name, most in _AT_MOST.items():
-        if isinstance(shrunk.get(name), int) and not isinstance(shrunk.get(name), bool):
-            shrunk[name] = min(shrunk[name], most)
-    for name in shrunk:
-        if name.endswith("vocab_size") or name.startswith("vocab_size"):  # vocab_size, vocab_size_per_layer_input...
-            if isinstance(shrunk[name], int):
-                shrunk[name] = TWIN_VOCAB_SIZE
-    if isinstance(shrunk.get("qk_rope_head_dim"), int):
-        shrunk["head_dim"] = shrunk["qk_rope_head_dim"]  # multi-head latent attention rotates only this part
-    if isinstance(shrunk.get("initializer_range"), float):
-        shrunk["initializer_range"] = TWIN_INITIALIZER_RANGE
-    for name, value in list(shrunk.items()):
-        if isinstance(value, float) and _is_randomness(name):
-            shrunk[name] = 0.0
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        if shrunk.get(name) is not None:
-            shrunk[name] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}[name]
-    return shrunk
-
-
-def _shrink_override(override: dict, head_dim: int | None) -> dict:
-    # Per-layer overrides (Gemma 4's wider full-attention heads): shrunk, keeping their ratio to the base head_dim
-    shrunk = _shrink(override)
-    if isinstance(override.get("head_dim"), int) and isinstance(head_dim, int) and head_dim > 0:
-        shrunk["head_dim"] = max(1, override["head_dim"] // head_dim) * _SHRUNK["head_dim"]
-    return shrunk
-
-
-def _without_derived(values: dict, config_class: type | None) -> dict:
-    declared = set()
-    if dataclasses.is_dataclass(config_class):
-        declared = {field.name for field in dataclasses.fields(config_class)}
-    return {name: value for name, value in values.items() if name not in _DERIVED or name in declared}
-
-
-def twin_config(config: PretrainedConfig) -> PretrainedConfig:
-    """The config of the twin: every width shrunk, layer pattern kept, windows and chunks shorter than the check's
-    sequences, no dropout. Sub-configs (a multimodal model's text and vision parts) and per-layer overrides are shrunk
-    alike."""
-    values = config.to_dict()
-    for key, value in values.items():
-        if isinstance(value, dict) and "model_type" in value:  # a sub-config
-            values[key] = _without_derived(_shrink(value), CONFIG_MAPPING.get(value["model_type"]))
-        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            values[key] = {layer: _shrink_override(v, values.get("head_dim")) for layer, v in value.items()}
-    values = _without_derived(_shrink(values), type(config))
-    if image_family(config.model_type) is not None:  # small images, image features as wide as the language model
-        twin_geometry(config.model_type, values)
-        remap_special_tokens(values, TWIN_VOCAB_SIZE)
-    values.pop("dtype", None)
-    values.pop("_name_or_path", None)
-    twin = type(config).from_dict(values)
-    set_config_implementations(twin, running_attention(config))
-    return twin
-
-
-def architecture_signature(model_class: type, config: PretrainedConfig, attn_implementation: str) -> str:
-    """What the verdict depends on: the class, the attention backend and the twin's config."""
-    values = twin_config(config).to_dict()
-    for key in ("transformers_version", "architectures", "dtype", "_name_or_path", "_attn_implementation_autoset"):
-        values.pop(key, None)
-    name = f"{model_class.__module__}.{model_class.__qualname__}"
-    return json.dumps([name, attn_implementation, values], sort_keys=True, default=str)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    # A twin's matrices are 32 wide: threads only add synchronisation, which on a busy machine costs 10x
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-@contextlib.contextmanager
-def _private_rng(seed: int = 0):
-    # The twin's initialisation and random tokens must leave the training run's RNG streams untouched
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-# A twin is a few hundred thousand parameters; one far larger means a width field escaped the shrinking
-MAX_TWIN_PARAMETERS = 20_000_000
-
-
-def _check_twin_size(model_class: type, config: PretrainedConfig) -> None:
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in model_class(config).parameters())
-    if parameters > MAX_TWIN_PARAMETERS:
-        raise TwinError(
-            f"the twin would have {parameters:,} parameters (at most {MAX_TWIN_PARAMETERS:,}): some width of this "
-            "config is not shrunk by trl_padfree.architecture"
-        )
-
-
-def build_twin(model_class: type, config: PretrainedConfig, attn_implementation: str) -> PreTrainedModel:
-    """A tiny float64 instance of `model_class` on the CPU, outside any ZeRO-3 context (see module docstring)."""
-    try:
-        tiny = twin_config(config)
-        set_config_implementations(tiny, "eager", experts_implementation="eager")
-        # Built whole under ZeRO-3 too: each process checks its own twin, and a composite class would otherwise
-        # partition its parts (it builds them with `from_config`), in collectives the other processes never join
-        with _private_rng(), without_deepspeed_zero3():
-            _check_twin_size(model_class, tiny)
-            default_dtype = torch.get_default_dtype()
-            torch.set_default_dtype(TWIN_DTYPE)
-            try:
-                twin = model_class(tiny)
-            finally:
-                torch.set_default_dtype(default_dtype)
-            twin = twin.to(TWIN_DTYPE).eval()
-            for parameter in twin.parameters():
-                if not parameter.detach().any():  # a zero tensor hides a leak: a gate at 0 passes nothing on
-                    parameter.data.normal_(0.0, TWIN_INITIALIZER_RANGE)
-        set_language_model_attention(twin, attn_implementation)
-        add_packed_forward(twin)  # as the trainer's models get it, stateful mixers included (mixers.py)
-    except Exception as error:  # any failure here is the twin's, reported with what failed
-        raise TwinError(f"{type(error).__name__}: {error}") from error
-    return twin
 
 
 @dataclass(frozen=True)
@@ -320,8 +82,6 @@ class PackingErrors:
     attention_calls: int | None  # None: the backend is the model's own eager code, which cannot be counted
     # Stateful mixers (mixers.py) that never received the row's segments: their layers do not pass keywords on
     mixers_without_segments: tuple[str, ...] = ()
-    # Stateful mixers that ran the whole row through their kernels (CUDA, or stand-ins), not once per sequence
-    whole_row_mixers: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -351,12 +111,12 @@ def _relative_gradient_error(packed: list[torch.Tensor], reference: list[torch.T
     return error / (scale or 1.0)
 
 
-def _check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[dict], PackedBatch]:
+def check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[dict], PackedBatch]:
     """Random preference pairs of these token counts, packed by the collator as training packs them, and each
     sequence's inputs alone (chosen ones, then rejected ones: the padded view's order)."""
     vocab_size = twin.config.get_text_config().vocab_size
     keys = ("prompt_ids", "chosen_ids", "rejected_ids")
-    with _private_rng(seed):
+    with private_rng(seed):
         examples = [
             {key: torch.randint(vocab_size, (count,)).tolist() for key, count in zip(keys, shape, strict=True)}
             for shape in pairs
@@ -374,7 +134,7 @@ def _check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) ->
 
 
 def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: int) -> tuple[list[dict], PackedBatch]:
-    """`_check_row` with images: each pair's prompt holds `images` images between its text tokens, the batch is laid
+    """`check_row` with images: each pair's prompt holds `images` images between its text tokens, the batch is laid
     out as TRL's vision collator lays it out and packed as training packs it (packing/vision.py), and each sequence
     alone gets its own images."""
     config, family = twin.config, image_family(twin.config.model_type)
@@ -383,7 +143,7 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
     placeholder = image_token_id(config)
     text_tokens = config.get_text_config().vocab_size - CHECK_SPECIAL_TOKENS  # below the twin's special tokens
     rows, completion_starts, image_index = [[], []], [[], []], 0
-    with _private_rng(seed):
+    with private_rng(seed):
         for before, images, after, *completions in pairs:
             prompt = torch.randint(3, text_tokens, (before,)).tolist()
             for count in tokens_per_image[image_index : image_index + images]:
@@ -444,9 +204,9 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, images: bool
     if images:
         sequences, packed = _image_check_row(twin, CHECK_IMAGE_PAIRS, prefix_sharing=False, seed=1)
     else:
-        sequences, packed = _check_row(twin, CHECK_PAIRS, prefix_sharing=False, seed=1)
+        sequences, packed = check_row(twin, CHECK_PAIRS, prefix_sharing=False, seed=1)
     lengths = [inputs["input_ids"].shape[1] for inputs in sequences]
-    with _private_rng(1):
+    with private_rng(1):
         weights = torch.randn(sum(lengths), twin.get_output_embeddings().weight.shape[0], dtype=TWIN_DTYPE)
 
     twin.train()
@@ -473,7 +233,6 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, images: bool
         for name, after in calls_after.items()
         if after.ran > calls_before[name].ran and after.segmented == calls_before[name].segmented
     )
-    whole_row = tuple(name for name, after in calls_after.items() if after.whole_row > calls_before[name].whole_row)
     log_prob_error = float((packed_log_probs.detach() - reference_log_probs).abs().max())
 
     twin.eval()  # the reference model's forward
@@ -489,7 +248,6 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, images: bool
         gradients=_relative_gradient_error(packed_gradients, reference_gradients),
         attention_calls=None if calls is None else calls.calls,
         mixers_without_segments=unreached,
-        whole_row_mixers=whole_row,
     )
 
 
@@ -499,7 +257,7 @@ def shared_packing_error(twin: PreTrainedModel, attn_implementation: str, images
     if images:
         sequences, packed = _image_check_row(twin, CHECK_SHARED_IMAGE_PAIRS, prefix_sharing=True, seed=2)
     else:
-        sequences, packed = _check_row(twin, CHECK_SHARED_PAIRS, prefix_sharing=True, seed=2)
+        sequences, packed = check_row(twin, CHECK_SHARED_PAIRS, prefix_sharing=True, seed=2)
     twin.eval()
     with torch.no_grad():
         set_language_model_attention(twin, attn_implementation)
@@ -595,23 +353,9 @@ def _packing_refusal(twin: PreTrainedModel, attn_implementation: str, errors: Pa
         return (
             f"packed sequences see each other: on a tiny float64 twin the packed log-probs differ from each sequence "
             f"alone by {errors.log_probs:.2g} and the gradients by {errors.gradients:.2g} of their largest "
-            f"(tolerance {LOG_PROB_TOLERANCE:g}){_whole_row_kernels(twin, errors.whole_row_mixers)}"
+            f"(tolerance {LOG_PROB_TOLERANCE:g})"
         )
     return None
-
-
-def _whole_row_kernels(twin: PreTrainedModel, mixer_class_names: tuple[str, ...]) -> str:
-    """What a leak's reason adds when stateful mixers ran the whole row through their kernels."""
-    if not mixer_class_names:
-        return ""
-    classes = {type(mixer) for mixer in stateful_mixers(twin) if type(mixer).__name__ in mixer_class_names}
-    kernels = {kernel for mixer_class in classes for kernel in mixer_kernels(mixer_class).kernels}
-    described = ", ".join(sorted(kernel.described for kernel in kernels if kernel.boundary))
-    distributions = ", ".join(sorted({kernel.distribution for kernel in kernels if kernel.boundary}))
-    return (
-        f"; its {', '.join(mixer_class_names)} layers ran the whole row through {described}, which did not keep the "
-        f"sequences apart: uninstall {distributions} (the layers then run once per sequence)"
-    )
 
 
 _VERDICTS: dict[tuple, Verdict] = {}
@@ -628,7 +372,7 @@ def check_architecture(
     measured once per process per architecture signature."""
     try:
         signature = architecture_signature(model_class, config, attn_implementation)
-        key = (signature, prefix_sharing, images, branch_key())
+        key = (signature, prefix_sharing, images)
     except Exception as error:
         return Verdict(
             config.model_type,
@@ -641,8 +385,8 @@ def check_architecture(
             0.0,
         )
     if key not in _VERDICTS:
-        # The twin is on the CPU: mixer kernels installed for the GPU would get its tensors (kernels.py)
-        with _one_thread(), pytorch_fallback_kernels():
+        # The twin is on the CPU, as on a GPU machine: PyTorch fallbacks, no CUDA branch (kernels.py)
+        with one_thread(), cpu_twin_kernels():
             _VERDICTS[key] = _measure(model_class, config, attn_implementation, prefix_sharing, images)
     return _VERDICTS[key]
 

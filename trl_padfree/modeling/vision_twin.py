@@ -64,9 +64,10 @@ def remap_special_tokens(values: dict, vocab_size: int) -> None:
         values[name] = vocab_size - offset
 
 
-def twin_geometry(model_type: str, values: dict) -> None:
+def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -> None:
     """Fix the shrunk config of a vision-language twin (`values`, as `to_dict` gives it) so its images are small and
-    its image features as wide as its language model, in place."""
+    its image features as wide as its language model, in place; with `real_head_dims`, its mRoPE sections stay those
+    of the real heads."""
     vision, text = values.get("vision_config"), values.get("text_config")
     if vision is None or text is None:
         return
@@ -75,7 +76,7 @@ def twin_geometry(model_type: str, values: dict) -> None:
         vision["embed_dim"], vision["hidden_size"] = 32, hidden
     if "out_hidden_size" in vision:
         vision["out_hidden_size"] = hidden
-    if FAMILIES[model_type].layout == "patches":  # mRoPE: the rotary half of a head, split over time, height, width
+    if FAMILIES[model_type].layout == "patches" and not real_head_dims:  # mRoPE: the rotary half of a head
         rope = text.get("rope_parameters") or {}
         text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
         # Rotary on a fraction of each head (GLM-4V-MoE: half): heads widened so the rotary part keeps its 8 dims

@@ -96,6 +96,7 @@ def padfree_varlen_attention(
         check_row_received(packed_row)
     cu_seq_lens, max_length = row.segments(attention_chunk_size(module))
     options = dict(scaling=scaling, sliding_window=sliding_window, dropout=dropout, softcap=softcap, sinks=s_aux)
+    options["module"] = module  # whose weights' dtype the kernel computes in, for float32 inputs outside autocast
     return row.attend(query, key, value, cu_seq_lens, max_length, options).contiguous(), None
 
 

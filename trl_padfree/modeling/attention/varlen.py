@@ -1,10 +1,10 @@
 """A row's attention on its segments: torch's varlen kernel (`torch.nn.attention.varlen.varlen_attn`) on CUDA where it
 can compute the layer, else the exact per-segment attention (segments.py).
 
-The kernel's keyword arguments differ between torch releases: `varlen_kernel_plan` reads what the installed one (or a
-stand-in, modeling/kernels.py) accepts. A layer it cannot compute (logit softcapping, attention sinks, dropout, a
-sliding window or custom scale the installed torch cannot pass, fp32, a GPU older than SM80) runs per segment, and
-says so once in an INFO line on this module's logger.
+How each layer calls the kernel is planned once per forward and layer signature (plan.py: the installed torch's
+keywords, the kernel's limits, the dtype the layer computes in, value padding for multi-head latent attention). A layer
+the kernel cannot compute (logit softcapping, attention sinks, dropout, a head dim above 256, float32 without autocast,
+a GPU older than SM80) runs per segment, and says so once in an INFO line on this module's logger.
 
 An attention call does its kernel and the reshapes around it, nothing more: what depends only on the forward (which
 kernel is in force, each layer signature's plan, the GPU's capability, the Flash backend's flags) is decided once per
@@ -16,24 +16,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
-from collections.abc import Collection
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ..backends import ATTN_IMPLEMENTATION
-from ..kernels import (
-    FLASH_MIN_CAPABILITY,
-    VARLEN_DTYPES,
-    VarlenKernel,
-    flash_backend,
-    log_varlen_backend,
-    takes_cuda_branch,
-    user_backends,
-    varlen_kernel,
-)
+from ..kernels import VarlenKernel, flash_backend, log_varlen_backend, takes_cuda_branch, user_backends, varlen_kernel
+from .plan import VarlenKernelPlan, kernel_dtype, varlen_kernel_plan
 from .segments import per_segment_attention
 
 logger = logging.getLogger(__name__)
@@ -43,73 +32,6 @@ logger = logging.getLogger(__name__)
 def _log_fallback_once(message: str) -> None:
     # Attention runs in every layer of every step: say once per process which layers run per segment, and why
     logger.info(message)
-
-
-@dataclass(frozen=True)
-class VarlenKernelPlan:
-    """How to call `varlen_attn` for a layer, or why it cannot (`fallback`: the layer runs per segment instead)."""
-
-    options: dict[str, Any] = field(default_factory=dict)  # keyword arguments after `max_k`
-    expand_heads: bool = False  # repeat key/value heads to the query heads: this kernel has no `enable_gqa`
-    fallback: str | None = None
-
-
-def varlen_kernel_plan(
-    parameters: Collection[str],
-    *,
-    dtype: torch.dtype,
-    grouped: bool,
-    head_dim: int,
-    scaling: float | None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    sinks: bool = False,
-    dropout: float = 0.0,
-    dtypes: Collection[torch.dtype] = VARLEN_DTYPES,
-    capability: tuple[int, int] = FLASH_MIN_CAPABILITY,
-) -> VarlenKernelPlan:
-    """The call of a `varlen_attn` that takes the keyword `parameters` for a layer with these needs, on a GPU of
-    compute `capability`; `dtypes`: the inputs the kernel computes in.
-
-    By name, as torch releases differ: 2.10 takes `is_causal` only; 2.11 `scale` and `window_size`; 2.12 adds
-    `enable_gqa` (2.13 to 2.15 take the same). Without `enable_gqa`, grouped key/value heads are expanded; without
-    `scale`, only the default `1/sqrt(head_dim)` runs; without `window_size`, no sliding window.
-    """
-
-    def fall_back(reason: str) -> VarlenKernelPlan:
-        return VarlenKernelPlan(fallback=reason)
-
-    if tuple(capability) < FLASH_MIN_CAPABILITY:
-        major, minor = capability
-        return fall_back(f"a GPU of compute capability {major}.{minor} (the Flash kernel needs 8.0 or newer)")
-    if dtype not in dtypes:
-        takes = "/".join(str(each).removeprefix("torch.") for each in dtypes)
-        return fall_back(f"{dtype} inputs (the kernel takes {takes})")
-    if softcap is not None:
-        return fall_back("attention logit softcapping")
-    if sinks:
-        return fall_back("attention sinks")
-    if dropout > 0:
-        return fall_back("attention dropout")
-    options = {}
-    if "window_size" in parameters:
-        # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window.
-        # Both align to the bottom-right corner when a segment has more keys than queries.
-        options["window_size"] = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
-    elif sliding_window is not None:
-        return fall_back("a sliding window (this torch's varlen_attn takes no `window_size`)")
-    elif "is_causal" in parameters:
-        options["is_causal"] = True
-    else:
-        return fall_back("causal masking (this torch's varlen_attn takes neither `window_size` nor `is_causal`)")
-    if "scale" in parameters:
-        if scaling is not None:
-            options["scale"] = scaling
-    elif scaling is not None and not math.isclose(scaling, head_dim**-0.5):
-        return fall_back(f"attention scale {scaling:g} (this torch's varlen_attn takes no `scale`)")
-    if grouped and "enable_gqa" in parameters:
-        options["enable_gqa"] = True
-    return VarlenKernelPlan(options, expand_heads=grouped and "enable_gqa" not in parameters)
 
 
 class KernelSession:
@@ -135,26 +57,17 @@ class KernelSession:
             self.kernel = varlen_kernel()
         return self.kernel
 
-    def plan(self, query, key, scaling, sliding_window, dropout, softcap=None, sinks=None) -> VarlenKernelPlan:
-        signature = (query.dtype, query.shape[1], key.shape[1], query.shape[-1], scaling, sliding_window, dropout)
-        signature += (softcap, sinks is not None)
+    def plan(self, query, key, value, module=None, **options) -> VarlenKernelPlan:
+        """This layer's plan (plan.py), made at the first call of its signature in this forward."""
+        signature = (query.dtype, key.dtype, value.dtype, query.shape[1], key.shape[1], query.shape[-1])
+        signature += (value.shape[-1], options["scaling"], options["sliding_window"], options["dropout"])
+        signature += (options.get("softcap"), options.get("sinks") is not None)
         plan = self.plans.get(signature)
         if plan is None:
+            kernel = self.kernel_in_force()
             if self.capability is None:
-                self.capability = self.kernel_in_force().device_capability(query.device)
-            plan = self.plans[signature] = varlen_kernel_plan(
-                self.kernel.parameters,
-                dtype=query.dtype,
-                grouped=query.shape[1] != key.shape[1],
-                head_dim=query.shape[-1],
-                scaling=scaling,
-                sliding_window=sliding_window,
-                softcap=softcap,
-                sinks=sinks is not None,
-                dropout=dropout,
-                dtypes=self.kernel.dtypes,
-                capability=self.capability,
-            )
+                self.capability = kernel.device_capability(query.device)
+            plan = self.plans[signature] = layer_plan(kernel, self.capability, query, key, value, module, **options)
             if plan.fallback is None:
                 log_varlen_backend()
             else:
@@ -190,11 +103,76 @@ class KernelSession:
         return sdpa_kernel(list(self.user_backends))
 
 
+def layer_plan(
+    kernel: VarlenKernel,
+    capability: tuple[int, int],
+    query,
+    key,
+    value,
+    module=None,
+    *,
+    scaling,
+    sliding_window,
+    dropout,
+    softcap=None,
+    sinks=None,
+    autocast: torch.dtype | None = None,
+) -> VarlenKernelPlan:
+    """The plan of an attention call with these inputs (`(1, heads, T, dim)`) and options, for `kernel` on a GPU of
+    `capability`: what training runs (through `KernelSession`), and what the kernel coverage reports. `autocast`: the
+    autocast dtype to plan for (default: the one in force on the query's device)."""
+    dtypes = (query.dtype, key.dtype, value.dtype)
+    autocast = autocast or autocast_dtype(query.device)
+    return varlen_kernel_plan(
+        kernel.parameters,
+        dtype=kernel_dtype(dtypes, autocast, lambda: weights_dtype(module), kernel.limits),
+        input_dtypes=dtypes,
+        heads=query.shape[1],
+        kv_heads=key.shape[1],
+        head_dim=query.shape[-1],
+        value_head_dim=value.shape[-1],
+        scaling=scaling,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        sinks=sinks is not None,
+        dropout=dropout,
+        capability=capability,
+        limits=kernel.limits,
+    )
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on `device`'s type, when it is on."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+
+
+def weights_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
+    """The dtype a layer's weights compute in, as transformers' flash integration reads it: a quantized model's
+    config dtype, else its first linear layer's weight."""
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "_is_quantized"):
+        return getattr(config, "dtype", None)
+    linear = next(
+        (layer for layer in (module.modules() if module is not None else ()) if isinstance(layer, torch.nn.Linear)),
+        None,
+    )
+    return None if linear is None else linear.weight.dtype
+
+
 def _int32_on(boundaries: torch.Tensor, device: torch.device) -> torch.Tensor:
     # The rows' boundaries are int32 on the device already: no copy, no kernel
     if boundaries.dtype == torch.int32 and boundaries.device == device:
         return boundaries
     return boundaries.to(device=device, dtype=torch.int32)
+
+
+def _fitted(tensor: torch.Tensor, plan: VarlenKernelPlan) -> torch.Tensor:
+    """`(1, heads, T, dim)` -> `(T, heads, dim)` as the plan has the kernel take it: cast, padded."""
+    if plan.cast_to is not None:
+        tensor = tensor.to(plan.cast_to)
+    if plan.padded_head_dim is not None and tensor.shape[-1] != plan.padded_head_dim:
+        tensor = F.pad(tensor, (0, plan.padded_head_dim - tensor.shape[-1]))
+    return tensor[0].transpose(0, 1)
 
 
 def torch_varlen_attention(
@@ -205,16 +183,11 @@ def torch_varlen_attention(
     cu_seq_lens_k: torch.Tensor,
     max_length_q: int,
     max_length_k: int,
-    scaling: float | None,
-    sliding_window: int | None,
-    session: KernelSession | None = None,
+    plan: VarlenKernelPlan,
+    session: KernelSession,
 ) -> torch.Tensor:
-    """PyTorch's varlen attention (CUDA) on its Flash backend, called as the installed torch accepts. Inputs
-    `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`."""
-    session = session or KernelSession()
-    plan = session.plan(query, key, scaling, sliding_window, dropout=0.0)
-    if plan.fallback is not None:
-        raise ValueError(f"torch's varlen_attn cannot compute this attention: {plan.fallback}.")
+    """PyTorch's varlen attention (CUDA) on its Flash backend, called as `plan` says. Inputs `(1, heads, T, dim)`;
+    returns `(1, T_q, heads, value dim)` in the dtype the kernel computed in."""
     if plan.expand_heads:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -223,15 +196,17 @@ def torch_varlen_attention(
     boundaries_k = boundaries_q if cu_seq_lens_k is cu_seq_lens_q else _int32_on(cu_seq_lens_k, query.device)
     with session.kernel_backend():
         output = session.kernel_in_force().function(
-            query[0].transpose(0, 1),
-            key[0].transpose(0, 1),
-            value[0].transpose(0, 1),
+            _fitted(query, plan),
+            _fitted(key, plan),
+            _fitted(value, plan),
             boundaries_q,
             boundaries_k,
             max_length_q,
             max_length_k,
             **plan.options,
         )
+    if plan.value_head_dim is not None:  # the value was padded: its zeros' output cropped
+        output = output[..., : plan.value_head_dim]
     return output.unsqueeze(0)
 
 
@@ -246,27 +221,28 @@ def varlen_attention(
     *,
     session: KernelSession | None = None,
     bounds: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    module: torch.nn.Module | None = None,
     **options,
 ):
     """The CUDA kernel where it can compute this layer's attention, else the per-segment reference with the same
     semantics (which skips `skip_segments`; one kernel call computes them at little extra cost).
 
     `session`: the forward's (a call on its own gets one of its own); `bounds`: the query and key boundaries as host
-    integers, when known (the per-segment path reads them from the tensors otherwise). `options`: `scaling`,
+    integers, when known (the per-segment path reads them from the tensors otherwise); `module`: the attention layer,
+    whose weights' dtype the kernel computes in when its inputs are float32 outside autocast. `options`: `scaling`,
     `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `skip_segments`.
     """
     skip_segments = options.pop("skip_segments", frozenset())
     session = session or KernelSession()
     if session.takes_kernel(query):
-        plan = session.plan(query, key, **options)
+        plan = session.plan(query, key, value, module, **options)
         if plan.fallback is None:
             if max_length_q is None:  # a direct call without the row's lengths: read them
                 max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
                 max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())
             return torch_varlen_attention(
-                query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
-                scaling=options["scaling"], sliding_window=options["sliding_window"], session=session,
-            )  # fmt: skip
+                query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, plan, session
+            )
     with session.segment_backends():
         return per_segment_attention(
             query, key, value, cu_seq_lens_q, cu_seq_lens_k, skip_segments=skip_segments, bounds=bounds, **options

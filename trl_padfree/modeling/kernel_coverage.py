@@ -1,0 +1,124 @@
+"""Which attention layers of an architecture reach torch's varlen kernel on a GPU, and why the others do not.
+
+The architecture check's twin (twin.py) shrinks every head dim to 8, which every kernel takes; the kernel's limits
+depend on the real ones: Gemma 4's 512-wide global layers exceed the Flash kernel's 256, and multi-head latent
+attention hands it a value narrower than its query (128 against 192). So the coverage builds a second twin at the real
+head dims (`real_head_dims`), runs one packed forward of the check's row, and plans every attention call as training
+plans it (`attention.varlen.layer_plan`) in TRL's default precision (float32 weights under bf16 autocast) for the
+installed torch's `varlen_attn` on an SM80+ GPU. The forward itself runs the CPU path in float32 (bf16 matmuls are
+slow on most CPUs); the plan is what a GPU runs. The test suite runs the same twins under bf16 autocast through strict
+stand-ins of the kernel (tests/test_kernel_coverage.py), so a layer planned onto the kernel is one the kernel takes.
+
+    Gemma 4 (30 layers)   25 of 30 attention layers on torch's varlen kernel in bf16;
+                          per segment: 5 with head dim 512 (the Flash kernel takes at most 256)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+from ..integrations.transformers import attention_calls_observed
+from .attention.interface import padfree_varlen_attention
+from .attention.plan import VarlenKernelPlan
+from .attention.varlen import layer_plan
+from .backends import ATTN_IMPLEMENTATION
+from .kernels import VarlenKernel, cpu_twin_kernels, torch_varlen_kernel
+from .packability import CHECK_PAIRS, check_row
+from .twin import architecture_signature, build_twin, one_thread
+
+# TRL's default precision: float32 weights (its model loading default) under its `bf16=True` autocast
+COVERAGE_WEIGHTS = torch.float32
+COVERAGE_AUTOCAST = torch.bfloat16
+# The GPU planned for: any of SM80 or newer plans alike (an H100 here)
+COVERAGE_CAPABILITY = (9, 0)
+_ATTENTION_SIGNATURE = inspect.signature(padfree_varlen_attention)
+
+
+@dataclass(frozen=True)
+class KernelCoverage:
+    """How one forward's attention calls (one per attention layer) run on a GPU."""
+
+    layers: int
+    on_kernel: int
+    padded: tuple[tuple[str, int], ...] = ()  # of those on the kernel, (what was padded first, layers)
+    per_segment: tuple[tuple[str, int], ...] = ()  # (why, layers), most first
+    error: str | None = None
+
+    @classmethod
+    def of_plans(cls, plans: list[VarlenKernelPlan]) -> KernelCoverage:
+        on_kernel = [plan for plan in plans if plan.on_kernel]
+        padded = Counter(plan.padding for plan in on_kernel if plan.padding is not None)
+        fallbacks = Counter(plan.fallback for plan in plans if not plan.on_kernel)
+        return cls(len(plans), len(on_kernel), tuple(padded.most_common()), tuple(fallbacks.most_common()))
+
+    @property
+    def cell(self) -> str:
+        """The models table's cell: layers on the kernel of all attention layers."""
+        if self.error is not None:
+            return "?"
+        return f"{self.on_kernel}/{self.layers}" if self.layers else "-"
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"not planned: its twin at the real head dims failed ({self.error})"
+        if not self.layers:
+            return "no attention layer runs through padfree_varlen"
+        text = f"{self.on_kernel} of {self.layers} attention layers on torch's varlen kernel in bf16"
+        if self.padded:
+            text += " (" + "; ".join(f"{count} with {what}" for what, count in self.padded) + ")"
+        if self.per_segment:
+            text += "; per segment: " + "; ".join(f"{count} with {why}" for why, count in self.per_segment)
+        return text
+
+
+_COVERAGE: dict[str, KernelCoverage] = {}
+
+
+def kernel_coverage(model_class: type, config: PretrainedConfig, kernel: VarlenKernel | None = None) -> KernelCoverage:
+    """The kernel coverage of `model_class` built from `config` on `padfree_varlen` (see module docstring), for
+    `kernel` (default: the installed torch's `varlen_attn`); cached per architecture for torch's own kernel."""
+    kernel = kernel or torch_varlen_kernel()
+    try:
+        key = architecture_signature(model_class, config, ATTN_IMPLEMENTATION, real_head_dims=True)
+    except Exception as error:
+        return KernelCoverage(0, 0, error=f"{type(error).__name__}: {' '.join(str(error).split())}")
+    if kernel is torch_varlen_kernel() and key in _COVERAGE:
+        return _COVERAGE[key]
+    try:
+        with one_thread(), cpu_twin_kernels():
+            plans = planned_forward(model_class, config, kernel)
+        coverage = KernelCoverage.of_plans(plans)
+    except Exception as error:  # a twin that cannot run at its real head dims says so, not a verdict
+        coverage = KernelCoverage(0, 0, error=f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+    if kernel is torch_varlen_kernel():
+        _COVERAGE[key] = coverage
+    return coverage
+
+
+def planned_forward(model_class: type, config: PretrainedConfig, kernel: VarlenKernel) -> list[VarlenKernelPlan]:
+    """One packed forward of the real-head-dim twin, each attention call planned for `kernel` in TRL's default
+    precision (in call order: one per attention layer)."""
+    twin = build_twin(model_class, config, ATTN_IMPLEMENTATION, real_head_dims=True, dtype=COVERAGE_WEIGHTS)
+    _, packed = check_row(twin, CHECK_PAIRS, prefix_sharing=False, seed=1)
+    plans = []
+
+    def plan(*args, **kwargs) -> None:
+        bound = _ATTENTION_SIGNATURE.bind(*args, **kwargs)
+        bound.apply_defaults()
+        call = bound.arguments
+        options = {name: call[name] for name in ("scaling", "sliding_window", "softcap", "dropout")}
+        options["sinks"] = call["s_aux"]
+        query, key, value = call["query"], call["key"], call["value"]
+        module = call["module"]
+        plans.append(
+            layer_plan(kernel, COVERAGE_CAPABILITY, query, key, value, module, autocast=COVERAGE_AUTOCAST, **options)
+        )
+
+    with attention_calls_observed(ATTN_IMPLEMENTATION, plan), torch.no_grad():
+        twin(packed_batch=packed, use_cache=False)
+    return plans
