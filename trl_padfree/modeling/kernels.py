@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import logging
@@ -89,11 +90,42 @@ def torch_varlen_kernel() -> VarlenKernel:
 
 
 def varlen_kernel() -> VarlenKernel:
-    """The `varlen_attn` packed attention calls on its CUDA branch: torch's, or the stand-in in force."""
+    """The `varlen_attn` packed attention calls on its CUDA branch: torch's, or the stand-in in force (read once per
+    forward, by its `KernelSession`); counted inside `varlen_calls_counted`."""
     stand_ins = _STAND_INS.get()
-    if stand_ins is not None and stand_ins.varlen is not None:
-        return stand_ins.varlen
-    return torch_varlen_kernel()
+    kernel = stand_ins.varlen if stand_ins is not None and stand_ins.varlen is not None else torch_varlen_kernel()
+    counter = _VARLEN_CALLS.get()
+    if counter is None:
+        return kernel
+
+    @functools.wraps(kernel.function)
+    def counted(*args, **kwargs):
+        counter.calls += 1
+        return kernel.function(*args, **kwargs)
+
+    return dataclasses.replace(kernel, function=counted)
+
+
+@dataclass
+class KernelCalls:
+    calls: int = 0
+
+
+_VARLEN_CALLS: contextvars.ContextVar[KernelCalls | None] = contextvars.ContextVar(
+    "trl_padfree_varlen_calls", default=None
+)
+
+
+@contextlib.contextmanager
+def varlen_calls_counted() -> Iterator[KernelCalls]:
+    """Count the varlen kernel calls of the forwards that start inside the block (benchmarks and reports: a row
+    that fell back says so). Each forward reads the kernel once, so counting adds no work per attention call."""
+    counter = KernelCalls()
+    token = _VARLEN_CALLS.set(counter)
+    try:
+        yield counter
+    finally:
+        _VARLEN_CALLS.reset(token)
 
 
 @contextlib.contextmanager

@@ -20,15 +20,15 @@ from typing import Any, Protocol
 import torch
 
 from ..integrations.transformers import attn_implementation, mask_creation_skipped
-from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view
+from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view, token_runs
 from ..packing.prefix_sharing import SharedPrefixAttention
 from ..packing.vision import IMAGE_INPUTS, IMAGE_UNITS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS, ImageUnitSizes
 from ..refusals import check_no_cache, check_packed_row_length, check_prefix_sharing_attention
-from .attention.bidirectional import BidirectionalSpans
+from .attention.bidirectional import SpanAttention
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
 from .backends import ATTN_IMPLEMENTATION
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
-from .vision import bidirectional_marks, packed_position_ids
+from .vision import bidirectional_image_marks, packed_position_ids
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -157,12 +157,18 @@ class PackedBatch:
             "completion_mask": self.padded(self.completion_mask),
         }
 
-    def row(self, bidirectional_marks: torch.Tensor | None = None) -> PackedRow:
+    def row(self, image_marks: str | None = None) -> PackedRow:
         """How this row attends (modeling/attention/rows.py): each segment to itself, or with prefix sharing each
-        rejected branch to its prompt too; image tokens marked in `bidirectional_marks` to their whole image."""
-        spans = (
-            None if bidirectional_marks is None else BidirectionalSpans.of_row(bidirectional_marks, self.cu_seq_lens)
-        )
+        rejected branch to its prompt too; for a model whose image tokens, marked in its per-token input
+        `image_marks`, attend both ways (Gemma 3), each image's tokens to the whole image."""
+        spans = None
+        if image_marks is not None and self.image_inputs is not None:
+            spans = SpanAttention.of_row(
+                self.host.segment_key_ranges(),
+                self.host.cu_seq_lens,
+                self.image_spans(image_marks),
+                self.input_ids.device,
+            )
         bounds = self.host.cu_seq_lens
         if self.shared_prefix is not None:
             return SharedPrefixRow(
@@ -170,9 +176,14 @@ class PackedBatch:
             )
         return PackedRow(self.cu_seq_lens, self.max_length, spans=spans, bounds=bounds)
 
-    def model_kwargs(
-        self, position_ids: torch.Tensor | None = None, bidirectional_marks: torch.Tensor | None = None
-    ) -> dict[str, Any]:
+    def image_spans(self, image_marks: str) -> tuple[tuple[int, int], ...]:
+        """The runs of image tokens: the collator's host integers, or for a batch built without them the runs the
+        model's per-token input `image_marks` marks (one device read)."""
+        if self.host.image_spans is not None:
+            return self.host.image_spans
+        return token_runs(self.image_inputs[image_marks][0].tolist(), 1)
+
+    def model_kwargs(self, position_ids: torch.Tensor | None = None, image_marks: str | None = None) -> dict[str, Any]:
         # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
         # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer). `packed_row` reaches
         # `padfree_varlen` through transformers' keyword arguments
@@ -185,7 +196,7 @@ class PackedBatch:
             "max_length_q": self.max_length,
             "max_length_k": self.max_length,
             "use_cache": False,
-            PACKED_ROW_KWARG: self.row(bidirectional_marks),
+            PACKED_ROW_KWARG: self.row(image_marks),
         }
 
     def to_padded_outputs(self, outputs):
@@ -234,7 +245,7 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     if kwargs.get("labels") is not None:
         kwargs["labels"] = packed_batch.labels()
     model_kwargs = packed_batch.model_kwargs(
-        packed_position_ids(module, packed_batch), bidirectional_marks(module, packed_batch)
+        packed_position_ids(module, packed_batch), bidirectional_image_marks(module)
     )
     row = model_kwargs[PACKED_ROW_KWARG]
     with row_in_flight(row), _once_per_forward(row, packed_batch, module):

@@ -87,6 +87,12 @@ _SHRUNK = {
 }
 # The fields that set an attention layer's head dims, kept with `real_head_dims`
 HEAD_DIM_FIELDS = ("head_dim", "global_head_dim", "swa_head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+# Mamba mixers whose heads must fill `expand` times the hidden size: (expand, heads, head dim) as configs name them
+_MAMBA_WIDTHS = (
+    ("mamba_expand", "mamba_n_heads", "mamba_d_head"),
+    ("expand", "mamba_num_heads", "mamba_head_dim"),
+    ("mamba_expand", "n_mamba_heads", "mamba_headdim"),  # Zamba2
+)
 # Query heads of a twin: its hidden size is this many real head dims when it keeps them
 TWIN_HEADS = 4
 # The usual initialisation scale, set on every twin whatever the real config says, so every check measures alike
@@ -161,6 +167,14 @@ def _shrink(values: dict, real_head_dims: bool = False) -> dict:
     for name, size in _SHRUNK.items():
         if isinstance(shrunk.get(name), int) and not isinstance(shrunk.get(name), bool) and name not in kept:
             shrunk[name] = size
+    if real is not None:  # a Mamba mixer's heads fill its expanded width: kept so at the wider hidden size
+        for expand, mixer_heads, mixer_head_dim in _MAMBA_WIDTHS:
+            widths = [shrunk.get(name) for name in (expand, mixer_heads, mixer_head_dim)]
+            hidden = next((shrunk[name] for name in _HIDDEN if _is_int(shrunk.get(name))), None)
+            if all(_is_int(width) for width in widths) and hidden:
+                # (Falcon-H1 names its mixer's width itself, `mamba_d_ssm`)
+                width = shrunk["mamba_d_ssm"] if _is_int(shrunk.get("mamba_d_ssm")) else widths[0] * hidden
+                shrunk[mixer_head_dim] = width // widths[1]
     for name, most in _AT_MOST.items():
         if isinstance(shrunk.get(name), int) and not isinstance(shrunk.get(name), bool):
             shrunk[name] = min(shrunk[name], most)

@@ -80,12 +80,10 @@ def cross_attention_refusal(config) -> str | None:
     )
 
 
-def bidirectional_marks(model: torch.nn.Module | None, packed_batch: PackedBatch) -> torch.Tensor | None:
-    """The `(1, T)` marks of the row's image tokens that attend to their whole image, for a model whose images do."""
+def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
+    """For a model whose image tokens attend to the whole image (Gemma 3), the per-token input that marks them."""
     family = image_family(getattr(getattr(model, "config", None), "model_type", None))
-    if family is None or not family.bidirectional_images or packed_batch.image_inputs is None:
-        return None
-    return packed_batch.image_inputs.get(family.token_types)
+    return family.token_types if family is not None and family.bidirectional_images else None
 
 
 def position_function(model: torch.nn.Module | None) -> Callable | None:

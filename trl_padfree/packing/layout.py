@@ -78,6 +78,8 @@ class HostRow:
     prefix_starts: tuple[int, ...]  # row start of the shared prefix it reads first (prefix sharing)
     prefix_lens: tuple[int, ...]  # tokens of that prefix, 0 if none
     scored_tokens: int = 0  # completion tokens, which the LM head scores (the row's cost, `packing.balance.row_cost`)
+    # [start, end) of each run of image tokens (a vision-language row's image placeholders); None: not known
+    image_spans: tuple[tuple[int, int], ...] | None = ()
 
     @classmethod
     def of_tensors(cls, cu_seq_lens, seq_lens, seq_starts=None, prefix_starts=None, prefix_lens=None) -> HostRow:
@@ -90,6 +92,7 @@ class HostRow:
             bounds[: len(lengths)] if seq_starts is None else tuple(seq_starts.tolist()),
             none if prefix_starts is None else tuple(prefix_starts.tolist()),
             none if prefix_lens is None else tuple(prefix_lens.tolist()),
+            image_spans=None,
         )
 
     @property
@@ -108,6 +111,38 @@ class HostRow:
 
     def segment_of(self, row_position: int) -> int:
         return bisect.bisect_right(self.cu_seq_lens, row_position) - 1
+
+    def segment_key_ranges(self) -> list[list[tuple[int, int]]]:
+        """Per segment, the `[start, end)` row ranges its queries read as keys, in order: its own tokens, after the
+        prefix it shares with its pair when it is a prefix-sharing branch."""
+        prefixes = {
+            self.segment_of(start): (prefix_start, prefix_len)
+            for start, prefix_start, prefix_len in zip(
+                self.seq_starts, self.prefix_starts, self.prefix_lens, strict=True
+            )
+            if prefix_len > 0
+        }
+        ranges = []
+        for segment, (start, end) in enumerate(itertools.pairwise(self.cu_seq_lens)):
+            prefix_start, prefix_len = prefixes.get(segment, (0, 0))
+            ranges.append(([(prefix_start, prefix_start + prefix_len)] if prefix_len else []) + [(start, end)])
+        return ranges
+
+
+def token_runs(tokens: Sequence[int], token: int) -> tuple[tuple[int, int], ...]:
+    """`[start, end)` of each run of `token` in `tokens`.
+
+    >>> token_runs([5, 9, 9, 9, 5, 9, 5], 9)
+    ((1, 4), (5, 6))
+    """
+    runs, start = [], None
+    for position, value in enumerate([*tokens, None]):
+        if value == token and start is None:
+            start = position
+        elif value != token and start is not None:
+            runs.append((start, position))
+            start = None
+    return tuple(runs)
 
 
 # ---- positions and boundaries ----

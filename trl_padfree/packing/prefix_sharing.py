@@ -89,28 +89,20 @@ class SharedPrefixAttention:
     @classmethod
     def of_row(cls, row: HostRow, device: torch.device | None = None) -> SharedPrefixAttention | None:
         """From the row's host integers; None when no pair of the row shares its prefix."""
-        prefixes = {
-            row.segment_of(start): (prefix_start, prefix_len)
-            for start, prefix_start, prefix_len in zip(row.seq_starts, row.prefix_starts, row.prefix_lens, strict=True)
-            if prefix_len > 0
-        }
-        if not prefixes:
+        segment_ranges = row.segment_key_ranges()
+        branches = frozenset(segment for segment, ranges in enumerate(segment_ranges) if len(ranges) > 1)
+        if not branches:
             return None
-        key_ranges, key_lens = [], []
-        for segment, (start, end) in enumerate(itertools.pairwise(row.cu_seq_lens)):
-            prefix_start, prefix_len = prefixes.get(segment, (0, 0))
-            if prefix_len:
-                key_ranges.append(torch.arange(prefix_start, prefix_start + prefix_len))
-            key_ranges.append(torch.arange(start, end))
-            key_lens.append(prefix_len + end - start)
+        key_lens = [sum(end - start for start, end in ranges) for ranges in segment_ranges]
+        key_index = torch.cat([torch.arange(start, end) for ranges in segment_ranges for start, end in ranges])
         bounds_k = tuple(itertools.accumulate(key_lens, initial=0))
         device = device or torch.device("cpu")
         return cls(
-            key_index=host_to_device(torch.cat(key_ranges), device),
+            key_index=host_to_device(key_index, device),
             cu_seq_lens_k=host_to_device(torch.tensor(bounds_k, dtype=torch.int32), device),
             bounds_k=bounds_k,
             max_length_k=max(key_lens),
-            branch_segments=frozenset(prefixes),
+            branch_segments=branches,
         )
 
 

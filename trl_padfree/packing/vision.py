@@ -25,6 +25,7 @@ How a processor lays out a batch's images, read from the keys it returns:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ import torch
 from ..integrations.trl import DataCollatorForVisionPreference
 from ..refusals import check_image_inputs_layout, check_image_tokens, refuse_truncated_image
 from .collator import RowLayout, Sequences, lay_out_row, packed_row
+from .layout import HOST_ROW, token_runs
 from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS
 
 # The padded batch's per-token text inputs; any other `(rows, width)` tensor is a per-token input of the model
@@ -261,6 +263,10 @@ def pack_vision_batch(
     if inputs:
         row[IMAGE_UNITS] = units.unit_sizes(list(inputs), rows_with_images, images_per_row, image_tokens_per_row)
     length = row["input_ids"].shape[1]
+    # Each image's tokens as row positions, for models whose images attend to themselves both ways (Gemma 3 marks
+    # exactly these tokens in its `token_type_ids`)
+    spans = token_runs(row["input_ids"][0].tolist(), image_token_id)
+    row[HOST_ROW] = dataclasses.replace(row[HOST_ROW], image_spans=spans)
     inputs |= {key: _packed_per_token(padded, key, layout, length) for key in per_token}
     row[IMAGE_INPUTS] = inputs
     row[IMAGES_PER_SEQUENCE] = torch.tensor(images_per_row, dtype=torch.long)

@@ -21,7 +21,7 @@ from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
 from ..modeling.backends import EXACT_UNDER_ULYSSES
 from ..modeling.mixers import mixer_classes
 from ..modeling.packed_forward import PackedBatch
-from ..modeling.vision import bidirectional_marks, image_family, packed_position_ids
+from ..modeling.vision import bidirectional_image_marks, image_family, packed_position_ids
 from ..refusals import (
     check_context_parallel_attention,
     check_no_context_parallelism,
@@ -70,7 +70,7 @@ class SplitRowRun:
         )
         images = packed_batch.image_inputs is not None
         if images:  # the model's own forward embeds the whole row; its language model runs this rank's chunk
-            marks = bidirectional_marks(module, packed_batch)  # Ulysses attends over the whole row: spans and all
+            marks = bidirectional_image_marks(module)  # Ulysses attends over the whole row: spans and all
             model_kwargs = packed_batch.model_kwargs(packed_position_ids(module, packed_batch), marks)
         else:
             model_kwargs = packed_batch.model_kwargs()

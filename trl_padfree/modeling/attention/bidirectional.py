@@ -2,72 +2,128 @@
 
 Gemma 3 lets the tokens of one image see the whole image, later image tokens included, while everything else stays
 causal; on sliding-window layers the window still bounds the keys before a query (transformers: causal OR same image,
-AND the window). A packed row keeps that per segment: segments holding an image run with that explicit mask, every
-other segment through the row's usual kernel.
+AND the window). Such a row attends in two calls of the row's kernel, laid out once per forward from the collator's
+host integers (`HostRow.image_spans`): causal pieces (each run of text, with its segment's keys up to the run's end)
+and bidirectional pieces (each image, with its segment's keys up to the image's end), every piece aligned to the
+bottom-right corner of its keys, as varlen kernels align a segment with more keys than queries:
 
-    tokens    | t  t  i0 i0 i0 t  | t  i1 i1 t  t |
-    span ids  | -1 -1 0  0  0  -1 | -1 1  1  -1 -1|     (an image's tokens share an id; -1: text)
+    segment        | t0 t1 i0 i1 i2 t2 t3 |
+    causal         queries t0 t1      keys t0 t1                   text before the image
+                   queries t2 t3      keys t0 t1 i0 i1 i2 t2 t3    text after it, causal over all of it
+    bidirectional  queries i0 i1 i2   keys t0 t1 i0 i1 i2          the image's tokens: the whole image, and before it
+
+No score matrix is kept (torch's varlen kernel, or sdpa per piece, which on CUDA runs a kernel that keeps none), no
+query is computed twice, and no call reads the device. With prefix sharing, a rejected branch reads its prompt's
+images as keys, causally, as before; images lie in prompts, so their pieces are the shared segments' own tokens.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
-from .segments import explicit_attention
+from ...packing.layout import host_to_device
+from .varlen import KernelSession, varlen_attention
 
 
-@dataclass
-class BidirectionalSpans:
-    """The spans of a row (`span_ids`, per token) and the segments that hold one."""
+@dataclass(frozen=True)
+class PieceCall:
+    """One kernel call over gathered pieces: queries at row positions `query_index`, keys at `key_index`, the pieces'
+    boundaries on the device and the host."""
 
-    span_ids: torch.Tensor  # (T,) long
-    segments: frozenset[int]
+    query_index: torch.Tensor
+    key_index: torch.Tensor
+    cu_seq_lens_q: torch.Tensor
+    cu_seq_lens_k: torch.Tensor
+    bounds_q: tuple[int, ...]
+    bounds_k: tuple[int, ...]
+    max_length_q: int
+    max_length_k: int
+    causal: bool
 
     @classmethod
-    def of_row(cls, marks: torch.Tensor, cu_seq_lens: torch.Tensor) -> BidirectionalSpans | None:
-        """From a `(1, T)` row of marks (1 on the tokens of images), as Gemma 3 reads its `token_type_ids`: a span is a
-        run of marked tokens. None when the row has none."""
-        marked = marks.reshape(-1) == 1
-        if not bool(marked.any()):
+    def of_pieces(cls, pieces: list[tuple[range, list[range]]], causal: bool, device) -> PieceCall:
+        """`pieces`: (query positions, key position ranges) each."""
+        lengths_q = [len(queries) for queries, _ in pieces]
+        lengths_k = [sum(map(len, keys)) for _, keys in pieces]
+        bounds_q = tuple(itertools.accumulate(lengths_q, initial=0))
+        bounds_k = tuple(itertools.accumulate(lengths_k, initial=0))
+
+        def on_device(values) -> torch.Tensor:
+            return host_to_device(torch.tensor(values, dtype=torch.long), device)
+
+        return cls(
+            query_index=on_device([position for queries, _ in pieces for position in queries]),
+            key_index=on_device([position for _, keys in pieces for span in keys for position in span]),
+            cu_seq_lens_q=host_to_device(torch.tensor(bounds_q, dtype=torch.int32), device),
+            cu_seq_lens_k=host_to_device(torch.tensor(bounds_k, dtype=torch.int32), device),
+            bounds_q=bounds_q,
+            bounds_k=bounds_k,
+            max_length_q=max(lengths_q),
+            max_length_k=max(lengths_k),
+            causal=causal,
+        )
+
+    def attend(self, query, key, value, session: KernelSession, options: dict) -> torch.Tensor:
+        """`(1, pieces' queries, heads, dim)` for `(1, heads, T, dim)` inputs of the whole row."""
+        return varlen_attention(
+            query.index_select(2, self.query_index),
+            key.index_select(2, self.key_index),
+            value.index_select(2, self.key_index),
+            self.cu_seq_lens_q,
+            self.cu_seq_lens_k,
+            self.max_length_q,
+            self.max_length_k,
+            session=session,
+            bounds=(self.bounds_q, self.bounds_k),
+            causal=self.causal,
+            **options,
+        )
+
+
+@dataclass(frozen=True)
+class SpanAttention:
+    """A row with image spans, attended in a causal and a bidirectional call; `output_index` puts each row position's
+    output back in place from the two calls' outputs, concatenated."""
+
+    calls: tuple[PieceCall, PieceCall]
+    output_index: torch.Tensor
+
+    @classmethod
+    def of_row(
+        cls, segment_keys: list[list[tuple[int, int]]], bounds: tuple[int, ...], spans, device
+    ) -> SpanAttention | None:
+        """From the row's segment boundaries (`bounds`), each segment's key ranges (`HostRow.segment_key_ranges`) and
+        its image spans, all host integers; None without a span."""
+        if not spans:
             return None
-        starts = marked & ~torch.cat([marked.new_zeros(1), marked[:-1]])
-        span_ids = torch.where(marked, starts.long().cumsum(0) - 1, torch.full_like(marks.reshape(-1), -1))
-        positions = marked.nonzero().reshape(-1)
-        segments = torch.searchsorted(cu_seq_lens.to(positions.device).long(), positions, right=True) - 1
-        return cls(span_ids, frozenset(segments.unique().tolist()))
+        pieces: dict[bool, list[tuple[range, list[range]]]] = {True: [], False: []}
+        spans = sorted(spans)
+        for (start, end), keys in zip(itertools.pairwise(bounds), segment_keys, strict=True):
+            inside = [(a, b) for a, b in spans if start <= a < end]
+            if not inside:
+                if end > start:
+                    pieces[True].append((range(start, end), [range(*key) for key in keys]))
+                continue
+            # Images lie in prompts: their segment's keys are its own tokens (never a prefix-sharing branch's)
+            text_start = start
+            for span_start, span_end in inside:
+                if span_start > text_start:
+                    pieces[True].append((range(text_start, span_start), [range(start, span_start)]))
+                pieces[False].append((range(span_start, span_end), [range(start, span_end)]))
+                text_start = span_end
+            if end > text_start:
+                pieces[True].append((range(text_start, end), [range(start, end)]))
+        calls = tuple(PieceCall.of_pieces(pieces[causal], causal, device) for causal in (True, False))
+        order = [position for call in (True, False) for queries, _ in pieces[call] for position in queries]
+        output_index = [0] * len(order)
+        for index, position in enumerate(order):
+            output_index[position] = index
+        return cls(calls, host_to_device(torch.tensor(output_index, dtype=torch.long), device))
 
-    def attend(
-        self, query, key, value, cu_seq_lens: torch.Tensor, output: torch.Tensor, options: dict, bounds=None
-    ) -> torch.Tensor:
-        """`output` `(1, T, heads, dim)` with the segments holding spans computed again under their mask; `bounds`:
-        `cu_seq_lens` on the host, when known."""
-        bounds = cu_seq_lens.tolist() if bounds is None else bounds
-        index, values = [], []
-        for segment in sorted(self.segments):
-            start, end = bounds[segment], bounds[segment + 1]
-            mask = self._mask(start, end, options.get("sliding_window"))
-            values.append(
-                explicit_attention(
-                    query[:, :, start:end],
-                    key[:, :, start:end],
-                    value[:, :, start:end],
-                    mask,
-                    options.get("scaling"),
-                    options.get("dropout", 0.0),
-                    options.get("softcap"),
-                    options.get("sinks"),
-                ).transpose(1, 2)
-            )
-            index.append(torch.arange(start, end, device=output.device))
-        return output.index_copy(1, torch.cat(index), torch.cat(values, dim=1).to(output.dtype))
-
-    def _mask(self, start: int, end: int, window: int | None) -> torch.Tensor:
-        """Causal, or within the same span; then the sliding window's bound on earlier keys."""
-        spans = self.span_ids[start:end]
-        position = torch.arange(end - start, device=spans.device)
-        query, key = position.unsqueeze(1), position.unsqueeze(0)
-        same_span = (spans.unsqueeze(1) == spans.unsqueeze(0)) & (spans.unsqueeze(1) >= 0)
-        mask = (key <= query) | same_span
-        return mask if window is None else mask & (key > query - window)
+    def attend(self, query, key, value, session: KernelSession, options: dict) -> torch.Tensor:
+        """`(1, T, heads, dim)` for `(1, heads, T, dim)` inputs."""
+        outputs = [call.attend(query, key, value, session, options) for call in self.calls]
+        return torch.cat(outputs, dim=1).index_select(1, self.output_index)

@@ -78,12 +78,14 @@ def varlen_kernel_plan(
     softcap: float | None = None,
     sinks: bool = False,
     dropout: float = 0.0,
+    causal: bool = True,
     capability: tuple[int, int] = FLASH_LIMITS.min_capability,
     limits: FlashLimits = FLASH_LIMITS,
 ) -> VarlenKernelPlan:
     """The call of a `varlen_attn` that takes the keyword `parameters`, for a layer computing in `dtype` (its inputs
     `input_dtypes`, cast first when they differ) with these head counts, head dims and needs, on a GPU of compute
-    `capability`.
+    `capability`; `causal=False`: every query sees every key of its segment (within the window before it), as an
+    image's tokens see the whole image.
 
     By name, as torch releases differ: 2.10 takes `is_causal` only; 2.11 `scale` and `window_size`; 2.12 adds
     `enable_gqa` (2.13 to 2.15 take the same). Without `enable_gqa`, grouped key/value heads are expanded; without
@@ -96,7 +98,7 @@ def varlen_kernel_plan(
     )
     if fallback is not None:
         return VarlenKernelPlan(fallback=fallback)
-    options = _mask_options(parameters, sliding_window)
+    options = _mask_options(parameters, sliding_window, causal)
     if isinstance(options, str):
         return VarlenKernelPlan(fallback=options)
     default_scale = head_dim**-0.5
@@ -155,14 +157,17 @@ def _refusal(dtype, heads, kv_heads, head_dim, value_head_dim, padded, softcap, 
     return None
 
 
-def _mask_options(parameters: Collection[str], sliding_window: int | None) -> dict[str, Any] | str:
-    """The keywords that make the call causal (with the layer's window), or why this torch's cannot."""
+def _mask_options(parameters: Collection[str], sliding_window: int | None, causal: bool) -> dict[str, Any] | str:
+    """The keywords that mask the call as the layer masks (causal or not, within its window), or why this torch's
+    cannot."""
     if "window_size" in parameters:
-        # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window.
-        # Both align to the bottom-right corner when a segment has more keys than queries.
-        return {"window_size": (-1, 0) if sliding_window is None else (sliding_window - 1, 0)}
+        # (-1, 0) is plain causal; (W - 1, 0) keeps the query and the W - 1 keys before it, like transformers' window;
+        # a right bound of -1 keeps every later key of the segment. Windows align to the bottom-right corner when a
+        # segment has more keys than queries.
+        left = -1 if sliding_window is None else sliding_window - 1
+        return {"window_size": (left, 0 if causal else -1)}
     if sliding_window is not None:
         return "a sliding window (this torch's varlen_attn takes no `window_size`)"
     if "is_causal" in parameters:
-        return {"is_causal": True}
+        return {"is_causal": causal}
     return "causal masking (this torch's varlen_attn takes neither `window_size` nor `is_causal`)"

@@ -2,7 +2,7 @@
 keyword (transformers passes a model's keyword arguments down to its attention functions).
 
     PackedRow           each segment attends to itself: the plain packed row (with image spans, bidirectional.py,
-                        the segments holding an image attend under Gemma 3's mask)
+                        in a causal and a bidirectional call: Gemma 3's images see themselves both ways)
     SharedPrefixRow     prefix sharing (packing/prefix_sharing.py): one call, each rejected branch's keys gathered
                         after its prompt's
     ContextParallelRow  (parallel/context.py) this rank's chunk of the row against the row's gathered keys
@@ -38,7 +38,7 @@ from ...refusals import (
     refuse_layout_not_received,
     refuse_prefix_sharing_with_chunked_layers,
 )
-from .bidirectional import BidirectionalSpans
+from .bidirectional import SpanAttention
 from .varlen import KernelSession, varlen_attention
 
 PACKED_ROW_KWARG = "packed_row"
@@ -58,7 +58,7 @@ class PackedRow:
     max_length: int | None  # the longest segment; None: read from the boundaries when a kernel needs it
     attention_calls: int = field(default=0, compare=False)
     _chunked: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
-    spans: BidirectionalSpans | None = field(default=None, kw_only=True)  # image tokens that see each other
+    spans: SpanAttention | None = field(default=None, kw_only=True, repr=False)  # image tokens that see each other
     bounds: tuple[int, ...] | None = field(default=None, kw_only=True)  # `cu_seq_lens` on the host, when known
     session: KernelSession = field(default_factory=KernelSession, kw_only=True, repr=False, compare=False)
     _chunked_bounds: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
@@ -104,23 +104,15 @@ class PackedRow:
 
     def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
         """`(1, T_q, heads, dim)` for `(1, heads, T, dim)` inputs; `options`: scaling, sliding_window, dropout,
-        softcap, sinks."""
+        softcap, sinks, module."""
         self.attention_calls += 1
+        if self.spans is not None:  # (a chunked layer refused them: `segments`)
+            return self.spans.attend(query, key, value, self.session, options)
         bounds = self.host_bounds(cu_seq_lens)
-        output = varlen_attention(
+        return varlen_attention(
             query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
-            skip_segments=self.span_segments(), session=self.session, bounds=bounds and (bounds, bounds), **options,
+            session=self.session, bounds=bounds and (bounds, bounds), **options,
         )  # fmt: skip
-        return self.with_spans(query, key, value, cu_seq_lens, output, options)
-
-    def span_segments(self) -> frozenset[int]:
-        return frozenset() if self.spans is None else self.spans.segments
-
-    def with_spans(self, query, key, value, cu_seq_lens, output, options: dict) -> torch.Tensor:
-        """`output` with the segments holding image spans attended under their mask."""
-        if self.spans is None:
-            return output
-        return self.spans.attend(query, key, value, cu_seq_lens, output, options, self.host_bounds(cu_seq_lens))
 
 
 @dataclass
@@ -141,8 +133,10 @@ class SharedPrefixRow(PackedRow):
 
     def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
         self.attention_calls += 1
+        if self.spans is not None:  # laid out with each branch's prefix keys too (bidirectional.py)
+            return self.spans.attend(query, key, value, self.session, options)
         shared = self.shared
-        output = varlen_attention(
+        return varlen_attention(
             query,
             key.index_select(2, shared.key_index),
             value.index_select(2, shared.key_index),
@@ -150,13 +144,10 @@ class SharedPrefixRow(PackedRow):
             shared.cu_seq_lens_k,
             max_length,
             shared.max_length_k,
-            skip_segments=self.span_segments(),
             session=self.session,
             bounds=None if self.bounds is None else (self.bounds, shared.bounds_k),
             **options,
         )
-        # Image spans lie in prompts, so in the segments that hold their prefix: those keys are the row's own
-        return self.with_spans(query, key, value, cu_seq_lens, output, options)
 
 
 # The row of the forward in flight, when every attention call must read it

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 
 
-def _causal_mask(queries: int, keys: int, window: int | None, device: torch.device) -> torch.Tensor:
-    # Causal aligned to the bottom-right corner: query q stands at key position q + keys - queries. With transformers'
-    # sliding window, it sees keys k with q' - window < k <= q'
+def _segment_mask(queries: int, keys: int, window: int | None, causal: bool, device: torch.device) -> torch.Tensor:
+    # Aligned to the bottom-right corner: query q stands at key position q + keys - queries. Causal, it sees keys k
+    # with k <= q'; with transformers' sliding window, also q' - window < k; not causal (an image's tokens), every key
+    # of the segment within that window
     query = torch.arange(queries, device=device).unsqueeze(1) + (keys - queries)
     key = torch.arange(keys, device=device).unsqueeze(0)
-    mask = key <= query
+    mask = key <= query if causal else torch.ones(queries, keys, dtype=torch.bool, device=device)
     return mask if window is None else mask & (key > query - window)
 
 
@@ -54,16 +55,17 @@ def explicit_attention(
     return weights @ value
 
 
-def _segment_attention(query, key, value, scaling, sliding_window, dropout, softcap, sinks) -> torch.Tensor:
-    """Causal attention of one segment `(1, heads, T, dim)`, aligned to the bottom-right corner: sdpa, unless the
-    layer softcaps or has sinks."""
+def _segment_attention(query, key, value, scaling, sliding_window, dropout, softcap, sinks, causal) -> torch.Tensor:
+    """Attention of one segment `(1, heads, T, dim)`, causal (or not) aligned to the bottom-right corner: sdpa, which
+    on CUDA runs a kernel that keeps no score matrix, unless the layer softcaps or has sinks."""
     queries, keys = query.shape[2], key.shape[2]
     if softcap is not None or sinks is not None:
-        mask = _causal_mask(queries, keys, sliding_window, query.device)
+        mask = _segment_mask(queries, keys, sliding_window, causal, query.device)
         return explicit_attention(query, key, value, mask, scaling, dropout, softcap, sinks)
-    mask, is_causal = None, True
-    if keys != queries or (sliding_window is not None and keys > sliding_window):
-        mask, is_causal = _causal_mask(queries, keys, sliding_window, query.device), False
+    mask, is_causal = None, causal
+    windowed = sliding_window is not None and keys > sliding_window  # else the window bounds no query
+    if (causal and keys != queries) or windowed:
+        mask, is_causal = _segment_mask(queries, keys, sliding_window, causal, query.device), False
     return F.scaled_dot_product_attention(
         query,
         key,
@@ -85,18 +87,18 @@ def per_segment_attention(
     scaling: float | None,
     sliding_window: int | None,
     dropout: float,
-    skip_segments: frozenset[int] = frozenset(),
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    causal: bool = True,
     bounds: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Exact causal attention per segment, one `scaled_dot_product_attention` each (or `explicit_attention` with
-    `softcap` or `sinks`). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`.
+    """Exact attention per segment, one `scaled_dot_product_attention` each (or `explicit_attention` with `softcap`
+    or `sinks`). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`.
 
     Same semantics as flash attention's varlen kernel: segment i has queries `cu_seq_lens_q[i]:cu_seq_lens_q[i + 1]`
-    and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal aligned to the bottom-right corner when it has more keys.
-    Segments in `skip_segments` are not computed (zeros): their outputs are about to be replaced. `bounds`: the same
-    boundaries as host integers, when the caller has them (else read from the tensors).
+    and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal (or, `causal=False`, every key within the window before
+    it) aligned to the bottom-right corner when it has more keys. `bounds`: the same boundaries as host integers,
+    when the caller has them (else read from the tensors).
     """
     outputs = []
     if bounds is not None:
@@ -105,11 +107,8 @@ def per_segment_attention(
         bounds_q = cu_seq_lens_q.tolist()
         bounds_k = bounds_q if cu_seq_lens_k is cu_seq_lens_q else cu_seq_lens_k.tolist()  # one read for both
     segments = zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:], strict=True)
-    for segment, (start_q, end_q, start_k, end_k) in enumerate(segments):
+    for start_q, end_q, start_k, end_k in segments:
         if end_q == start_q:
-            continue
-        if segment in skip_segments:
-            outputs.append(query.new_zeros(1, query.shape[1], end_q - start_q, value.shape[-1]))
             continue
         outputs.append(
             _segment_attention(
@@ -121,6 +120,7 @@ def per_segment_attention(
                 dropout,
                 softcap,
                 sinks,
+                causal,
             )
         )
     return torch.cat(outputs, dim=2).transpose(1, 2)

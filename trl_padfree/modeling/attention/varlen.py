@@ -61,7 +61,7 @@ class KernelSession:
         """This layer's plan (plan.py), made at the first call of its signature in this forward."""
         signature = (query.dtype, key.dtype, value.dtype, query.shape[1], key.shape[1], query.shape[-1])
         signature += (value.shape[-1], options["scaling"], options["sliding_window"], options["dropout"])
-        signature += (options.get("softcap"), options.get("sinks") is not None)
+        signature += (options.get("softcap"), options.get("sinks") is not None, options.get("causal", True))
         plan = self.plans.get(signature)
         if plan is None:
             kernel = self.kernel_in_force()
@@ -116,6 +116,7 @@ def layer_plan(
     dropout,
     softcap=None,
     sinks=None,
+    causal: bool = True,
     autocast: torch.dtype | None = None,
 ) -> VarlenKernelPlan:
     """The plan of an attention call with these inputs (`(1, heads, T, dim)`) and options, for `kernel` on a GPU of
@@ -136,6 +137,7 @@ def layer_plan(
         softcap=softcap,
         sinks=sinks is not None,
         dropout=dropout,
+        causal=causal,
         capability=capability,
         limits=kernel.limits,
     )
@@ -225,14 +227,13 @@ def varlen_attention(
     **options,
 ):
     """The CUDA kernel where it can compute this layer's attention, else the per-segment reference with the same
-    semantics (which skips `skip_segments`; one kernel call computes them at little extra cost).
+    semantics.
 
     `session`: the forward's (a call on its own gets one of its own); `bounds`: the query and key boundaries as host
     integers, when known (the per-segment path reads them from the tensors otherwise); `module`: the attention layer,
     whose weights' dtype the kernel computes in when its inputs are float32 outside autocast. `options`: `scaling`,
-    `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `skip_segments`.
+    `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `causal` (default True).
     """
-    skip_segments = options.pop("skip_segments", frozenset())
     session = session or KernelSession()
     if session.takes_kernel(query):
         plan = session.plan(query, key, value, module, **options)
@@ -244,6 +245,4 @@ def varlen_attention(
                 query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, plan, session
             )
     with session.segment_backends():
-        return per_segment_attention(
-            query, key, value, cu_seq_lens_q, cu_seq_lens_k, skip_segments=skip_segments, bounds=bounds, **options
-        )
+        return per_segment_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, bounds=bounds, **options)
