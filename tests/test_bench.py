@@ -1,5 +1,6 @@
 """`trl-padfree bench`: the batches it builds, the FLOP model it measures against, the structure of its timed steps,
-and a tiny run's JSON rows (no timing is asserted)."""
+a tiny run's JSON rows (no timing is asserted), and each precision's varlen kernel calls per attention call through
+the strict stand-in of torch's kernel (tests/stand_in_kernels.py)."""
 
 import argparse
 import ast
@@ -10,17 +11,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stand_in_kernels import varlen_stand_in
 
 from trl_padfree.cli import main
-from trl_padfree.cli.bench import (
+from trl_padfree.cli.bench import harness
+from trl_padfree.cli.bench.harness import (
     DISTRIBUTIONS,
-    PREFIX_SHARING,
-    PREFIX_SHARING_AUTO,
-    ROW_KEYS,
-    harness,
-    set_step_counts,
+    StepTimer,
+    batch_work,
+    decoder_shape,
+    make_batches,
+    make_bench_model,
 )
-from trl_padfree.cli.bench.harness import StepTimer, batch_work, decoder_shape, make_batches, make_bench_model
+from trl_padfree.cli.bench.rows import PREFIX_SHARING, PREFIX_SHARING_AUTO, ROW_KEYS, set_step_counts
+from trl_padfree.modeling.kernels import stand_in_kernels
 from trl_padfree.plan import flops
 from trl_padfree.plan.flops import (
     BatchWork,
@@ -81,6 +85,8 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys, monkey
     for row in rows:
         assert set(ROW_KEYS) <= row.keys()
         assert row["device"].startswith("cpu")
+        assert row["precision"] == "float32" and row["lora"] is False  # the CPU default: no autocast
+        assert row["varlen_calls"] == 0 and row["varlen_calls_per_attention_call"] == 0.0  # no kernel on CPU
         assert row["real_tokens"] == row["padded_mode_real_tokens"] > 0  # both modes processed the same tokens
         assert row["ideal_speedup"] == pytest.approx(row["padded_tokens"] / row["row_tokens"])
         if row["backend"] == PREFIX_SHARING:
@@ -99,6 +105,71 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys, monkey
     out = capsys.readouterr().out
     assert "| ultrafeedback | padfree_varlen |" in out and "| FLOP ideal | of FLOP ideal |" in out
     assert "| shipped | padded | 0 + 2 |" in out  # the step table: padded TRL once per distribution
+
+
+def test_rows_carry_their_precision_and_varlen_calls_per_attention_call(tmp_path, capsys):
+    """Both precisions, each against padded TRL in the same precision, through the strict stand-in of torch's
+    varlen kernel (the packed forward's CUDA branch, on CPU): with TRL's default (float32 weights under bf16
+    autocast) the queries and keys reach the kernel cast to bf16, one kernel call per attention call, as with bf16
+    weights; packed sdpa never calls it."""
+    output = tmp_path / "rows.json"
+    args = ["bench", "--model", "tiny", "--precision", "both", "--backends", "padfree_varlen", "sdpa"]
+    args += ["--prefix-sharing", "auto", "--distributions", "ultrafeedback", "--warmup", "0", "--steps", "1"]
+    args += ["--pairs-per-batch", "2", "--max-length", "32", "--output", str(output)]
+    make_bench_model("tiny", "sdpa", torch.float32)  # the model's modules imported before the stand-in
+    with stand_in_kernels(varlen=varlen_stand_in("2.15")):
+        assert main(args) == 0
+    rows = json.loads(output.read_text())
+    calls = {(row["precision"], row["backend"]): row["varlen_calls_per_attention_call"] for row in rows}
+    assert calls == {
+        (precision, backend): 0.0 if backend == "sdpa" else 1.0
+        for precision in ("trl_default", "bf16")
+        for backend in ("padfree_varlen", "sdpa", PREFIX_SHARING_AUTO)
+    }
+    layers = make_bench_model("tiny", "sdpa", torch.float32).config.num_hidden_layers
+    for row in rows:  # policy and reference forward, every layer, one measured step
+        assert row["attention_calls"] == 2 * layers
+    out = capsys.readouterr().out
+    assert "| precision | distribution | backend |" in out and "| varlen calls / attention call |" in out
+    assert "| trl_default | ultrafeedback | padfree_varlen |" in out and "| bf16 | ultrafeedback | padded |" in out
+
+
+def test_float32_without_autocast_reports_no_kernel_call(tmp_path):
+    """float32 weights with no autocast: the kernel takes half precision only, so the packed forward runs each
+    sequence apart, and the row says so (0 calls per attention call)."""
+    output = tmp_path / "rows.json"
+    args = ["bench", "--model", "tiny", "--precision", "float32", "--backends", "padfree_varlen"]
+    args += ["--no-prefix-sharing", "--distributions", "ultrafeedback", "--warmup", "0", "--steps", "1"]
+    args += ["--pairs-per-batch", "2", "--max-length", "32", "--output", str(output)]
+    with stand_in_kernels(varlen=varlen_stand_in("2.15")):
+        assert main(args) == 0
+    (row,) = json.loads(output.read_text())
+    assert row["precision"] == "float32" and row["attention_calls"] > 0 and row["varlen_calls"] == 0
+
+
+def test_lora_rows_train_adapters_over_shared_weights():
+    """--lora: the policy is a peft model, with no reference model (adapters off); every mode's trainer holds the
+    same weight storage, so a mode's peak memory counts one run's weights."""
+    from trl_padfree.cli.bench.precision import PRECISIONS
+    from trl_padfree.cli.bench.rows import build_trainers
+
+    options = argparse.Namespace(model="tiny", lora=True, backends=["padfree_varlen"], prefix_sharing="auto")
+    trainers = build_trainers(options, PRECISIONS["trl_default"], torch.device("cpu"))
+    assert list(trainers) == [None, "padfree_varlen", PREFIX_SHARING_AUTO]
+    storages = set()
+    for trainer in trainers.values():
+        assert trainer.ref_model is None and trainer.args.bf16
+        trained = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+        assert trained and all("lora_" in name for name in trained)
+        embedding = trainer.model.get_input_embeddings().weight
+        assert embedding.dtype == torch.float32
+        storages.add(embedding.untyped_storage().data_ptr())
+    assert len(storages) == 1
+
+
+def test_precision_and_lora_are_refused_outside_the_text_bench():
+    with pytest.raises(SystemExit):  # the CLI's one-line error
+        main(["bench", "--batching", "--precision", "bf16"])
 
 
 def _assert_spread_host_time_and_flops(row: dict, warmup: int, steps: int) -> None:

@@ -254,3 +254,16 @@ def test_the_planned_forward_runs_on_the_cpu_path():
             plans = planned_forward(model_class, config, torch_varlen_kernel())
     assert len(plans) == config.num_hidden_layers and all(plan.on_kernel for plan in plans)
     assert not calls_of("varlen_attn")
+
+
+def test_varlen_calls_are_counted_for_reports():
+    from trl_padfree.integrations.transformers import attention_calls_counted
+    from trl_padfree.modeling.kernels import varlen_calls_counted
+
+    make_trainer(True)
+    with stand_in_kernels(varlen=varlen_stand_in("2.15")):
+        trainer = make_trainer(True, **TRL_DEFAULT.trainer_options)
+        with varlen_calls_counted() as kernel, attention_calls_counted(ATTN_IMPLEMENTATION) as attention:
+            one_step(trainer)
+
+    assert attention.calls == kernel.calls == 2 * trainer.model.config.num_hidden_layers

@@ -525,7 +525,7 @@ TRANSFORMERS = [
     ),
     Seam(
         "transformers", "transformers.Trainer.training_step", "called positionally by the benchmark",
-        "cli/bench/__init__.py", parameters=("self", "model", "inputs"),
+        "cli/bench/harness.py", parameters=("self", "model", "inputs"),
     ),
     Seam(
         "transformers", "transformers.Trainer.current_gradient_accumulation_steps",

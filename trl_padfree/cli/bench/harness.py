@@ -9,6 +9,7 @@ Length distributions (token counts; content is random token ids, which does not 
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import platform
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from peft import LoraConfig
 
 from ...config import DPOConfig
 from ...data import load_demo_dataset, load_demo_tokenizer
@@ -176,31 +178,73 @@ def make_bench_model(
     raise ValueError(f"Unknown bench model {name!r}; choose from {sorted(DEMO_MODEL_SIZES) + sorted(MODEL_SHAPES)}.")
 
 
+# LoRA on every linear layer of the decoder (peft's "all-linear" leaves the LM head out): how an 8B model's DPO step
+# fits one GPU. The reference is then the policy with its adapters off (TRL's `ref_model=None`), no second model
+BENCH_LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+class BenchWeights:
+    """The policy's and the reference's weights of one bench model in one dtype, built once and shared by every
+    mode's trainer: each trainer gets its own modules and parameters over the same storage, so a mode's peak memory
+    holds the weights of one run (policy and reference), not those of every trainer alive. The bench takes no
+    optimizer step, so the weights never change; each trainer's gradients are its own, dropped after every step."""
+
+    def __init__(self, name: str, dtype: torch.dtype, device: torch.device):
+        self.name, self.dtype, self.device = name, dtype, device
+        self._templates: dict[str, torch.nn.Module] = {}
+
+    def model(self, role: str) -> torch.nn.Module:
+        """A fresh model of `role` ("policy" or "reference") over that role's weights (both built with seed 0, as
+        a run's reference starts equal to its policy)."""
+        if role not in self._templates:
+            self._templates[role] = make_bench_model(self.name, "sdpa", self.dtype, device=self.device)
+        template = self._templates[role]
+        # New parameters over the template's storage; a tied LM head stays tied (one parameter, one entry)
+        memo = {id(p): torch.nn.Parameter(p.data, requires_grad=p.requires_grad) for p in template.parameters()}
+        return copy.deepcopy(template, memo)
+
+
 def make_bench_trainer(
     model_name: str,
     backend: str | None,
     device: torch.device,
     dtype: torch.dtype,
     prefix_sharing: bool | str = False,
+    *,
+    bf16_autocast: bool = False,
+    lora: bool = False,
+    weights: BenchWeights | None = None,
 ) -> DPOTrainer:
-    """A padded (`backend=None`) or padding-free trainer whose models sit on `device`."""
+    """A padded (`backend=None`) or padding-free trainer whose models sit on `device`, built in `dtype` (over
+    `weights` when given, shared with other trainers), stepping under bf16 autocast with `bf16_autocast`: float32
+    weights under bf16 autocast is TRL's default precision (`DPOConfig.bf16=True`, the model loaded in float32)."""
     config = DPOConfig(
         output_dir="/tmp/trl-padfree-bench",
         padding_free=backend is not None,
         prefix_sharing=prefix_sharing,
         packed_attn_implementation=backend or "auto",
-        bf16=False,  # the models are built in `dtype`, no autocast
+        bf16=bf16_autocast,
         use_cpu=device.type == "cpu",
         activation_checkpointing=False,
         max_length=None,  # batches arrive truncated
         report_to="none",
     )
-    models = [make_bench_model(model_name, "sdpa", dtype, device=device) for _ in range(2)]
+    weights = weights or BenchWeights(model_name, dtype, device)
+    policy = weights.model("policy")
+    reference, peft_config = (None, LoraConfig(**BENCH_LORA)) if lora else (weights.model("reference"), None)
     placeholder = Dataset.from_list([{"prompt": "a", "chosen": " b", "rejected": " c"}])
     trainer = DPOTrainer(
-        models[0], models[1], config, train_dataset=placeholder, processing_class=load_demo_tokenizer()
+        policy,
+        reference,
+        config,
+        train_dataset=placeholder,
+        processing_class=load_demo_tokenizer(),
+        peft_config=peft_config,
     )
-    trainer.current_gradient_accumulation_steps = 1  # set by `train()`, which the benchmark does not run
+    # What `train()`, which the benchmark does not run, sets up: the step count it weighs by, and the policy prepared,
+    # its forward wrapped in place in accelerate's autocast under mixed precision (the reference is, at init)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.accelerator.prepare_model(trainer.model)
     return trainer
 
 

@@ -57,6 +57,7 @@ VISION_MODEL_SHAPES = {
     ),
 }  # fmt: skip
 MODES = ("padded", "padfree_varlen", "padfree_varlen+prefix_sharing")
+VISION_MAX_WORDS = 96  # completions of up to 96 words, prompts of up to 24, next to the image
 
 
 class WithoutVideoProcessor:

@@ -1,0 +1,169 @@
+"""The text bench's report: the speedup table (one line per precision, distribution and padding-free mode, against
+padded TRL), the step table (each mode's measured steps: spread, host time, FLOPs), the JSON rows and the plot."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from .harness import format_peak_mb, markdown_table
+from .rows import BenchRow
+
+TABLE_COLUMNS = (
+    "precision",
+    "distribution",
+    "backend",
+    "padded s/step",
+    "padding-free s/step",
+    "speedup",
+    "per-batch speedup (min-max)",
+    "token ideal",
+    "of token ideal",
+    "FLOP ideal",
+    "of FLOP ideal",
+    "host s/step padded",
+    "host s/step padding-free",
+    "peak MB padded",
+    "peak MB padding-free",
+    "real tokens/s",
+    "varlen calls / attention call",
+    "sharing vs unshared (ideal)",
+)
+STEP_TABLE_COLUMNS = (
+    "precision",
+    "distribution",
+    "mode",
+    "warm-up + measured",
+    "median s",
+    "min s",
+    "max s",
+    "mean s",
+    "host s (mean)",
+    "host / step",
+    "GFLOP/step",
+    "GFLOP/s",
+)
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """The speedup table: one line per precision, distribution and padding-free mode, against padded TRL in the
+    same precision."""
+    cells = (
+        [
+            row.precision,
+            row.distribution,
+            row.backend,
+            f"{row.padded_step_s:.3f}",
+            f"{row.padfree_step_s:.3f}",
+            f"{row.speedup:.2f}x",
+            f"{row.speedup_per_batch_min:.2f}-{row.speedup_per_batch_max:.2f}x",
+            f"{row.ideal_speedup:.2f}x",
+            f"{row.fraction_of_ideal:.0%}",
+            f"{row.flop_ideal_speedup:.2f}x",
+            f"{row.fraction_of_flop_ideal:.0%}",
+            _host_cell(row.padded_host_step_s, row.padded_host_bound),
+            _host_cell(row.padfree_host_step_s, row.padfree_host_bound),
+            format_peak_mb(row.padded_peak_mem_mb),
+            format_peak_mb(row.padfree_peak_mem_mb),
+            f"{row.real_tokens_per_s:,.0f}",
+            f"{row.varlen_calls_per_attention_call:.2f}",
+            _sharing_cell(row),
+        ]
+        for row in rows
+    )
+    return markdown_table(TABLE_COLUMNS, cells)
+
+
+def format_step_table(rows: list[BenchRow]) -> str:
+    """Per precision, distribution and mode (padded TRL once): the spread of its measured steps, host time, FLOPs."""
+    cells = []
+    for index, row in enumerate(rows):
+        first = index == 0 or (rows[index - 1].precision, rows[index - 1].distribution) != (
+            row.precision,
+            row.distribution,
+        )
+        modes = [("padded", "padded")] if first else []
+        for mode, prefix in [*modes, (row.backend, "padfree")]:
+            times = getattr(row, f"{prefix}_step_times_s")
+            flops = getattr(row, f"{prefix}_step_flops")
+            host = getattr(row, f"{prefix}_host_step_s")
+            cells.append(
+                [
+                    row.precision,
+                    row.distribution,
+                    mode,
+                    f"{row.warmup_steps} + {len(times)}",
+                    f"{statistics.median(times):.3f}",
+                    f"{min(times):.3f}",
+                    f"{max(times):.3f}",
+                    f"{statistics.fmean(times):.3f}",
+                    _host_cell(host, getattr(row, f"{prefix}_host_bound")),
+                    f"{host / statistics.fmean(times):.2f}",
+                    f"{flops / 1e9:,.1f}",
+                    f"{flops / statistics.fmean(times) / 1e9:,.1f}",
+                ]
+            )
+    return markdown_table(STEP_TABLE_COLUMNS, cells)
+
+
+def _host_cell(seconds: float, host_bound: bool | None) -> str:
+    return f"{seconds:.3f}" + (" host-bound" if host_bound else "")
+
+
+def _sharing_cell(row: BenchRow) -> str:
+    if row.speedup_over_unshared is None:
+        return ""
+    return f"{row.speedup_over_unshared:.2f}x ({row.ideal_speedup_over_unshared:.2f}x)"
+
+
+def plot(rows: list[BenchRow], path: str) -> None:
+    """Bars of measured speedup per distribution and backend (and precision, when several), with the ideal as a line
+    over each group."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError("--plot needs matplotlib: pip install 'trl-padfree[bench]'") from error
+    distributions = list(dict.fromkeys(row.distribution for row in rows))
+    series = list(dict.fromkeys((row.backend, row.precision) for row in rows))
+    several_precisions = len({precision for _, precision in series}) > 1
+    width = 0.8 / len(series)
+    figure, axes = plt.subplots(figsize=(2.2 + 1.6 * len(distributions), 3.6))
+    for offset, (backend, precision) in enumerate(series):
+        values = [
+            next(
+                (r.speedup for r in rows if r.distribution == d and (r.backend, r.precision) == (backend, precision)),
+                0,
+            )
+            for d in distributions
+        ]
+        positions = [index - 0.4 + width * (offset + 0.5) for index in range(len(distributions))]
+        label = f"padding-free, {backend}" + (f", {precision}" if several_precisions else "")
+        axes.bar(positions, values, width, label=label)
+    for index, distribution in enumerate(distributions):
+        ideal = next(row.ideal_speedup for row in rows if row.distribution == distribution)
+        axes.hlines(
+            ideal,
+            index - 0.45,
+            index + 0.45,
+            colors="black",
+            linestyles="dashed",
+            label="ideal" if index == 0 else None,
+        )
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xticks(range(len(distributions)), distributions)
+    axes.set_ylabel("speedup over padded TRL")
+    axes.set_title(f"{rows[0].model} on {rows[0].device}", fontsize=9)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_rows(rows: list, path: str) -> None:
+    """The rows (any of the bench's row dataclasses) as a JSON list."""
+    Path(path).write_text(json.dumps([asdict(row) for row in rows], indent=2) + "\n")
