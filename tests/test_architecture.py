@@ -29,8 +29,8 @@ from trl_padfree.modeling.packability import (
     check_packable,
     packing_errors,
 )
-from trl_padfree.modeling.twin import build_twin, twin_config
 from trl_padfree.modeling.packed_forward import packed_row_limit
+from trl_padfree.modeling.twin import build_twin, twin_config
 from trl_padfree.refusals import check_packed_row_length
 
 # The families users train, every one exact on padfree_varlen (docs/models-and-backends.md has them all)

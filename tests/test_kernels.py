@@ -250,7 +250,16 @@ def test_the_whole_row_needs_every_kernel_to_take_its_boundaries(model_type):
             assert "given `seq_idx`" in decision.reason or "given `cu_seqlens`" in decision.reason
 
 
-@pytest.mark.parametrize("model_type", POPULAR_TYPES + HYBRID_MODEL_TYPES)
+# Hybrids in the default run: a gated delta rule, a short convolution, Mamba2 beside attention and in its own layers;
+# the others (each a few seconds in bf16 on a CPU) with -m slow
+DEFAULT_HYBRIDS = ("qwen3_5_text", "lfm2", "nemotron_h", "falcon_h1")
+FAMILIES = POPULAR_TYPES + tuple(
+    model_type if model_type in DEFAULT_HYBRIDS else pytest.param(model_type, marks=pytest.mark.slow)
+    for model_type in HYBRID_MODEL_TYPES
+)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
 def test_every_family_trains_one_step_equal_to_padded_trl_through_the_cuda_branches(model_type):
     padded = trl_default_step(False, model_factory=factory(model_type))
 

@@ -17,8 +17,9 @@ Two kinds of kernels run a whole packed row on CUDA:
 Both choices are logged once per process (INFO, `trl_padfree.modeling.kernels`).
 
 `stand_in_kernels(...)` makes the packed forward take its CUDA branches on CPU tensors, with stand-in functions of the
-kernels' real signatures in place of the real ones (tests/stand_in_kernels.py): so the branches that only run on a GPU
-are exercised by the CPU test suite, and the architecture check (architecture.py) runs them too.
+kernels' real signatures in place of the real ones, refusing what they refuse (tests/stand_in_kernels.py): so the
+branches that only run on a GPU are exercised by the CPU test suite against the kernels' real limits. The architecture
+check's twin runs on the CPU path even then, as beside a real GPU (`cpu_twin_kernels`).
 """
 
 from __future__ import annotations

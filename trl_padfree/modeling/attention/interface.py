@@ -4,9 +4,11 @@ Each sequence of a packed row attends only to itself, causally, read from its ro
 the packed forward passes, or `cu_seq_lens_q` / the `position_ids` of one row for a direct call). A call is three
 steps, whatever the row: validate it, cut the row's segments as this layer needs them, let the row attend:
 
-- CUDA, fp16/bf16, SM80+: PyTorch's own varlen attention on its Flash backend, chosen explicitly (varlen.py,
-  modeling/kernels.py), so no flash-attn package is needed;
-- elsewhere (CPU, fp32, or a layer the kernel cannot compute): exact attention per segment (segments.py).
+- CUDA, SM80+, half precision (bf16/fp16 weights, or float32 weights under autocast: cast first), head dims the
+  kernel takes (padded where it needs them): PyTorch's own varlen attention on its Flash backend, chosen explicitly
+  (varlen.py, plan.py, modeling/kernels.py), so no flash-attn package is needed;
+- elsewhere (CPU, float32 without autocast, or a layer the kernel cannot compute): exact attention per segment
+  (segments.py).
 
 Chunked attention layers (llama4's local layers) let a token see only the keys of its own chunk of
 `attention_chunk_size` tokens, counted from the start of its sequence: as transformers counts them for a sequence
