@@ -1,0 +1,115 @@
+"""The generated docs pages match what they are generated from (tools/generate_docs.py).
+
+Nothing here imports trl_padfree or TRL: the config is read from source, so this file runs in about a second.
+"""
+
+import re
+import textwrap
+
+import pytest
+
+from tools import generate_docs
+from tools.generate_docs import Field, docstring_problems, parse_docstring
+
+REGENERATE = "run `python -m tools.generate_docs` from the repository root and commit the page"
+
+
+@pytest.mark.parametrize("page", sorted(generate_docs.PAGES))
+def test_committed_page_is_the_generator_output(page):
+    committed = (generate_docs.ROOT / page).read_text()
+    assert committed == generate_docs.PAGES[page](), f"{page} is stale: {REGENERATE}"
+
+
+def test_dpo_config_docstring_documents_every_field_with_its_default():
+    assert generate_docs.config_problems() == []
+
+
+def test_config_reference_lists_every_added_field():
+    added, _ = generate_docs.config_fields()
+    page = generate_docs.config_reference()
+    assert added, "no field found in trl_padfree/config.py's DPOConfig"
+    for name in added:
+        assert f"### `{name}`" in page
+
+
+def test_benchmarks_page_shows_every_bench_file():
+    page = generate_docs.benchmarks_page()
+    for path in sorted(generate_docs.BENCH.glob("*.json")):
+        assert f"(bench/{path.name})" in page, f"{path.name} has no table in docs/benchmarks.md"
+
+
+def test_every_bench_table_states_machine_versions_command_and_date():
+    page = generate_docs.benchmarks_page()
+    sections = re.split(r"\n### ", page)[1:]
+    for section in sections:
+        if "**Data**" not in section:  # the GPU-run instructions
+            continue
+        assert "**Machine**" in section and "```bash" in section and re.search(r"\d{4}-\d{2}-\d{2}", section)
+        assert "**Measured**" in section, section.splitlines()[0]
+
+
+DOCSTRING = textwrap.dedent(
+    """
+    Intro line one,
+    continued.
+
+    `padding_free=True` is honoured.
+
+    > Parameters that control a concern
+
+        budget (`int` or `None`, *optional*, defaults to `None`):
+            First paragraph,
+            wrapped.
+
+            Second paragraph (with `code`):
+                an indented example.
+
+        mode (`str`, *optional*, defaults to `"auto"`):
+            One line.
+
+    > Parameters that control another
+
+        train_sampling_strategy (`str`, *optional*, defaults to `"random"`):
+            TRL's field, honoured.
+    """
+)
+ADDED = {"budget": Field("budget", "int | None", "None"), "mode": Field("mode", "str", '"auto"')}
+INHERITED = {
+    "train_sampling_strategy": Field("train_sampling_strategy", "str", '"random"'),
+    "padding_free": Field("padding_free", "bool", "False"),
+}
+
+
+def test_parse_docstring_reads_hf_style_entries_and_groups():
+    intro, options = parse_docstring(DOCSTRING)
+    assert intro == ["Intro line one, continued.", "`padding_free=True` is honoured."]
+    assert [(o.name, o.type, o.default, o.group) for o in options] == [
+        ("budget", "`int` or `None`", "None", "Parameters that control a concern"),
+        ("mode", "`str`", '"auto"', "Parameters that control a concern"),
+        ("train_sampling_strategy", "`str`", '"random"', "Parameters that control another"),
+    ]
+    assert options[0].text == "First paragraph, wrapped.\n\nSecond paragraph (with `code`): an indented example."
+
+
+def test_docstring_problems_name_missing_extra_and_wrong_defaults():
+    assert docstring_problems(DOCSTRING, ADDED, INHERITED) == []
+    missing = {**ADDED, "window": Field("window", "int", "1000")}
+    assert docstring_problems(DOCSTRING, missing, INHERITED) == [
+        "`window` is a field of DPOConfig but its docstring does not document it"
+    ]
+    absent = {"mode": ADDED["mode"]}
+    assert docstring_problems(DOCSTRING, absent, INHERITED) == [
+        "`budget` is documented but is not a field of DPOConfig"
+    ]
+    changed = {**ADDED, "mode": Field("mode", "str", '"keep"')}
+    assert docstring_problems(DOCSTRING, changed, INHERITED) == [
+        '`mode`: the docstring says defaults to "auto", the field "keep"'
+    ]
+
+
+def test_check_mode_names_a_stale_page(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(generate_docs, "ROOT", tmp_path)
+    assert generate_docs.main(["--check"]) == 1
+    assert "docs/benchmarks.md is stale" in capsys.readouterr().err
+    assert generate_docs.main([]) == 0
+    assert generate_docs.main(["--check"]) == 0
