@@ -1,0 +1,87 @@
+"""Every figure of the README's evidence table equals, to its printed precision, the value in the JSON it names.
+
+A row of the table reads
+
+    | 2.02x, 1.18x | what | where and how | kind | [`docs/bench/FILE.json`](...) | `PATH` `PATH` |
+
+with one backticked expression in the last column per number in the first, in order. An expression is a path into the
+JSON, optionally multiplied or divided by another path or a number: `100 * [backend=x].fraction`, `a.b / a.c`. A path
+is a chain of `.key`, `[3]` (a list index) and `[key=value,key=value]` (the one list element whose fields match).
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+STEP = re.compile(r"\.?([\w\-+]+)|\[([^\]]+)\]")
+
+
+def evidence_rows() -> list[list[str]]:
+    lines = README.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Figure |") and "| Evidence |" in line)
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def follow(data, path: str):
+    for key, selector in STEP.findall(path.strip()):
+        if key:
+            data = data[int(key)] if isinstance(data, list) else data[key]
+        elif selector.strip().isdigit():
+            data = data[int(selector)]
+        else:
+            wanted = dict(part.split("=", 1) for part in selector.split(","))
+            matches = [item for item in data if all(str(item.get(k)) == v for k, v in wanted.items())]
+            assert len(matches) == 1, f"{selector!r} matches {len(matches)} elements"
+            data = matches[0]
+    return data
+
+
+def evaluate(data, expression: str) -> float:
+    tokens = re.split(r"\s+([*/])\s+", expression.strip())
+    value = None
+    operator = None
+    for token in tokens:
+        if token in ("*", "/"):
+            operator = token
+            continue
+        operand = float(token) if re.fullmatch(r"\d+(\.\d+)?", token) else float(follow(data, token))
+        if value is None:
+            value = operand
+        elif operator == "*":
+            value *= operand
+        else:
+            value /= operand
+    return value
+
+
+def test_the_table_is_there():
+    assert len(evidence_rows()) >= 5
+
+
+@pytest.mark.parametrize("row", evidence_rows(), ids=lambda row: row[0])
+def test_each_figure_matches_its_json(row):
+    figure, evidence, values = row[0], row[-2], row[-1]
+    files = re.findall(r"docs/bench/[\w.\-]+\.json", evidence)
+    assert len(set(files)) == 1, f"name one JSON file in {evidence!r}"
+    data = json.loads((ROOT / files[0]).read_text())
+    printed = NUMBER.findall(figure)
+    expressions = re.findall(r"`([^`]+)`", values)
+    assert printed and len(printed) == len(expressions), (
+        f"{figure!r}: {len(printed)} figures, {len(expressions)} values"
+    )
+    for text, expression in zip(printed, expressions, strict=True):
+        decimals = len(text.split(".")[1]) if "." in text else 0
+        value = evaluate(data, expression)
+        assert abs(value - float(text.replace(",", ""))) <= 0.5 * 10**-decimals + 1e-9, (
+            f"README says {text}, {files[0]} gives {value} for {expression}"
+        )
