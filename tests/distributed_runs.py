@@ -27,7 +27,7 @@ LOSS_ATOL = 1e-5
 METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
 COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
                     "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
-ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate_configs"
+ACCELERATE_CONFIGS = ROOT / "trl_padfree" / "cli" / "accelerate_configs"
 
 # bf16 engines (FSDP2's bf16 mixed precision, DeepSpeed's bf16), packed vs padded, both with float32 log-probs
 # (`fp32_log_probs`, the default; tests/measure_bf16_log_probs.py). The loss is then a float32 number (quantum 6e-8
@@ -121,7 +121,7 @@ def script_command(config: Path, script: Path) -> list[str]:
 
 
 def launch(config: str, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:
-    """`accelerate launch --config_file recipes/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`; FSDP
+    """`accelerate launch --config_file trl_padfree/cli/accelerate_configs/<config>` over gloo (`DS_ACCELERATOR=cpu`; FSDP
     configs through fsdp_on_cpu.py), multi_gpu.yaml as plain data parallelism on CPU processes."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),

@@ -4,7 +4,7 @@ Run from the repository root, on a quiet machine (other work on the cores shows 
 
     python3 tests/measure_balanced_ranks.py --processes 2 4 --output docs/bench/balanced_ranks_cpu.json
 
-For each process count, one `accelerate launch` (recipes/accelerate_configs/multi_gpu.yaml: DDP over gloo on CPU
+For each process count, one `accelerate launch` (trl_padfree/cli/accelerate_configs/multi_gpu.yaml: DDP over gloo on CPU
 processes, as tests/distributed_runs.py launches it) runs tests/distributed/time_ranks.py, which trains
 `trl_padfree.DPOTrainer` with `padding_free=True` on the shipped preference data, `max_length` 1024 (pairs of a few
 hundred to a few thousand tokens), a Llama of `--hidden-size` x `--layers` built locally, once with the default

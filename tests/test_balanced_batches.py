@@ -331,7 +331,7 @@ def assert_balanced_training_equals(report: dict, padded: dict, processes: int, 
 
 @pytest.mark.parametrize(
     "config, processes",
-    [("multi_gpu.yaml", 2), ("multi_gpu.yaml", 4), ("zero3_ref_offload.yaml", 2), ("fsdp2_ref_offload.yaml", 2)],
+    [("multi_gpu.yaml", 2), ("multi_gpu.yaml", 4), ("zero3.yaml", 2), ("fsdp2.yaml", 2)],
 )
 def test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config, processes, model_dir, tmp_path):
     steps = 2  # with 4 processes x 2 x 2 pairs, the 32 pairs of the data
@@ -354,7 +354,7 @@ def test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["zero3_ref_offload.yaml", "fsdp2_ref_offload.yaml"])
+@pytest.mark.parametrize("config", ["zero3.yaml", "fsdp2.yaml"])
 def test_balanced_batches_on_four_sharded_processes(config, model_dir, tmp_path):
     test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config, 4, model_dir, tmp_path)
 
@@ -403,7 +403,7 @@ def test_with_one_micro_step_every_logged_metric_is_padded_trls(model_dir, tmp_p
 
 
 def test_two_processes_resume_mid_epoch_on_the_same_trajectory(tmp_path):
-    """The user's command (recipes/dpo.py, multi_gpu.yaml on 2 CPU processes, --train_sampling_strategy
+    """The user's command (trl_padfree/cli/dpo.py, multi_gpu.yaml on 2 CPU processes, --train_sampling_strategy
     batch_rebalance): 64 pairs a step, 5 steps an epoch; a checkpoint at step 6 (the second epoch's first) resumed in
     new processes trains step 7 as the uninterrupted run does: the sampler gets the second epoch's order although
     Trainer's own set_epoch does not reach it past `skip_first_batches`."""
@@ -421,7 +421,7 @@ def test_two_processes_resume_mid_epoch_on_the_same_trajectory(tmp_path):
         command = [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / "multi_gpu.yaml"),
             "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "recipes" / "dpo.py"), "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
+            str(ROOT / "trl_padfree" / "cli" / "dpo.py"), "--config", str(ROOT / "trl_padfree" / "cli" / "configs" / "tiny_cpu.yaml"),
             "--model_name_or_path", "trl-padfree/tiny-llama", "--train_sampling_strategy", "batch_rebalance",
             "--per_device_train_batch_size", "32", "--max_steps", "7", "--logging_steps", "1", "--eval_strategy", "no",
             "--max_length", "256", "--save_strategy", "steps", "--save_steps", "1", "--output_dir", str(output_dir),

@@ -197,7 +197,7 @@ def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
 
 @pytest.mark.parametrize(
     "config, run",
-    [("zero3_ref_offload.yaml", "padding_free+cp+ref_offload"), ("fsdp2.yaml", "padding_free+cp+ref_offload")],
+    [("zero3.yaml", "padding_free+cp+ref_offload"), ("fsdp2.yaml", "padding_free+cp+ref_offload")],
     ids=["zero3", "fsdp2"],
 )
 def test_context_parallel_under_a_sharding_engine_with_the_reference_offloaded(

@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO-3 and `ref_offload`, for real: two CPU processes over gloo (`DS_ACCELERATOR=cpu`) launched by
-`accelerate launch` with the shipped `zero3_ref_offload.yaml`, compared step by step with TRL's padded trainer in one
+`accelerate launch` with the shipped `zero3.yaml`, compared step by step with TRL's padded trainer in one
 process on the same global batches. The refusals and the reference's config are checked in this process."""
 
 import json
@@ -35,7 +35,7 @@ from trl_padfree.placement.deepspeed import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-ZERO3_REF_OFFLOAD = ROOT / "recipes" / "accelerate_configs" / "zero3_ref_offload.yaml"
+ZERO3_REF_OFFLOAD = ROOT / "trl_padfree" / "cli" / "accelerate_configs" / "zero3.yaml"
 PAIRS_PER_PROCESS = 2
 
 RUNS = {
@@ -62,7 +62,7 @@ def zero3_runs(model_dir, tmp_path_factory):
     """Every run of RUNS, one after the other, in the same two DeepSpeed ZeRO-3 processes."""
     output = tmp_path_factory.mktemp("zero3") / "report.json"
     options = ("--runs", ",".join(RUNS.values()), "--batch-size", str(PAIRS_PER_PROCESS))
-    reports = launch("zero3_ref_offload.yaml", model_dir, output, *options)
+    reports = launch("zero3.yaml", model_dir, output, *options)
     return {name: reports[run] for name, run in RUNS.items()}
 
 
@@ -199,7 +199,7 @@ def test_zero3_init_config_restores_the_trainers_config():
 
 
 def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajectory(tmp_path):
-    """The user's command (recipes/dpo.py, zero3_ref_offload.yaml, --ref_offload true): train 3 steps saving at 2,
+    """The user's command (trl_padfree/cli/dpo.py, zero3.yaml, --ref_offload true): train 3 steps saving at 2,
     then resume from step 2 in new processes; step 3 must be the same."""
     environment = checkout_environment(
         DS_ACCELERATOR="cpu", TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRL_PADFREE_CACHE=str(tmp_path / "cache")
@@ -209,7 +209,7 @@ def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajecto
         command = [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3_REF_OFFLOAD),
             "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "recipes" / "dpo.py"), "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
+            str(ROOT / "trl_padfree" / "cli" / "dpo.py"), "--config", str(ROOT / "trl_padfree" / "cli" / "configs" / "tiny_cpu.yaml"),
             "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
             "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
             "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,

@@ -188,17 +188,17 @@ def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir,
 
 
 def test_recipe_with_ref_offload_resumes_an_fsdp2_checkpoint_on_the_same_trajectory(tmp_path):
-    """The user's command (recipes/dpo.py, fsdp2_ref_offload.yaml, --ref_offload true): train 3 steps saving a sharded
+    """The user's command (trl_padfree/cli/dpo.py, fsdp2.yaml, --ref_offload true): train 3 steps saving a sharded
     checkpoint at 2, then resume from step 2 in new processes; step 3 must be the same."""
-    config = ROOT / "recipes" / "accelerate_configs" / "fsdp2_ref_offload.yaml"
+    config = ROOT / "trl_padfree" / "cli" / "accelerate_configs" / "fsdp2.yaml"
     environment = checkout_environment(TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRL_PADFREE_CACHE=str(tmp_path / "cache"))
 
     def train(output_dir: Path, *extra: str) -> dict:
         command = [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
             "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            *script_command(config, ROOT / "recipes" / "dpo.py"),
-            "--config", str(ROOT / "recipes" / "configs" / "tiny_cpu.yaml"),
+            *script_command(config, ROOT / "trl_padfree" / "cli" / "dpo.py"),
+            "--config", str(ROOT / "trl_padfree" / "cli" / "configs" / "tiny_cpu.yaml"),
             "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
             "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
             "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,
@@ -239,7 +239,7 @@ def test_an_fsdp_run_that_accelerate_gives_no_fsdp_is_refused(monkeypatch, tmp_p
 
 def test_ref_offload_under_fsdp1_is_refused():
     args = SimpleNamespace(deepspeed_plugin=None, precompute_ref_log_probs=False)
-    with pytest.raises(ValueError, match="needs FSDP2, but the run asks for fsdp_version 1.*fsdp2_ref_offload.yaml"):
+    with pytest.raises(ValueError, match="needs FSDP2, but the run asks for fsdp_version 1.*fsdp2.yaml"):
         check_ref_offload(args, model="some/model", ref_model=None, peft_config=None, fsdp_version=1)
 
 
@@ -251,7 +251,7 @@ def test_ref_offload_under_fsdp2_accepts_precompute_without_a_reference():
 
 def test_ref_offload_without_deepspeed_or_fsdp_is_refused_by_the_trainer(tmp_path):
     args = DPOConfig(output_dir=str(tmp_path), ref_offload=True, use_cpu=True, bf16=False, report_to=[])
-    with pytest.raises(ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: .*fsdp2_ref_offload.yaml"):
+    with pytest.raises(ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: .*fsdp2.yaml"):
         DPOTrainer(model="unused", args=args)
 
 

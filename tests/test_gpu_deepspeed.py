@@ -24,7 +24,7 @@ deepspeed = pytest.importorskip("deepspeed")
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
-ZERO3_REF_OFFLOAD = ROOT / "recipes" / "accelerate_configs" / "zero3_ref_offload.yaml"
+ZERO3_REF_OFFLOAD = ROOT / "trl_padfree" / "cli" / "accelerate_configs" / "zero3.yaml"
 
 
 def launch(model_dir: Path, run: str, output: Path) -> dict:

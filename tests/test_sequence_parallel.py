@@ -85,7 +85,7 @@ def test_sequence_parallel_with_peft_reference(sequence_parallel_launch, single_
 
 
 def test_sequence_parallel_with_reference_offloaded(sequence_parallel_launch, single_process):
-    report = sequence_parallel_launch("zero3_ref_offload.yaml", "padding_free+sp+ref_offload")
+    report = sequence_parallel_launch("zero3.yaml", "padding_free+sp+ref_offload")
     assert report["reference"]["offloaded"]
     assert_same_split_training(report, single_process["trl+eval"], sp_size=2)
 

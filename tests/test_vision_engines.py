@@ -77,7 +77,7 @@ def launch_runs(config: str, vision_models, output, runs: dict[str, str]) -> dic
 def zero3_runs(vision_models, tmp_path_factory):
     """Every run of ZERO3_RUNS, one after the other, in the same two DeepSpeed ZeRO-3 processes."""
     output = tmp_path_factory.mktemp("zero3") / "report.json"
-    return launch_runs("zero3_ref_offload.yaml", vision_models, output, ZERO3_RUNS)
+    return launch_runs("zero3.yaml", vision_models, output, ZERO3_RUNS)
 
 
 @pytest.fixture(scope="module")

@@ -205,7 +205,7 @@ def test_context_parallel_2_with_accumulation_and_a_row_whose_images_sit_on_one_
 
 @pytest.mark.parametrize(
     "config, model_type",
-    [("zero3_ref_offload.yaml", "qwen2_5_vl"), ("fsdp2.yaml", "internvl")],
+    [("zero3.yaml", "qwen2_5_vl"), ("fsdp2.yaml", "internvl")],
     ids=["zero3", "fsdp2"],
 )
 def test_context_parallel_2_on_image_rows_under_a_sharding_engine(

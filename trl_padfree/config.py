@@ -102,7 +102,7 @@ class DPOConfig(trl.DPOConfig):
             span several GPUs. Sets `parallelism_config` to accelerate's `ParallelismConfig(sp_backend="deepspeed",
             sp_size=N)`; needs `padding_free=True`, a DeepSpeed launch, attention heads divisible by N. Every rank of
             a group gets the same micro-batch; data parallelism runs across groups. An accelerate config can set it
-            instead, with `parallelism_config_sp_size` (`recipes/accelerate_configs/zero3_sp2.yaml`).
+            instead, with `parallelism_config_sp_size` (`trl_padfree/cli/accelerate_configs/zero3_sp2.yaml`).
 
         context_parallel_size (`int`, *optional*, defaults to `1`):
             Split each packed row over this many processes with all-gather context parallelism

@@ -1,6 +1,6 @@
 """Run a training script with accelerate's FSDP2 path on CPU processes over gloo, for the tests:
 
-    accelerate launch --config_file recipes/accelerate_configs/fsdp2.yaml tests/distributed/fsdp_on_cpu.py SCRIPT ARGS
+    accelerate launch --config_file trl_padfree/cli/accelerate_configs/fsdp2.yaml tests/distributed/fsdp_on_cpu.py SCRIPT ARGS
 
 accelerate picks the distributed type from the device: on CPU processes it is MULTI_CPU, and only the multi-device
 types (MULTI_GPU and its kin) become FSDP, so an FSDP config on CPU trains as plain DDP (accelerate/state.py,

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 SHARDED_BYTES_PER_PARAM = 16  # fp32 master weights 4, fp32 gradients 4, Adam's two fp32 moments 8
 LAYERS_GATHERED = 2  # the layer being computed and the next one, prefetched
 GRADIENT_BUFFERS = 2  # a layer's unsharded gradients and the reduce-scatter input (reduce dtype = param dtype)
-CONFIG = "recipes/accelerate_configs/fsdp2.yaml"
-REF_OFFLOAD_CONFIG = "recipes/accelerate_configs/fsdp2_ref_offload.yaml"
+CONFIG = "trl_padfree/cli/accelerate_configs/fsdp2.yaml"
+REF_OFFLOAD_CONFIG = "trl_padfree/cli/accelerate_configs/fsdp2.yaml"
 
 
 def kept_gathered_params(shape: ModelShape) -> int:
