@@ -18,7 +18,7 @@ The table gives, for each launch and run, means over the measured steps of:
   process's wall time also holds the time it waited for a core, so this is the figure that says what each process
   costs; the wall-time figure of an oversubscribed machine does not.
 - est. cost and logged cost: the estimated FLOP ratio of the rows trained (`row_cost`; the balanced run logs it as
-  `balance/cost_max_over_mean`, which should match).
+  `padfree/balance_cost_max_over_mean`, which should match).
 - tokens max/mean: the same ratio for each process's row tokens per step.
 - wall s/step (`on_step_begin` to `on_step_end`, slowest process) and interval s/step (step end to step end, with the
   batches' collation and logging), and below the table the random run's over the balanced run's: the gain.

@@ -5,7 +5,7 @@ Run from the repository root: `python tests/measure_bf16_log_probs.py [--real-mo
 
 - FSDP2 and ZeRO-3, 2 CPU processes over gloo (tests/distributed_runs.launch), the tiny Llama of the distributed
   tests, bf16 with activation checkpointing, 5 AdamW steps of 2 pairs per process: TRL's padded trainer, this
-  package's trainer padded and packed with `fp32_log_probs` on (the default) and off, with `cast_lm_head_to_fp32`,
+  package's trainer padded and packed with `fp32_log_probs` on and off, with `cast_lm_head_to_fp32`,
   and the float32 run.
 - `--real-model`: SmolLM2-135M-Instruct in one process with bf16 weights and no autocast (as DeepSpeed's bf16 runs
   it), 2 pairs per step, 2 AdamW steps at lr 1e-5, sequences cut to 96 tokens, its own tokenizer (bf16 matmuls are
@@ -33,9 +33,10 @@ from distributed_runs import launch, save_tiny_model, train_in_this_process  # n
 BF16 = "bf16+checkpointing"
 ENGINE_RUNS = {
     "TRL padded": f"trl+{BF16}",
-    "padded": f"padded+{BF16}",
+    # fp32_log_probs unset is off when padded (TRL's precision): the padded runs with float32 sums ask for them
+    "padded": f"padded+{BF16}+fp32_sums",
     "padded, bf16 sums": f"padded+{BF16}+bf16_sums",
-    "padded, fp32 head": f"padded+{BF16}+fp32_head",
+    "padded, fp32 head": f"padded+{BF16}+fp32_head+fp32_sums",
     "packed": f"padding_free+{BF16}",
     "packed, bf16 sums": f"padding_free+{BF16}+bf16_sums",
     "packed, fp32 head": f"padding_free+{BF16}+fp32_head",
@@ -43,7 +44,7 @@ ENGINE_RUNS = {
 }
 REAL_RUNS = {
     "TRL padded": "trl+bf16_weights",
-    "padded, fp32 head": "padded+bf16_weights+fp32_head",
+    "padded, fp32 head": "padded+bf16_weights+fp32_head+fp32_sums",
     "packed": "padding_free+bf16_weights",
     "TRL padded, float32 model": "trl",
     "packed, float32 model": "padding_free",

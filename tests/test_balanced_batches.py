@@ -205,7 +205,7 @@ def test_one_process_trains_the_default_global_batch_as_padded_trl_does():
         assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
         for key in ("grad_norm", "rewards/margins", "logps/chosen", "logps/rejected", "num_tokens"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
-        assert ours["balance/cost_max_over_mean"] == 1.0  # one process: nothing to wait for
+        assert ours["padfree/balance_cost_max_over_mean"] == 1.0  # one process: nothing to wait for
 
 
 def test_token_budget_bins_are_dealt_balanced_and_a_step_trains_as_padded_trl_on_its_pairs():
@@ -261,7 +261,7 @@ def test_vision_language_pairs_are_priced_as_collated_with_their_images():
     assert trainer._balanced.costs == [row_cost(shape, row) for row in rows]
     assert len(set(trainer._balanced.costs)) > 1
     trainer.train()  # the image pairs train balanced
-    assert trainer.state.log_history[0]["balance/cost_max_over_mean"] == 1.0
+    assert trainer.state.log_history[0]["padfree/balance_cost_max_over_mean"] == 1.0
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ def assert_balanced_training_equals(report: dict, padded: dict, processes: int, 
     balanced = report["balanced"]
     assert balanced["bins"] != balanced["dealt_bins"]
     assert not uneven or any(len({len(row) for row in step}) > 1 for bins in balanced["bins"] for step in bins)
-    logged = [metrics["balance/cost_max_over_mean"] for metrics in report["metrics"]]
+    logged = [metrics["padfree/balance_cost_max_over_mean"] for metrics in report["metrics"]]
     assert logged == pytest.approx(balanced["imbalance"][: len(logged)], rel=1e-9)
     assert all(
         ours <= dealt + 1e-12 for ours, dealt in zip(balanced["imbalance"], balanced["dealt_imbalance"], strict=True)
@@ -435,5 +435,5 @@ def test_two_processes_resume_mid_epoch_on_the_same_trajectory(tmp_path):
     uninterrupted = step_7(tmp_path / "run")
     resumed = step_7(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-6"))
     assert resumed["epoch"] == uninterrupted["epoch"] > 1  # the second epoch
-    for key in ("loss", "grad_norm", "rewards/margins", "logps/chosen", "balance/cost_max_over_mean"):
+    for key in ("loss", "grad_norm", "rewards/margins", "logps/chosen", "padfree/balance_cost_max_over_mean"):
         assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-6, abs=1e-6), key

@@ -47,10 +47,14 @@ RUNS = {
     "lora": "padding_free+lora",
     "trl": "trl",
     "bf16": "padding_free+ref_offload+bf16+checkpointing",
-    "bf16_padded": "padded+bf16+checkpointing",  # this package's trainer, padded: TRL's with float32 log-probs
+    # this package's trainer, padded, with float32 log-probs asked for (unset, they are TRL's bf16 when padded)
+    "bf16_padded": "padded+bf16+checkpointing+fp32_sums",
     "bf16_sums": "padding_free+bf16+checkpointing+bf16_sums",  # TRL's precision
     "sync": "padding_free+ref_offload+sync",
     "sync_padded": "trl+sync",
+    # padding_free=False with every option of this package unset, against TRL's own trainer: bf16 mixed precision
+    "trl_bf16": "trl+bf16",
+    "padded_bf16_defaults": "padded+bf16",
 }
 
 
@@ -151,6 +155,21 @@ def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_with_float3
     assert packed["precision"]["hidden_states"] == "torch.bfloat16"  # the engine really ran the model in bf16
     assert packed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # float32 sums: policy = reference exactly
     assert_same_bf16_training(packed, padded)
+
+
+def test_padding_free_false_under_fsdp2_bf16_is_trls_trainer_exactly(fsdp2_runs):
+    # The swap-in's promise: with padding_free=False and this package's options unset, the same numbers as TRL's
+    # trainer, bit for bit: the same processes, model, data and seed, so there is no noise to allow for
+    ours, trl = fsdp2_runs["padded_bf16_defaults"], fsdp2_runs["trl_bf16"]
+    for report in (ours, trl):
+        assert_policy_sharded(report)
+        assert report["precision"]["hidden_states"] == "torch.bfloat16"  # FSDP2's bf16 mixed precision ran
+    # fp32_log_probs is off unset when padded: FSDP2 casts the log-probs to bf16 in both, as TRL does
+    assert ours["precision"] == trl["precision"] and ours["precision"]["log_probs"] == "torch.bfloat16"
+    assert ours["reference_fsdp"] == trl["reference_fsdp"] and trl["reference_fsdp"]["units"] == 1  # TRL's one unit
+    assert len(ours["losses"]) == 3 and ours["losses"] == trl["losses"]
+    assert ours["metrics"] == trl["metrics"]  # every logged value, TRL's metrics and the Trainer's, exactly
+    assert not any(key.startswith("padfree/") for metrics in ours["metrics"] for key in metrics)
 
 
 def test_fsdp2_bf16_casts_log_probs_to_bf16_without_fp32_log_probs(fsdp2_runs):

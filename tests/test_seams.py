@@ -183,11 +183,21 @@ TRL = [
     ),
     Seam(
         "trl", "trl.DPOTrainer.log",
-        "overridden to weigh per-pair metrics by pairs; TRL's averages each metric's list equally",
-        "trainer.py", parameters=("self", "logs", "start_time"),
+        "overridden to weigh per-pair metrics by pairs and add padfree/tokens_per_second; TRL's averages each "
+        "metric's list equally", "trainer.py", parameters=("self", "logs", "start_time"),
         source={
             "trl.trainer.dpo_trainer.DPOTrainer.log": (
                 "metrics = {key: sum(val) / len(val) for key, val in self._metrics[mode].items()}",
+            )
+        },
+    ),
+    Seam(
+        "trl", "trl.DPOTrainer.create_model_card",
+        "overridden to append the padding-free settings to the card TRL writes as README.md in output_dir",
+        "trainer.py", parameters=("self", "model_name", "dataset_name", "tags"),
+        source={
+            "trl.trainer.base_trainer._BaseTrainer.create_model_card": (
+                'model_card.save(os.path.join(self.args.output_dir, "README.md"))',
             )
         },
     ),
@@ -509,7 +519,8 @@ TRANSFORMERS = [
     ),
     Seam(
         "transformers", "transformers.Trainer.get_batch_samples",
-        "overridden to count an optimizer step's pairs; returns (batch_samples, num_items_in_batch)",
+        "overridden to count an optimizer step's pairs and start its clock (padfree/tokens_per_second); returns "
+        "(batch_samples, num_items_in_batch)",
         "trainer.py", parameters=("self", "epoch_iterator", "num_batches", "device"),
         source={"transformers.Trainer.get_batch_samples": ("return batch_samples, num_items_in_batch",)},
     ),
@@ -1029,6 +1040,7 @@ OVERRIDDEN = {
     "compute_loss",
     "prediction_step",
     "log",
+    "create_model_card",
     "get_train_dataloader",
     "get_batch_samples",
 }

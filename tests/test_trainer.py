@@ -141,14 +141,6 @@ def test_plain_trl_config_is_honoured():
     assert trainer.model.config._attn_implementation == ATTN_IMPLEMENTATION
 
 
-def test_padding_free_false_is_trl_exactly():
-    ours = one_step(make_trainer(False))
-    theirs = one_step(make_trainer(False, trainer_class=trl.DPOTrainer, config_class=trl.DPOConfig))
-    assert ours.loss == theirs.loss and ours.metrics == theirs.metrics
-    for name, grad in theirs.grads.items():
-        assert torch.equal(ours.grads[name], grad)
-
-
 def test_no_trl_fallback_warning(caplog):
     with caplog.at_level(logging.WARNING):
         trainer = make_trainer(True)

@@ -12,6 +12,7 @@ from .placement.fsdp2 import planned_fsdp_version
 from .refusals import (
     check_at_least_one,
     check_context_parallel_config,
+    check_fp32_log_probs_value,
     check_positive,
     check_prefix_sharing_config,
     check_prefix_sharing_value,
@@ -36,8 +37,11 @@ class DPOConfig(trl.DPOConfig):
             `flash_attention_2`/`flash_attention_3` when the model already uses one, and otherwise switches to
             `"padfree_varlen"` (PyTorch's varlen flash attention on CUDA, exact per-sequence attention on CPU); for
             an architecture the check finds exact only on `"sdpa"` or `"eager"` (classes that keep their own attention
-            code), it picks that one and logs why. `"keep"` keeps the model's own; `"sdpa"` and `"eager"` are exact too, but their block-diagonal mask costs
-            the square of the whole row.
+            code), it picks that one and logs why. `"keep"` keeps the model's own. `"sdpa"` and `"eager"` are exact
+            too, but transformers gives them a dense block-diagonal causal mask over the whole row, built from
+            `position_ids` (`T x T` for a row of `T` tokens), on CPU and CUDA alike: their attention costs the square
+            of the row's length, masked blocks included (on CUDA, sdpa with a mask runs its memory-efficient or math
+            kernel, never Flash). Per-segment sdpa is `"padfree_varlen"`'s fallback for layers its kernel refuses.
 
         max_tokens_per_batch (`int` or `None`, *optional*, defaults to `None`):
             Token-budget batching for training: fill each micro-batch with whole pairs (chosen and rejected together)
@@ -51,7 +55,7 @@ class DPOConfig(trl.DPOConfig):
             (the default sampler's, same seed) across processes and micro-steps by estimated FLOPs, so every
             data-parallel process's packed row costs about the same; each process's loss is weighted by its share of
             the step's pairs, so training equals padded TRL on the same global batches. Logs
-            `balance/cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
+            `padfree/balance_cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
             `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
             `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/balancing.md.
 
@@ -71,22 +75,29 @@ class DPOConfig(trl.DPOConfig):
             share under `"auto"` (each shared pair also encodes its images once).
 
         prefix_sharing_min_prompt_tokens (`int`, *optional*, defaults to `8`):
-            With `prefix_sharing`: pairs whose prompt is shorter are laid out unshared (the automatic fallback), where
-            the few saved tokens do not pay for the extra attention call; measured on CPU in docs/prefix-sharing.md.
-            At least 2. Also unshared: pairs whose chosen and rejected sequences were truncated into the prompt by
-            different amounts (`truncation_mode="keep_end"`). `padfree/shared_pairs` logs the fraction shared.
+            With `prefix_sharing=True`: pairs whose prompt is shorter are laid out unshared, where the few saved
+            tokens do not pay for the extra attention call; measured on CPU in docs/prefix-sharing.md. At least 2.
+            Under `prefix_sharing="auto"` it does not apply to text batches: the cost model decides for the whole
+            batch, and a batch laid out shared shares every pair whose prompt has at least 2 tokens. It does apply to
+            vision-language batches, which `"auto"` always shares. Always unshared: pairs whose chosen and rejected
+            sequences were truncated into the prompt by different amounts (`truncation_mode="keep_end"`).
+            `padfree/shared_pairs` logs the fraction shared.
 
     > Parameters that control numerics
 
-        fp32_log_probs (`bool`, *optional*, defaults to `True`):
-            Keep the per-token log-probs of TRL's fused LM head, and so their per-sequence sums and the DPO margin,
+        fp32_log_probs (`bool` or `None`, *optional*, defaults to `None`):
+            `None` (auto): `True` with `padding_free=True`, `False` (TRL's behaviour) with `padding_free=False`, so
+            that the padded trainer is TRL's. An explicit `True` or `False` (Python, YAML, or `--fp32_log_probs
+            true|false` on the command line) applies in either mode. When on: keep the per-token log-probs of TRL's
+            fused LM head, and so their per-sequence sums and the DPO margin,
             in float32 under an engine that would cast them to bf16. TRL's head computes them in float32 (online
             log-sum-exp over its logits tiles), but FSDP2 with bf16 mixed precision casts a module's outputs to
             `MixedPrecisionPolicy.output_dtype`, which accelerate sets to bf16: a sequence's log-prob near -500 is
             then a multiple of 2 and the loss a bf16 number (measured: 0.04 off the float32-sum loss after one step;
             docs/equivalence.md, "bf16 engines"). With it, FSDP2 leaves the outputs in the dtype they are computed in
             (`output_dtype=None`, for the policy and the reference); costs nothing measurable. DeepSpeed, DDP and
-            autocast do not cast outputs, so there it changes nothing. `False` is TRL's behaviour.
+            autocast do not cast outputs, so there it changes nothing. `False` is TRL's behaviour: the sums
+            bf16 under FSDP2's bf16 mixed precision.
 
         cast_lm_head_to_fp32 (`bool`, *optional*, defaults to `False`):
             Project onto the vocabulary in float32, outside autocast (TRL's `add_fused_lm_head(...,
@@ -162,7 +173,10 @@ class DPOConfig(trl.DPOConfig):
     )
     prefix_sharing_min_prompt_tokens: int = field(
         default=8,
-        metadata={"help": "With prefix_sharing: lay out pairs with shorter prompts unshared (at least 2)."},
+        metadata={
+            "help": "With prefix_sharing=true: lay out pairs with shorter prompts unshared (at least 2). Under "
+            "prefix_sharing='auto' it applies to vision-language batches only (text batches: the cost model decides)."
+        },
     )
     ref_offload: bool = field(
         default=False,
@@ -172,11 +186,13 @@ class DPOConfig(trl.DPOConfig):
             "independent of the policy's offload settings."
         },
     )
-    fp32_log_probs: bool = field(
-        default=True,
+    # `bool | None`: the command line takes `--fp32_log_probs true` or `false`; unset (None) is "auto"
+    fp32_log_probs: bool | None = field(
+        default=None,
         metadata={
             "help": "Keep per-token log-probs, their sums and the DPO margin in float32 under engines that cast "
-            "outputs to bf16 (FSDP2's output_dtype), for the policy and the reference."
+            "outputs to bf16 (FSDP2's output_dtype), for the policy and the reference: true or false. Unset: true "
+            "with padding_free=True, false (TRL's behaviour) with padding_free=False."
         },
     )
     cast_lm_head_to_fp32: bool = field(
@@ -207,6 +223,7 @@ class DPOConfig(trl.DPOConfig):
 
     def __post_init__(self):
         self.prefix_sharing = prefix_sharing_setting(self.prefix_sharing)
+        self.fp32_log_probs = fp32_log_probs_setting(self.fp32_log_probs)
         check_at_least_one("sequence_parallel_size", self.sequence_parallel_size)
         check_context_parallel_config(self.context_parallel_size, self.padding_free)
         if self.max_tokens_per_batch is not None:
@@ -240,6 +257,23 @@ def prefix_sharing_setting(value) -> bool | str:
     settings = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "auto": "auto"}
     check_prefix_sharing_value(value, normalized in settings)
     return settings[normalized]
+
+
+def fp32_log_probs_setting(value) -> bool | None:
+    """`fp32_log_probs` as set in Python, YAML or on the command line: True, False, or None ("auto")."""
+    if value is None or isinstance(value, bool):
+        return value
+    normalized = str(value).strip().lower()
+    settings = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "auto": None}
+    check_fp32_log_probs_value(value, normalized in settings)
+    return settings[normalized]
+
+
+def fp32_log_probs_enabled(args, padding_free: bool) -> bool:
+    """`fp32_log_probs` as it applies to a trainer: the value set, or unset (None, and any config without the field,
+    such as a plain `trl.DPOConfig`) on exactly when the trainer packs, so that the padded trainer is TRL's."""
+    value = getattr(args, "fp32_log_probs", None)
+    return padding_free if value is None else value
 
 
 def _sequence_parallel_size_from_accelerate_launch() -> int:

@@ -31,6 +31,11 @@ def check_prefix_sharing_value(value, known: bool) -> None:
         raise ValueError(f"prefix_sharing must be true, false or 'auto', got {value!r}.")
 
 
+def check_fp32_log_probs_value(value, known: bool) -> None:
+    if not known:
+        raise ValueError(f"fp32_log_probs must be true, false or unset (None: auto), got {value!r}.")
+
+
 def check_prefix_sharing_config(prefix_sharing: bool, padding_free: bool, min_prompt_tokens: int) -> None:
     if prefix_sharing and not padding_free:
         raise ValueError(

@@ -16,9 +16,11 @@ TRL's private names it builds on are behind `integrations.trl.TRLSeams`.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from torch.utils.data import DataLoader
 
+from .config import fp32_log_probs_enabled
 from .integrations.trl import TRLSeams, bound_init_argument
 from .modeling.fused_lm_head import fused_lm_head_lookups
 from .modeling.packed_forward import PACKED_BATCH_KWARG
@@ -40,8 +42,9 @@ class DPOTrainer(TRLSeams):
     With `padding_free=True` (in [`trl_padfree.DPOConfig`] or a plain [`trl.DPOConfig`]) each batch is one packed row
     from [`PaddingFreePreferenceCollator`]: the policy and the reference model run on that row with no padding and no
     attention mask, and their per-token outputs are gathered back into the per-sequence layout TRL's loss reads, so
-    every loss type, option and logged metric is TRL's own code on the same numbers. With `padding_free=False` it is
-    TRL's trainer, unchanged.
+    every loss type, option and logged metric is TRL's own code on the same numbers. With `padding_free=False` and
+    this package's options left unset it is TRL's trainer, unchanged: the same numbers and metrics (`fp32_log_probs`
+    is then off, and FSDP2 shards the reference as TRL does). Its model card records the padding-free settings.
 
     Models are checked at construction: a model or attention implementation whose packed forward would let sequences
     see each other is refused with an error that says what to change.
@@ -59,13 +62,12 @@ class DPOTrainer(TRLSeams):
                 "peft_config", model, ref_model, args, data_collator, *more_args, **kwargs
             )
         self._reference, ref_model = ReferencePlacement.before_init(args, model, ref_model, peft_config)
+        fp32_log_probs = fp32_log_probs_enabled(args, self._padding_free.requested)
         with contextlib.ExitStack() as scopes:
             scopes.enter_context(self._padding_free.around_init(args))
             scopes.enter_context(self._reference.preparing(args))
             scopes.enter_context(
-                fused_lm_head_lookups(
-                    self, getattr(args, "fp32_log_probs", True), getattr(args, "cast_lm_head_to_fp32", False)
-                )
+                fused_lm_head_lookups(self, fp32_log_probs, getattr(args, "cast_lm_head_to_fp32", False))
             )
             super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
         self._reference.check(self)
@@ -119,6 +121,8 @@ class DPOTrainer(TRLSeams):
         return self._balanced.sampler if self._balanced is not None else self._token_budget.sampler
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
+        if self.padding_free_enabled:  # an optimizer step starts: its micro-batches are fetched and collated
+            self._padding_free.throughput.step_starting()
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._pair_weights is not None:
             self._pair_weights.count_step(batch_samples)
@@ -159,4 +163,15 @@ class DPOTrainer(TRLSeams):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self._pair_weights is not None and self.model.training:
             self._pair_weights.reweigh_metrics(self.logged_metrics("train"))
+        if self.padding_free_enabled and self.model.training:
+            self._padding_free.log_tokens_per_second(self)
         super().log(logs, start_time)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's model card (README.md in `output_dir`), with a section recording the padding-free settings and the
+        padding the packed batches removed."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        card = os.path.join(self.args.output_dir, "README.md")
+        if self.is_world_process_zero() and os.path.isfile(card):
+            with open(card, "a", encoding="utf-8") as readme:
+                readme.write("\n" + self._padding_free.model_card_section(self))

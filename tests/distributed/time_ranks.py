@@ -23,7 +23,7 @@ What is timed, per process and per micro-batch (`Trainer.training_step`: forward
   that thread (`torch.set_num_threads(1)`), a blocked collective uses none, and a process waiting for a core is not
   charged, so this is the process's own work even with 4 processes on 2 cores.
 - `pairs`, `row_tokens` (the packed row's `host_row.seq_lens` summed) and `row_cost` (its estimated FLOPs,
-  `packing.balance.row_cost`, the quantity `balance/cost_max_over_mean` is made of).
+  `packing.balance.row_cost`, the quantity `padfree/balance_cost_max_over_mean` is made of).
 
 Per optimizer step: `wall_seconds` from `on_step_begin` to `on_step_end` (its micro-batches, the all-reduce, clipping
 and the optimizer), and `interval_seconds` from the previous step's end (adds fetching and collating the step's
@@ -172,7 +172,7 @@ def build_trainer(setting: str, grad_accum: int, options: argparse.Namespace) ->
         gradient_accumulation_steps=grad_accum,
         max_steps=options.warmup + options.steps,
         max_length=options.max_length,
-        logging_steps=1,  # one `balance/cost_max_over_mean` per step
+        logging_steps=1,  # one `padfree/balance_cost_max_over_mean` per step
         save_strategy="no",
         report_to=[],
         disable_tqdm=True,

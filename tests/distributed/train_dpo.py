@@ -64,6 +64,7 @@ RUN_OPTIONS = (
     "bf16_weights",
     "cp",
     "bf16_sums",
+    "fp32_sums",
     "fp32_head",
     "balanced",
     "sgd",
@@ -84,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "with '+', optionally after 'NAME:' to train the model <model>/NAME ('trl': TRL's own trainer, padded; "
         "'padded': this package's trainer with padding_free=False, TRL's with its fused LM head's lookups fixed; "
         "'explicit_ref': pass a `ref_model`; 'sync': sync_ref_model every step, half way; 'sp': "
-        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'no_aux': router_aux_loss_coef=0; 'bf16_weights': load in bfloat16; 'bf16_sums': fp32_log_probs=False, TRL's own precision; 'fp32_head': "
+        f"sequence_parallel_size=2; 'aux': router_aux_loss_coef={AUX_LOSS_COEF}; 'no_aux': router_aux_loss_coef=0; 'bf16_weights': load in bfloat16; 'bf16_sums': fp32_log_probs=False, TRL's own precision; 'fp32_sums': fp32_log_probs=True (unset, it is on only with padding_free); 'fp32_head': "
         "cast_lm_head_to_fp32=True)",
     )
     parser.add_argument("--batch-size", type=int, default=2, help="pairs per process per micro-batch")
@@ -175,6 +176,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra["optim"] = "sgd"
     if "bf16_sums" in flags:
         extra["fp32_log_probs"] = False
+    if "fp32_sums" in flags:
+        extra["fp32_log_probs"] = True
     if "fp32_head" in flags:
         extra["cast_lm_head_to_fp32"] = True
     if "balanced" in flags:

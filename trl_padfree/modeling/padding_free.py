@@ -7,7 +7,9 @@
                             after TRL's __init__, or earlier at TRL's reference precompute, which runs inside it
     after it                keep accelerate's dispatcher from slicing packed batches; report prefix sharing
 
-Then, per batch: the padded-layout inputs TRL's loss reads (`padded_inputs`) and the packing metrics (`log_metrics`).
+Then, per batch: the padded-layout inputs TRL's loss reads (`padded_inputs`) and the packing metrics (`log_metrics`);
+per training log, the real tokens per second (`log_tokens_per_second`); and the model card's record of it all
+(`model_card_section`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 from accelerate.utils import is_peft_model
+from transformers import TrainerCallback
 
 from ..integrations.transformers import attn_implementation, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
@@ -55,6 +59,7 @@ class PaddingFree:
     def __init__(self, requested: bool):
         self.requested = requested
         self.plan: PackingPlan | None = None
+        self.throughput = TrainingThroughput()
 
     @classmethod
     def before_init(cls, args, data_collator) -> PaddingFree:
@@ -109,6 +114,7 @@ class PaddingFree:
         if not self.requested:
             return
         self.enable(trainer)
+        trainer.add_callback(self.throughput)
         dataloader_config = trainer.accelerator.dataloader_config
         check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
         dataloader_config.dispatch_batches = False
@@ -149,9 +155,12 @@ class PaddingFree:
         `padfree/shared_pairs` the fraction of pairs laid out shared. With token-budget batching (`budget`),
         `padfree/pairs_per_micro_batch` and `padfree/budget_fill` (row tokens / budget) are averaged over processes.
         On vision-language batches, `padfree/images_encoded` (summed) are the images the row hands the vision tower,
-        and `padfree/images_padded` those TRL's padded batch hands it (each pair's twice).
+        and `padfree/images_padded` those TRL's padded batch hands it (each pair's twice). A training row's tokens
+        (summed) count towards `padfree/tokens_per_second` (`log_tokens_per_second`).
         """
         totals, processes = _summed_over_processes(trainer.accelerator, _counts(packed_batch, self.plan), packed_batch)
+        if trainer.model.training:
+            self.throughput.count(totals["row_tokens"])
         metrics = trainer.logged_metrics("train" if trainer.model.training else "eval")
         metrics["padfree/real_tokens"].append(totals["real_tokens"])
         metrics["padfree/padded_tokens"].append(totals["padded_tokens"])
@@ -166,6 +175,87 @@ class PaddingFree:
         if budget is not None and trainer.model.training:
             metrics["padfree/pairs_per_micro_batch"].append(totals["pairs"] / processes)
             metrics["padfree/budget_fill"].append(totals["row_tokens"] / processes / budget)
+
+    def log_tokens_per_second(self, trainer) -> None:
+        """At a training log: `padfree/tokens_per_second`, the real tokens of the packed rows trained since the last
+        log (the rows' tokens but their padding, summed over processes, a row split over ranks counted once) over the
+        host-clock seconds of those training steps (`TrainingThroughput`)."""
+        rate = self.throughput.rate()
+        if rate is not None:
+            trainer.logged_metrics("train")["padfree/tokens_per_second"].append(rate)
+
+    def model_card_section(self, trainer) -> str:
+        """The model card's record of padding-free training: its settings and the padding it removed."""
+        args = trainer.args
+        attention = "none (padded batches)"
+        if self.plan is not None:
+            roles = ("policy", "reference")  # no reference under PEFT: the policy alone
+            attention = ", ".join(
+                f"{backend} ({role}, {name})"
+                for role, (name, backend) in zip(roles, self.plan.attention, strict=False)
+            )
+        settings = {
+            "padding_free": self.requested,
+            "packed attention implementation": attention,
+            "prefix_sharing": getattr(args, "prefix_sharing", False),
+            "max_tokens_per_batch": getattr(args, "max_tokens_per_batch", None),
+            "sequence_parallel_size": trainer.sequence_parallel_size,
+            "context_parallel_size": getattr(args, "context_parallel_size", 1),
+            "ref_offload": getattr(args, "ref_offload", False),
+        }
+        removed = padding_removed(trainer.state.log_history)
+        measured = "not measured (no training step logged)"
+        if removed is not None:
+            measured = f"{removed:.1%} of the tokens TRL's padded batches would have held (training logs)"
+        rows = [f"| `{name}` | `{value}` |" for name, value in settings.items()]
+        rows.append(f"| padding removed | {measured} |")
+        return "\n".join(["## Padding-free training (trl-padfree)", "", "| setting | value |", "|---|---|", *rows, ""])
+
+
+class TrainingThroughput(TrainerCallback):
+    """The host clock over training steps, for `padfree/tokens_per_second`: a step runs from the fetch of its
+    micro-batches (`step_starting`, from the trainer's `get_batch_samples`) to Trainer's `on_step_end`, so the
+    evaluations and checkpoint saves between steps are not counted. At a log, the time since the logged step's end
+    (Trainer's read of the loss, which waits for the device) is, so steps the device has not finished by their end
+    are counted in full. No device sync of its own: the token counts are the collator's host integers."""
+
+    def __init__(self):
+        self.tokens = 0  # since the last log, summed over processes
+        self.seconds = 0.0  # of the steps since the last log
+        self.step_started: float | None = None
+        self.step_ended: float | None = None
+
+    def step_starting(self) -> None:
+        self.step_started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.step_started is not None:
+            self.step_ended = time.perf_counter()
+            self.seconds += self.step_ended - self.step_started
+            self.step_started = None
+
+    def count(self, tokens: float) -> None:
+        self.tokens += tokens
+
+    def rate(self) -> float | None:
+        """Tokens per second since the last log, then reset; None without trained tokens since."""
+        if not self.tokens:
+            return None
+        seconds = self.seconds + (time.perf_counter() - self.step_ended if self.step_ended is not None else 0.0)
+        tokens, self.tokens, self.seconds, self.step_ended = self.tokens, 0, 0.0, None
+        return tokens / seconds if seconds > 0 else None
+
+
+def padding_removed(log_history: list[dict]) -> float | None:
+    """The fraction of padded tokens the packed training rows avoided: 1 - real / padded tokens, summed over the
+    training logs of `padfree/real_tokens` and `padfree/padded_tokens` (each a log's mean over its micro-batches);
+    None before the first."""
+    logged = [entry for entry in log_history if "padfree/padded_tokens" in entry]
+    if not logged:
+        return None
+    return 1.0 - sum(entry["padfree/real_tokens"] for entry in logged) / sum(
+        entry["padfree/padded_tokens"] for entry in logged
+    )
 
 
 def _packing_collator(collator, args, vision_config=None):

@@ -350,7 +350,7 @@ def _log_expected_gain(sampler: BalancedBatchSampler) -> None:
     logger.info(
         "batch_rebalance: %d optimizer steps per epoch over %d row groups; estimated slowest over mean group cost per "
         "step %.3f dealt as usual, %.3f balanced (expected step-time gain %.2fx if a row's time is its FLOPs; logged "
-        "each step as 'balance/cost_max_over_mean').",
+        "each step as 'padfree/balance_cost_max_over_mean').",
         len(sampler.steps),
         sampler.groups,
         dealt,

@@ -30,7 +30,7 @@ PER_PAIR_METRICS = (
 )
 # The logged estimate of how long a step waits for its slowest process: sum over micro-steps of the most expensive
 # row's cost over the mean row's (1.0: every process equally busy; `packing.balance.imbalance`)
-COST_RATIO_METRIC = "balance/cost_max_over_mean"
+COST_RATIO_METRIC = "padfree/balance_cost_max_over_mean"
 
 
 def batch_sampler_dataloader(batch_sampler, dataset, collate_fn, args, accelerator):

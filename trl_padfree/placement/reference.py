@@ -2,7 +2,8 @@
 the reference; trl-padfree changes where it goes and checks afterwards that it went there:
 
     before TRL's __init__   refuse `ref_offload` where it cannot apply; under ZeRO-3, load the reference offloaded
-    during it               reroute TRL's preparation: FSDP2 a unit per layer (fsdp2.py), ZeRO-3 offload (deepspeed.py)
+    during it               reroute TRL's preparation: FSDP2 a unit per layer (fsdp2.py) with padding-free training or
+                            ref_offload, ZeRO-3 offload (deepspeed.py); a padded run without ref_offload keeps TRL's
     after it                FSDP really set up; the reference really prepared that way (TRL may stop calling the
                             rerouted names); with precomputed log-probs, the offloaded reference released
 """
@@ -35,11 +36,15 @@ from .fsdp2 import (
 class ReferencePlacement:
     offload: bool  # ref_offload
     fsdp_version: int | None  # what the run asks for; None without FSDP
+    # FSDP2's reference a unit per layer: with padding_free=True or ref_offload; else TRL's one unit, as in TRL
+    by_layer: bool = False
 
     @classmethod
     def before_init(cls, args, model, ref_model, peft_config):
         """The placement `args` asks for, and the reference to hand TRL (loaded offloaded under ZeRO-3)."""
-        placement = cls(bool(getattr(args, "ref_offload", False)), planned_fsdp_version(args) if args else None)
+        offload, fsdp_version = bool(getattr(args, "ref_offload", False)), planned_fsdp_version(args) if args else None
+        by_layer = fsdp_version == 2 and (offload or bool(getattr(args, "padding_free", False)))
+        placement = cls(offload, fsdp_version, by_layer)
         if placement.offload:
             check_ref_offload(args, model, ref_model, peft_config, placement.fsdp_version)
             if ref_model is None and placement.fsdp_version is None:
@@ -48,7 +53,7 @@ class ReferencePlacement:
 
     def preparing(self, args):
         """Around TRL's `__init__`: its preparation of the reference, rerouted."""
-        if self.fsdp_version == 2:
+        if self.by_layer:
             return reference_sharded_by_layer(offload=self.offload)
         if self.offload:
             return reference_prepared_by_own_config(args)
@@ -59,6 +64,7 @@ class ReferencePlacement:
         check_fsdp_engine(self.fsdp_version, trainer.accelerator)
         if self.fsdp_version == 2:
             check_fsdp2_vision_lm_head(trainer.is_vision_dataset, lm_head_tied(trainer.model))
+        if self.by_layer:
             check_reference_sharded_by_layer(trainer.ref_model, offload=self.offload)
         elif self.offload:
             check_reference_offloaded(trainer.ref_model)
