@@ -1,5 +1,6 @@
-"""`trl-padfree` command line: the demo's report, and one-line errors for bad input."""
+"""`trl-padfree` command line: the demo's report, one-line errors for bad input, help for every option."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from trl_padfree.cli import main
+from trl_padfree.cli import READS_ITS_OWN_ARGUMENTS, SUBCOMMANDS, build_parser, main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -83,3 +84,18 @@ def test_demo_too_short_max_length_is_one_line_error():
     # In a fresh process, as a user runs it. Every shipped prompt is longer than one token: nothing is left to train
     result = run_cli("demo", "--size", "tiny", "--steps", "1", "--max-length", "1")
     assert_one_line_error(result.returncode, result.stderr, "no examples left")
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_option_of_every_subcommand_has_help(command):
+    if command in READS_ITS_OWN_ARGUMENTS:  # `dpo`: TRL's dataclasses and ours, through TRL's parser
+        from trl_padfree.cli.dpo import make_parser
+
+        parser = make_parser()
+    else:
+        commands = next(action for action in build_parser(command)._actions if action.dest == "command")
+        parser = commands.choices[command]
+    actions = [action for action in parser._actions if not isinstance(action, argparse._HelpAction)]
+    assert actions and all(action.help for action in actions), [
+        action.option_strings or action.dest for action in actions if not action.help
+    ]

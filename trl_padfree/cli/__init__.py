@@ -1,5 +1,5 @@
-"""The `trl-padfree` command: `demo`, `bench`, `plan`, `models` and `balance`, each imported only when it runs
-(`bench` and `demo` build trainers; `--help` and the other commands need none of that).
+"""The `trl-padfree` command: `dpo`, `demo`, `bench`, `plan`, `models` and `balance`, each imported only when it runs
+(`dpo`, `bench` and `demo` build trainers; `--help` and the other commands need none of that).
 
 Errors a user can fix (a bad option, a missing file) print as one line; `TRL_PADFREE_DEBUG=1` shows the traceback.
 """
@@ -68,6 +68,13 @@ def _exit_with_usage_error(parser: argparse.ArgumentParser, message: str):
 
 # Each subcommand: the module that adds its arguments and runs it, its one-line help, its description
 SUBCOMMANDS = {
+    "dpo": (
+        "trl_padfree.cli.dpo",
+        "train with padding-free DPO: TRL's `trl dpo` (its arguments, --config YAML, accelerate launch options)",
+        "TRL's DPO script with padding-free DPO, launched through `accelerate launch`. --config takes a YAML file or "
+        "the name of a shipped config, --accelerate_config an accelerate config file or the name of a shipped one; "
+        "options that are no training argument go to `accelerate launch`.",
+    ),
     "demo": (
         "trl_padfree.cli.demo",
         "train a small model padded and padding-free on the shipped data, on CPU, and compare",
@@ -104,12 +111,18 @@ SUBCOMMANDS = {
 }
 
 
+# Subcommands whose own parser reads everything after their name, --help included: `dpo` parses TRL's dataclasses
+# and hands what they do not read to `accelerate launch`, as `trl dpo` does
+READS_ITS_OWN_ARGUMENTS = {"dpo"}
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the arguments of `command` (its module imported); the others list only their help."""
     parser = _OneLineErrorParser(prog="trl-padfree", description="Padding-free DPO for TRL.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrorParser)
     for name, (module, help_line, description) in SUBCOMMANDS.items():
-        subparser = commands.add_parser(name, help=help_line, description=description)
+        add_help = name not in READS_ITS_OWN_ARGUMENTS
+        subparser = commands.add_parser(name, help=help_line, description=description, add_help=add_help)
         if name == command:
             importlib.import_module(module).add_arguments(subparser)
     return parser
@@ -120,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((argument for argument in argv if not argument.startswith("-")), None)
-    options = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    options, unknown = parser.parse_known_args(argv)
+    if options.command in READS_ITS_OWN_ARGUMENTS:
+        options.arguments = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     with one_line_errors(f"trl-padfree {options.command}"):
         return options.run(options)

@@ -299,7 +299,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix-sharing", action="store_true", help="cost pairs laid out with prefix_sharing=True (default: not)"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the pairs drawn and the order they are dealt in (default: 0)"
+    )
     parser.add_argument("--output", metavar="FILE.json", help="write the rows as a JSON list")
     parser.set_defaults(run=run)
 

@@ -204,8 +204,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefix-sharing", action="store_true", help="the padding-free run computes each prompt once (prefix_sharing)"
     )
     parser.add_argument("--max-length", type=_positive_int, default=1024, help="TRL's max_length (truncation)")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--learning-rate", type=float, default=1e-3, help="of both runs (default: 1e-3, high: the model starts random)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the model's weights and the data order (default: 0)")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     parser.set_defaults(run=run)
 

@@ -1,0 +1,145 @@
+"""`trl-padfree dpo`: TRL's `trl dpo` with padding-free DPO. The same arguments (TRL's `ScriptArguments`, our
+`DPOConfig`, `ModelConfig`, `DatasetMixtureConfig`) from the command line or a `--config` YAML, launched through
+`accelerate launch`:
+
+    trl-padfree dpo --config tiny_cpu                       # a shipped config by name, or a path to your own
+    trl-padfree dpo --config llama3.1-8b_8gpu_fsdp2 --accelerate_config fsdp2 --num_processes 8
+    accelerate launch --config_file my_accelerate.yaml -m trl_padfree.cli.dpo --config my_recipe.yaml
+
+Arguments that are no field of those dataclasses go to `accelerate launch` (`--num_processes`, `--mixed_precision`,
+...), and `--accelerate_config NAME|PATH` names an accelerate config: ours (`trl_padfree/cli/accelerate_configs/`) by
+name, or a file. This module is also the training script each process runs (`python -m trl_padfree.cli.dpo`).
+
+Besides what TRL takes, `model_name_or_path` takes a demo model built locally (`trl-padfree/<tiny|small|base>-<type>`),
+and `dataset_name` the data shipped in the package (`trl-padfree/demo-preferences`) or a local data file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trl_padfree.cli import exit_without_finalizing, one_line_errors, one_line_usage_errors
+from trl_padfree.cli.launch import (
+    accelerate_launch_arguments,
+    launch_module,
+    resolve_config_arguments,
+    shipped_configs,
+    unknown_launch_options,
+)
+
+MODULE = "trl_padfree.cli.dpo"
+
+
+def main(script_args, training_args, model_args, dataset_args) -> int:
+    """Train, save, and push to the Hub if asked; returns the number of processes the run used."""
+    from trl import get_dataset, get_peft_config, get_quantization_config
+
+    from trl_padfree import DPOTrainer
+    from trl_padfree.sources import load_preference_dataset, resolve_model
+
+    # The policy and the reference model are both loaded from these, as in TRL's script
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    if dataset_args.datasets:  # a mixture (`datasets:` in the YAML) wins over dataset_name, as in TRL's script
+        dataset = get_dataset(dataset_args)
+    elif script_args.dataset_name:
+        dataset = load_preference_dataset(script_args.dataset_name, script_args.dataset_config)
+    else:
+        raise ValueError(
+            "Set `dataset_name` (a hub dataset, a local file, trl-padfree/demo-preferences) or `datasets`."
+        )
+    evaluate = training_args.eval_strategy != "no"
+    for split in [script_args.dataset_train_split] + ([script_args.dataset_test_split] if evaluate else []):
+        if split not in dataset:
+            raise ValueError(f"The dataset has no split {split!r}; it has {list(dataset)}.")
+
+    trainer = DPOTrainer(
+        model=resolve_model(model_args.model_name_or_path),
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if evaluate else None,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}")
+    trainer.end()
+    return trainer.accelerator.num_processes
+
+
+def make_parser(prog: str = "trl-padfree dpo"):
+    """TRL's DPO script's parser, with our `DPOConfig`; bad flags are one line."""
+    from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
+
+    from trl_padfree import DPOConfig
+
+    epilog = (
+        "Options that none of the above reads go to `accelerate launch` (--num_processes, --mixed_precision, "
+        "--main_process_port, ...). --config takes a YAML file or a shipped config: "
+        f"{', '.join(shipped_configs('configs'))}. --accelerate_config takes an accelerate config file or a shipped "
+        f"one: {', '.join(shipped_configs('accelerate_configs'))}."
+    )
+    dataclass_types = (ScriptArguments, DPOConfig, ModelConfig, DatasetMixtureConfig)
+    return one_line_usage_errors(TrlParser(dataclass_types, prog=prog, epilog=epilog))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The subcommand: parse here (so --help and bad flags answer at once), train in the processes accelerate launches
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Everything after `dpo` is read by `run` (cli.READS_ITS_OWN_ARGUMENTS): TRL's dataclasses, accelerate's options
+    parser.set_defaults(run=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    argv = resolve_config_arguments(options.arguments)
+    # Like `trl dpo`: what none of the dataclasses reads, from the command line or the YAML, is accelerate launch's
+    *_, config_remaining, cli_remaining = make_parser().parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    launch_args = accelerate_launch_arguments(config_remaining + cli_remaining)
+    script_args = _without(argv, cli_remaining)
+    return launch_module(MODULE, launch_args, script_args)
+
+
+def _without(arguments: list[str], removed: list[str]) -> list[str]:
+    """`arguments` less `removed`, an ordered subsequence of it."""
+    remaining, position = [], 0
+    for argument in arguments:
+        if position < len(removed) and argument == removed[position]:
+            position += 1
+        else:
+            remaining.append(argument)
+    return remaining
+
+
+def parse_script_arguments(argv: list[str]) -> tuple:
+    """The four dataclasses of one training process. In the YAML, keys that are `accelerate launch` options (read by
+    `trl-padfree dpo`) are passed over; any other unknown key or flag is an error."""
+    parser = make_parser()
+    *dataclasses, config_remaining, cli_remaining = parser.parse_args_and_config(
+        resolve_config_arguments(argv), return_remaining_strings=True, separate_remaining_strings=True
+    )
+    unknown = cli_remaining + unknown_launch_options(config_remaining)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return tuple(dataclasses)
+
+
+if __name__ == "__main__":
+    with one_line_errors("trl-padfree dpo"):
+        processes = main(*parse_script_arguments(sys.argv[1:]))
+    if processes > 1:
+        # torch's gloo workers may still be releasing the last collectives: see exit_without_finalizing
+        exit_without_finalizing()
