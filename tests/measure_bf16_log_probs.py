@@ -1,5 +1,5 @@
 """Measure how far bf16 engines move DPO's log-prob sums, margins, losses and gradients, padded TRL and padding-free
-alike, against the same runs with float32 log-probs (docs/equivalence.md, "bf16 engines").
+alike, against the same runs with float32 log-probs (docs/concepts/exactness.md, "bf16 engines").
 
 Run from the repository root: `python tests/measure_bf16_log_probs.py [--real-model]`.
 
@@ -50,7 +50,7 @@ REAL_RUNS = {
     "packed, float32 model": "padding_free",
 }
 COMPARISONS = [
-    # (run, against): what each row of docs/equivalence.md's table measures
+    # (run, against): what each row of docs/concepts/exactness.md's table measures
     ("TRL padded", "padded"),  # TRL's own precision against float32 sums, padded
     ("packed, bf16 sums", "packed"),  # the same, packed
     ("packed", "padded"),  # the option's equivalence: packed vs padded, both with float32 sums

@@ -1,7 +1,7 @@
 """Measure packed-vs-padded differences (loss, gradients, metrics) for every loss type and a few options, in fp32.
 
 Run from the repository root: `python tests/measure_noise.py`. The tolerances in tests/trainer_utils.py are set at
-3-5x the maxima this prints; docs/equivalence.md records the figures.
+3-5x the maxima this prints; docs/concepts/exactness.md records the figures.
 """
 
 import sys

@@ -3,7 +3,7 @@ torch 2.15's `varlen_attn`, tests/stand_in_kernels.py) moves from TRL's padded s
 moves from itself between its `sdpa` and `eager` attention (the noise floor of that precision).
 
 Run from the repository root: `python tests/measure_precision_noise.py [TYPE ...]`. The bounds of
-`trainer_utils.TOLERANCES` for these precisions are set from what it prints; docs/equivalence.md records the figures.
+`trainer_utils.TOLERANCES` for these precisions are set from what it prints; docs/concepts/exactness.md records the figures.
 
 Precisions: TRL's default (float32 weights under its `bf16=True` autocast), float32 weights under fp16 autocast, and
 bf16 weights without autocast.

@@ -1,5 +1,5 @@
 """Measure what each rank of a split vision-language row spends on the vision tower, on CPU, for the choice of how the
-tower runs under sequence and context parallelism (docs/vision-language.md, "Long rows").
+tower runs under sequence and context parallelism (docs/guides/vision-language.md, "Long rows").
 
 Run from the repository root, on a quiet machine:
 

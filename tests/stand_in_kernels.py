@@ -49,7 +49,7 @@ def calls_of(kernel: str) -> list[KernelCall]:
 # Each stand-in refuses what the real call refuses, in the order it checks, with its message: the Python wrapper of
 # the release (torch/nn/attention/varlen.py), the custom op's schema (`torch_attn::_varlen_attn`), then ATen's Flash
 # kernel (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`, and `mha_varlen_bwd`
-# for the backward). None of them casts or pads: docs/kernels.md lists every check with its source.
+# for the backward). None of them casts or pads: docs/concepts/kernels.md lists every check with its source.
 
 # The GPU a stand-in plays: SM90 (H100), where torch 2.15 prefers cuDNN
 PLAYED_CAPABILITY = (9, 0)

@@ -31,7 +31,6 @@ MODEL_TYPES = ("qwen3_moe", "gemma4_text", "gpt_oss", "llama4_text", "olmo3")
 AUX_LOSS_BY_DEFAULT = ("qwen3_moe", "gpt_oss", "llama4_text")
 
 
-
 def model_factory(model_type: str, **overrides):
     return functools.partial(make_tiny_model, model_type, len(make_tokenizer()), **overrides)
 

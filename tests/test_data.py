@@ -113,7 +113,7 @@ def test_length_statistics_matches_the_lengths_it_summarises(dataset, tokenizer,
 
 
 def test_length_models_reproduce_the_published_figures():
-    # docs/data.md: prefix-sharing paper (arXiv 2410.20305), UltraFeedback 409 / 0.42, Capybara 1160 / 1.59, and
+    # docs/guides/quickstart.md: prefix-sharing paper (arXiv 2410.20305), UltraFeedback 409 / 0.42, Capybara 1160 / 1.59, and
     # Capybara's p95 = 3968 / 1.1; these are the figures the lognormals were fitted to, before the caps
     single, multi = (generator.simulate_length_model(model) for model in (generator.SINGLE_TURN, generator.MULTI_TURN))
     assert single["median_pair"] == pytest.approx(409, rel=0.03)

@@ -35,7 +35,7 @@ from trl_padfree.refusals import check_no_context_parallelism
 PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model
 # fp32, 2 processes vs 1, and bf16, packed vs padded with float32 log-probs: distributed_runs' bounds (measured here:
-# see docs/fsdp.md and docs/equivalence.md)
+# see docs/guides/multi-gpu.md and docs/concepts/exactness.md)
 
 RUNS = {
     "fsdp2": "padding_free+eval",
@@ -105,7 +105,7 @@ def test_reference_is_sharded_layer_by_layer_in_device_memory(fsdp2_runs):
 
 def test_reference_forward_gathers_less_than_the_whole_reference(fsdp2_runs):
     # TRL's single unit gathers every reference parameter at once; ours never gathers the embeddings together with
-    # a decoder layer. Tiny model: the embeddings and LM head are most of it (docs/fsdp.md has the real shapes)
+    # a decoder layer. Tiny model: the embeddings and LM head are most of it (docs/guides/multi-gpu.md has the real shapes)
     ours, trl = fsdp2_runs["fsdp2"], fsdp2_runs["trl"]
     assert trl["reference_gathered_peak_bytes"] == trl["reference_bytes"]
     assert ours["reference_gathered_peak_bytes"] < 0.8 * ours["reference_bytes"]
@@ -258,7 +258,9 @@ def test_an_fsdp_run_that_accelerate_gives_no_fsdp_is_refused(monkeypatch, tmp_p
 
 def test_ref_offload_under_fsdp1_is_refused():
     args = SimpleNamespace(deepspeed_plugin=None, precompute_ref_log_probs=False)
-    with pytest.raises(ValueError, match="needs FSDP2, but the run asks for fsdp_version 1.*fsdp2.yaml"):
+    with pytest.raises(
+        ValueError, match="needs FSDP2, but the run asks for fsdp_version 1.*--accelerate_config fsdp2"
+    ):
         check_ref_offload(args, model="some/model", ref_model=None, peft_config=None, fsdp_version=1)
 
 
@@ -270,13 +272,17 @@ def test_ref_offload_under_fsdp2_accepts_precompute_without_a_reference():
 
 def test_ref_offload_without_deepspeed_or_fsdp_is_refused_by_the_trainer(tmp_path):
     args = DPOConfig(output_dir=str(tmp_path), ref_offload=True, use_cpu=True, bf16=False, report_to=[])
-    with pytest.raises(ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: .*fsdp2.yaml"):
+    with pytest.raises(
+        ValueError, match="ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: .*--accelerate_config fsdp2"
+    ):
         DPOTrainer(model="unused", args=args)
 
 
 def test_context_parallelism_is_refused_with_padding_free():
     check_no_context_parallelism(1)
-    with pytest.raises(ValueError, match="context parallelism \\(cp_size=2\\) is not supported.*zero3_sp2.yaml"):
+    with pytest.raises(
+        ValueError, match="context parallelism \\(cp_size=2\\) is not supported.*--accelerate_config zero3_sp2"
+    ):
         check_no_context_parallelism(2)
 
 
@@ -284,7 +290,9 @@ def test_sequence_parallelism_under_fsdp_is_refused_with_the_way_out(monkeypatch
     # Under FSDP2 accelerate would fail later with an error about `dp_shard_size` that names neither option
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    with pytest.raises(ValueError, match="sequence_parallel_size=2 is not supported under FSDP.*zero3_sp2.yaml"):
+    with pytest.raises(
+        ValueError, match="sequence_parallel_size=2 is not supported under FSDP.*--accelerate_config zero3_sp2"
+    ):
         DPOConfig(output_dir=str(tmp_path), padding_free=True, sequence_parallel_size=2, use_cpu=True, bf16=False)
 
 

@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-# H200, torch 2.11 (docs/gpu.md): packed and per-sequence log-probs were identical (both run the Flash kernel in bf16).
+# H200, torch 2.11 (docs/benchmarks.md): packed and per-sequence log-probs were identical (both run the Flash kernel in bf16).
 # The bound keeps the CPU bf16 figure's headroom (5.8e-3 against eager, tests/test_models.py) for other kernels and GPUs.
 BF16_ATOL = 1.5e-2
 NUM_LAYERS = 2  # of every tiny config
@@ -148,7 +148,7 @@ def test_flash_attention_2_packed_equals_per_sequence_sdpa_in_bf16(model_type):
 
 # Prefix sharing on CUDA: one call of PyTorch's varlen kernel per layer, whose causal mask aligns to the bottom-right
 # corner when a rejected branch has more keys (its prefix) than queries. (Its two-call predecessor was identical to
-# per-sequence sdpa on an H200, docs/gpu.md.)
+# per-sequence sdpa on an H200, docs/benchmarks.md.)
 
 
 @pytest.mark.parametrize("sliding_window", [None, 3], ids=["causal", "window-3"])

@@ -1,5 +1,5 @@
 """On one GPU: ZeRO-3 padding-free DPO of a ~1B model (Llama-3.2-1B's shape, random weights) with and without
-`ref_offload`, and the peak GPU memory of each, for docs/deepspeed.md. Skipped without CUDA or DeepSpeed.
+`ref_offload`, and the peak GPU memory of each, for docs/guides/multi-gpu.md. Skipped without CUDA or DeepSpeed.
 
     python -m pytest tests/test_gpu_deepspeed.py -m gpu -s    # prints the figures, writes $TRL_PADFREE_GPU_REPORT
 """

@@ -4,7 +4,7 @@ CUDA branches on CPU (stand-in kernels of torch 2.15's `varlen_attn`, tests/stan
 A host read (tests/host_reads.py) is a read of a tensor's value on the host, or an op whose output size depends on
 values: on a GPU each one waits for every kernel queued before it. Counted per training step (policy and reference
 forwards, loss, metrics, backward) against TRL's padded step on the same batch, and inside every attention call,
-where there must be none. docs/kernels.md states the counts.
+where there must be none. docs/concepts/kernels.md states the counts.
 
 Both in TRL's default precision (float32 weights under bf16 autocast, where RoPE hands attention float32 queries and
 keys and bf16 values) and with bf16 weights: either way every attention call makes one kernel call.

@@ -155,7 +155,7 @@ def test_the_coverage_says_why_layers_run_per_segment():
 
 @pytest.mark.slow
 def test_every_exact_type_runs_through_the_strict_kernel_at_its_real_head_dims():
-    """The sweep behind docs/models-and-backends.md's kernel column: every type exact on `padfree_varlen`, its default
+    """The sweep behind docs/reference/models.md's kernel column: every type exact on `padfree_varlen`, its default
     config's head dims, through the strict stand-in: no kernel refusal anywhere, and the calls the coverage plans."""
     swept, failures = 0, {}
     for model_type in decoder_model_types():

@@ -404,7 +404,7 @@ def test_fsdp2_reference_counts_the_embeddings_its_forward_gathers_beyond_the_po
 def test_fsdp2_plan_searches_only_fsdp2_changes(tmp_path, capsys):
     plan = plan_json(tmp_path, write_config(tmp_path, **YI_34B), "--fsdp2")
     assert plan["engine"] == "fsdp2" and plan["setup"]["zero_stage"] is None
-    assert plan["accelerate_config"] == {"file": "trl_padfree/cli/accelerate_configs/fsdp2.yaml", "changes": {}}
+    assert plan["accelerate_config"] == {"file": "fsdp2", "changes": {}}
     assert not plan["fits"]
     changes = [row["change"] for row in plan["alternatives"]]
     assert not any("ZeRO" in change or "_device" in change for change in changes), changes
@@ -416,22 +416,22 @@ def test_fsdp2_plan_searches_only_fsdp2_changes(tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "FSDP2 (fully_shard per decoder layer)" in printed
-    assert "Config trl_padfree/cli/accelerate_configs/fsdp2.yaml" in printed and "FSDP2 policy per GPU:" in printed
+    assert "Config --accelerate_config fsdp2" in printed and "FSDP2 policy per GPU:" in printed
 
 
-def test_fsdp2_config_names_follow_the_offloads(tmp_path, capsys):
+def test_fsdp2_config_changes_follow_the_offloads(tmp_path, capsys):
     config = write_config(tmp_path, **YI_34B)
     plan = plan_json(tmp_path, config, "--fsdp2", "--reference", "offload", "--cpu-memory", "1TiB")
-    assert plan["accelerate_config"] == {"file": "trl_padfree/cli/accelerate_configs/fsdp2.yaml", "changes": {}}
+    assert plan["accelerate_config"] == {"file": "fsdp2", "changes": {}}
     assert plan["estimate"]["reference_gpu"] == 0 and plan["estimate"]["reference_cpu"] == 2 * YI_34B_PARAMS
-    assert "Config trl_padfree/cli/accelerate_configs/fsdp2.yaml" in capsys.readouterr().out
+    assert "Config --accelerate_config fsdp2" in capsys.readouterr().out
     plan = plan_json(tmp_path, config, "--fsdp2", "--fsdp2-offload-params", "--gpus-per-node", "4")
     assert plan["accelerate_config"] == {
-        "file": "trl_padfree/cli/accelerate_configs/fsdp2.yaml",
+        "file": "fsdp2",
         "changes": {"fsdp_offload_params": True},
     }
     assert plan["estimate"]["policy_cpu"] == 4 * (16 * YI_34B_PARAMS // 4)
-    assert "fsdp2.yaml, with fsdp_offload_params: true" in capsys.readouterr().out
+    assert "Config --accelerate_config fsdp2, with fsdp_offload_params: true" in capsys.readouterr().out
 
 
 # accelerate runs FSDP only on GPUs: its `fsdp2_prepare_model` is called directly, on CPU in a gloo world of one, with

@@ -398,6 +398,13 @@ def test_token_budget_counts_shared_rows():
     assert all(0 < entry["padfree/budget_fill"] <= 1 for entry in trainer.state.log_history if "loss" in entry)
 
 
+def test_token_budget_under_auto_sizes_pairs_unshared():
+    # "auto" may lay a text batch out unshared: sized shared, such a micro-batch would overflow the budget
+    auto = make_trainer(True, prefix_sharing="auto", max_tokens_per_batch=160, num_pairs=16)
+    unshared = make_trainer(True, max_tokens_per_batch=160, num_pairs=16)
+    assert auto._token_budget.sampler.lengths == unshared._token_budget.sampler.lengths
+
+
 def test_evaluation_matches_padded():
     padded, shared = make_trainer(False), make_trainer(True, **SHARE)
     padded_metrics, shared_metrics = padded.evaluate(), shared.evaluate()

@@ -120,7 +120,7 @@ def named_gpus(name: str) -> tuple[int, int] | None:
 def planned_setup(name: str) -> Setup:
     """The planner's setup for a recipe under the accelerate config its command names: every field from the two
     configs. A row holds at most pairs x 2 x max_length tokens; under Ulysses each GPU of a group runs 1/sp of them
-    (docs/sequence-parallel-capacity.md); a vision-language row is counted as if all its tokens were image tokens."""
+    (docs/concepts/memory-planning.md); a vision-language row is counted as if all its tokens were image tokens."""
     command = launch_command(name)
     recipe = yaml.safe_load(RECIPES[name].read_text())
     accelerate = yaml.safe_load(ACCELERATE_CONFIGS[command[command.index("--accelerate_config") + 1]].read_text())

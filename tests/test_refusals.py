@@ -25,7 +25,12 @@ def test_a_leaking_architecture_with_no_packing_backend_is_refused_at_init():
 
 
 def test_refused_model_still_trains_padded():
-    assert make_trainer(False, model_type="bloom", model_overrides=BLOOM, attn_implementation="eager").padding_free_enabled is False
+    assert (
+        make_trainer(
+            False, model_type="bloom", model_overrides=BLOOM, attn_implementation="eager"
+        ).padding_free_enabled
+        is False
+    )
 
 
 def test_attention_that_leaks_is_refused():

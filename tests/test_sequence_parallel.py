@@ -130,7 +130,7 @@ def test_sequence_parallel_refuses_attention_dropout():
 @pytest.mark.parametrize("zero_stage", [1, 2])
 def test_sequence_parallel_refuses_zero_below_3(zero_stage):
     # Under ZeRO-1/2 (deepspeed 0.19.8) the step applied 2x the gradient at sp_size 2: an SGD run without clipping
-    # left one padded process at its second step, and grad_norm was exactly 2x (docs/sequence-parallel.md)
+    # left one padded process at its second step, and grad_norm was exactly 2x (docs/guides/long-sequences.md)
     with pytest.raises(
         ValueError, match=f"needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero stage {zero_stage}"
     ):

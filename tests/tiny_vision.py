@@ -784,7 +784,7 @@ def save_experts_in_hub_layout(model_dir) -> None:
     """Rewrite a saved Qwen3-VL-MoE's expert weights as the hub's checkpoints hold them, (experts, in, out), which
     transformers transposes on load. Saved in its own layout, the checkpoint loads under DeepSpeed ZeRO-3's zero.Init
     with a size error (transformers 5.23-5.24 compares the partitioned parameter's empty shape, so it always transposes;
-    docs/sequence-parallel.md), as a user's own saved Qwen3-VL-MoE would."""
+    docs/guides/long-sequences.md), as a user's own saved Qwen3-VL-MoE would."""
     from safetensors.torch import load_file, save_file
 
     path = model_dir / "model.safetensors"

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from trl_padfree import DPOConfig, DPOTrainer
 
-# fp32 tolerances, 3-5x the largest difference measured over every loss type and option (docs/equivalence.md):
+# fp32 tolerances, 3-5x the largest difference measured over every loss type and option (docs/concepts/exactness.md):
 # loss 2e-7 relative, gradients 7e-7 of the largest gradient, metrics 1.1e-7 relative. Losses such as sppo_hard
 # (~56 here) scale the rounding of ~60-token log-prob sums, so every bound grows with the padded magnitude.
 LOSS_ATOL, LOSS_RTOL = 1e-6, 1e-6
@@ -57,7 +57,7 @@ class Precision:
 
 
 # Half-precision steps against TRL's padded step in the same precision (tests/measure_precision_noise.py,
-# docs/equivalence.md). TRL's own padded step moves between its sdpa and eager attention, over the 30 families of
+# docs/concepts/exactness.md). TRL's own padded step moves between its sdpa and eager attention, over the 30 families of
 # the suite, by at most 4e-4 in the loss, 2.9e-3 of the largest gradient (Gemma 3; Gemma 4's scaled embeddings: 5e-2)
 # and 8e-4 in the metrics; the packed step moves from it by no more. The bounds: the loss at the bf16 spacing of a
 # loss near 0.7 (2e-3, 5x the largest move), gradients at about 2x, metrics at about 10x.

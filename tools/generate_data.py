@@ -1,12 +1,12 @@
 """Write the shipped demo preference data and its tokenizer, deterministically.
 
     python -m tools.generate_data            # from the repository root: rewrites trl_padfree/data, byte for byte
-    python -m tools.generate_data --report   # also prints the tables of docs/data.md
+    python -m tools.generate_data --report   # also prints the tables of docs/guides/quickstart.md
 
 The text is composed here from phrase banks (topics with steps, facts and common mistakes; question, follow-up and
 answer templates); nothing is downloaded or copied from a dataset. Only the *lengths* model real preference data:
 a mixture of short single-turn chats (UltraFeedback-like) and long multi-turn ones (Capybara-like), with lognormal
-token lengths fitted to published figures (`trl_padfree.data.length_models`, docs/data.md).
+token lengths fitted to published figures (`trl_padfree.data.length_models`, docs/guides/quickstart.md).
 
 How it runs:
 1. draft pairs, sized by a word count, train a byte-level BPE tokenizer (so it never needs `<unk>`);
@@ -870,7 +870,7 @@ def generate(output_dir: str | Path = DATA_DIR) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Measurements for docs/data.md and the tests
+# Measurements for docs/guides/quickstart.md and the tests
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -926,7 +926,7 @@ def padded_batch_ratio(
 
 
 def report() -> str:
-    """The tables of docs/data.md, measured on the shipped files."""
+    """The tables of docs/guides/quickstart.md, measured on the shipped files."""
     dataset, tokenizer = load_demo_dataset(), load_demo_tokenizer()
     lines = ["Length models before the caps (100,000 draws):", ""]
     lines += ["| model | median prompt+chosen+rejected | median prompt / completion | p95 / median of the pair |"]
@@ -971,7 +971,9 @@ def report() -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", default=str(DATA_DIR), help="where to write the files")
-    parser.add_argument("--report", action="store_true", help="print the tables of docs/data.md (shipped files)")
+    parser.add_argument(
+        "--report", action="store_true", help="print the tables of docs/guides/quickstart.md (shipped files)"
+    )
     args = parser.parse_args(argv)
     for path in generate(args.output_dir):
         print(f"wrote {path} ({path.stat().st_size:,} bytes)")

@@ -57,7 +57,7 @@ class DPOConfig(trl.DPOConfig):
             the step's pairs, so training equals padded TRL on the same global batches. Logs
             `padfree/balance_cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
             `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
-            `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/balancing.md.
+            `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/concepts/balancing.md.
 
         token_budget_window (`int`, *optional*, defaults to `1000`):
             With `max_tokens_per_batch`: pairs are shuffled (with `data_seed`, else `seed`), cut into windows of this
@@ -71,12 +71,12 @@ class DPOConfig(trl.DPOConfig):
             `padfree_varlen` attention (`packed_attn_implementation="auto"` picks it); not with sequence parallelism
             or a Mixture-of-Experts auxiliary loss. `"auto"`: each batch is laid out shared when this model's cost
             model predicts a cheaper step (tokens and attention saved against the keys' and values' gather,
-            docs/prefix-sharing.md), unshared otherwise; logged once per outcome. Vision-language batches always
+            docs/concepts/prefix-sharing.md), unshared otherwise; logged once per outcome. Vision-language batches always
             share under `"auto"` (each shared pair also encodes its images once).
 
         prefix_sharing_min_prompt_tokens (`int`, *optional*, defaults to `8`):
             With `prefix_sharing=True`: pairs whose prompt is shorter are laid out unshared, where the few saved
-            tokens do not pay for the extra attention call; measured on CPU in docs/prefix-sharing.md. At least 2.
+            tokens do not pay for the extra attention call; measured on CPU in docs/concepts/prefix-sharing.md. At least 2.
             Under `prefix_sharing="auto"` it does not apply to text batches: the cost model decides for the whole
             batch, and a batch laid out shared shares every pair whose prompt has at least 2 tokens. It does apply to
             vision-language batches, which `"auto"` always shares. Always unshared: pairs whose chosen and rejected
@@ -94,7 +94,7 @@ class DPOConfig(trl.DPOConfig):
             log-sum-exp over its logits tiles), but FSDP2 with bf16 mixed precision casts a module's outputs to
             `MixedPrecisionPolicy.output_dtype`, which accelerate sets to bf16: a sequence's log-prob near -500 is
             then a multiple of 2 and the loss a bf16 number (measured: 0.04 off the float32-sum loss after one step;
-            docs/equivalence.md, "bf16 engines"). With it, FSDP2 leaves the outputs in the dtype they are computed in
+            docs/concepts/exactness.md, "bf16 engines"). With it, FSDP2 leaves the outputs in the dtype they are computed in
             (`output_dtype=None`, for the policy and the reference); costs nothing measurable. DeepSpeed, DDP and
             autocast do not cast outputs, so there it changes nothing. `False` is TRL's behaviour: the sums
             bf16 under FSDP2's bf16 mixed precision.
@@ -113,7 +113,7 @@ class DPOConfig(trl.DPOConfig):
             span several GPUs. Sets `parallelism_config` to accelerate's `ParallelismConfig(sp_backend="deepspeed",
             sp_size=N)`; needs `padding_free=True`, a DeepSpeed launch, attention heads divisible by N. Every rank of
             a group gets the same micro-batch; data parallelism runs across groups. An accelerate config can set it
-            instead, with `parallelism_config_sp_size` (`trl_padfree/cli/accelerate_configs/zero3_sp2.yaml`).
+            instead, with `parallelism_config_sp_size` (the shipped `zero3_sp2` config: `trl-padfree dpo --accelerate_config zero3_sp2`).
 
         context_parallel_size (`int`, *optional*, defaults to `1`):
             Split each packed row over this many processes with all-gather context parallelism
@@ -122,7 +122,7 @@ class DPOConfig(trl.DPOConfig):
             heads to divide by its size), any engine (DDP, DeepSpeed ZeRO, FSDP2). Needs `padding_free=True`, the
             `padfree_varlen` attention, and a number of processes it divides; groups are consecutive ranks. With
             `sequence_parallel_size=S` too, S x N consecutive ranks share a row: Ulysses splits the heads S ways,
-            context parallelism the rest. docs/sequence-parallel.md.
+            context parallelism the rest. docs/guides/long-sequences.md.
 
         deal_images (`bool`, *optional*, defaults to `True`):
             With rows split over processes (`sequence_parallel_size` or `context_parallel_size` above 1) on a
@@ -130,7 +130,7 @@ class DPOConfig(trl.DPOConfig):
             contiguous run of its sequences, balanced by image tokens) and the features are all-gathered,
             differentiably (trl_padfree/parallel/image_shares.py). `False`: every process runs it on all of the row's
             images. Both are exact; dealing divides the vision tower's time and activations by the processes of a
-            row. docs/vision-language.md.
+            row. docs/guides/vision-language.md.
 
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded
@@ -139,7 +139,7 @@ class DPOConfig(trl.DPOConfig):
             reference forward. The reference is loaded straight into CPU shards. With `precompute_ref_log_probs` it
             is released once the log-probs are computed. Under FSDP2 (`fsdp_version: 2`), shard the reference a
             unit per decoder layer under FSDP2's `CPUOffloadPolicy` (pinned), whatever the policy's
-            `fsdp_offload_params` (docs/fsdp.md). Raises without ZeRO-3 or FSDP2, or when there is no separate
+            `fsdp_offload_params` (docs/guides/multi-gpu.md). Raises without ZeRO-3 or FSDP2, or when there is no separate
             reference model (PEFT; or, under DeepSpeed, precomputed log-probs without a `ref_model`).
     """
 

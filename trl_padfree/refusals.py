@@ -63,7 +63,7 @@ def check_sequence_parallel_not_under_fsdp(sp_size: int, fsdp_version: int | Non
         raise ValueError(
             f"sequence_parallel_size={sp_size} is not supported under FSDP (fsdp_version {fsdp_version}): sequence "
             "parallelism runs on DeepSpeed Ulysses. Launch with a DeepSpeed config "
-            "(trl_padfree/cli/accelerate_configs/zero3_sp2.yaml; ZeRO-3 shards the policy as FSDP2 does), or set "
+            "(`trl-padfree dpo --accelerate_config zero3_sp2`; ZeRO-3 shards the policy as FSDP2 does), or set "
             "sequence_parallel_size=1."
         )
 
@@ -464,19 +464,19 @@ def check_prefix_sharing_without_sequence_parallel(prefix_sharing: bool, sequenc
 
 def check_sequence_parallel_engine(sp_size: int, deepspeed: bool, padding_free: bool, zero_stage: int | None) -> None:
     """Ulysses runs under DeepSpeed ZeRO-3 only. Under ZeRO-1 and ZeRO-2 (deepspeed 0.19.8) the step applies sp_size
-    times the gradient, and logs and clips sp_size times its norm (docs/sequence-parallel.md, measured): refused."""
+    times the gradient, and logs and clips sp_size times its norm (docs/guides/long-sequences.md, measured): refused."""
     if not deepspeed:
         raise ValueError(
             f"Sequence parallelism (sp_size={sp_size}) runs on DeepSpeed Ulysses, not under FSDP or plain data "
-            "parallelism: launch with a DeepSpeed config, e.g. `accelerate launch --config_file "
-            "trl_padfree/cli/accelerate_configs/zero3_sp2.yaml ...`. ZeRO-3 shards the policy as FSDP2 does (docs/fsdp.md)."
+            "parallelism: launch with a DeepSpeed config, e.g. `trl-padfree dpo --accelerate_config zero3_sp2 ...`. "
+            "ZeRO-3 shards the policy as FSDP2 does (docs/guides/multi-gpu.md)."
         )
     if zero_stage != 3:
         raise ValueError(
             f"Sequence parallelism (sp_size={sp_size}) needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero "
             f"stage {zero_stage}: under ZeRO-1 and ZeRO-2 the optimizer step applies sp_size times the gradient "
-            "(docs/sequence-parallel.md). Set `zero_stage: 3` in the accelerate config (e.g. "
-            "trl_padfree/cli/accelerate_configs/zero3_sp2.yaml), or split rows with context_parallel_size instead, which "
+            "(docs/guides/long-sequences.md). Set `zero_stage: 3` in the accelerate config (e.g. "
+            "the shipped zero3_sp2 config), or split rows with context_parallel_size instead, which "
             "works under any engine."
         )
     if not padding_free:
@@ -571,7 +571,7 @@ def check_fsdp2_vision_lm_head(vision_language: bool, tied_lm_head: bool) -> Non
             "an FSDP unit of its own, and TRL's fused LM head reads `lm_head.weight` without calling the module, so "
             "the unit's weight is never gathered and its gradient is not averaged over the processes (measured on "
             "tiny Idefics3 with 2 processes: 0.089 off; TRL's padded trainer gets the same wrong numbers). Train it "
-            "with DeepSpeed ZeRO-3 (trl_padfree/cli/accelerate_configs/zero3.yaml), which equals "
+            "with DeepSpeed ZeRO-3 (`trl-padfree dpo --accelerate_config zero3`), which equals "
             "one process on such models."
         )
 
@@ -607,7 +607,7 @@ def check_no_context_parallelism(cp_size: int) -> None:
             f"accelerate's context parallelism (cp_size={cp_size}) is not supported with padding_free=True: its "
             "ring attention treats the packed row as one causal sequence, so each sequence would attend to the ones "
             "before it. Set cp_size=1 and, to split long pairs over GPUs, use sequence parallelism on DeepSpeed "
-            "(sequence_parallel_size, trl_padfree/cli/accelerate_configs/zero3_sp2.yaml)."
+            "(sequence_parallel_size; `trl-padfree dpo --accelerate_config zero3_sp2`)."
         )
 
 
@@ -739,20 +739,19 @@ def check_ref_offload(
     None without DeepSpeed; `fsdp_version`: None without FSDP."""
     if zero_stage is None and fsdp_version is None:
         raise ValueError(
-            "ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: launch with `accelerate launch --config_file "
-            "trl_padfree/cli/accelerate_configs/zero3.yaml ...` or `fsdp2.yaml` (or pass a "
-            "stage-3 `deepspeed` config), or set ref_offload=False."
+            "ref_offload=True needs DeepSpeed ZeRO-3 or FSDP2: launch with `trl-padfree dpo --accelerate_config zero3` "
+            "or `--accelerate_config fsdp2` (or pass a stage-3 `deepspeed` config), or set ref_offload=False."
         )
     if fsdp_version is not None and fsdp_version != 2:
         raise ValueError(
             f"ref_offload=True under FSDP needs FSDP2, but the run asks for fsdp_version {fsdp_version}. Use "
-            "trl_padfree/cli/accelerate_configs/fsdp2.yaml (fsdp_version: 2), or set ref_offload=False."
+            "the shipped fsdp2 config (`--accelerate_config fsdp2`, fsdp_version: 2), or set ref_offload=False."
         )
     if fsdp_version is None and zero_stage != 3:
         raise ValueError(
             f"ref_offload=True needs DeepSpeed ZeRO-3, but the DeepSpeed config has zero stage {zero_stage}: "
             "parameter offload exists only at stage 3 (TRL gives the reference stage 0 below it, a full copy per "
-            "GPU). Use trl_padfree/cli/accelerate_configs/zero3.yaml, or set ref_offload=False."
+            "GPU). Use the shipped zero3 config (`--accelerate_config zero3`), or set ref_offload=False."
         )
     if not separate_reference and peft:
         raise ValueError(
@@ -796,7 +795,7 @@ def check_fsdp_engine(requested_version: int | None, fsdp_set_up: bool, distribu
             f"This run asks for FSDP (fsdp_version {requested_version}) but accelerate set up {distributed_type}, "
             "which does not shard the model: accelerate runs FSDP only on GPUs (and other accelerators), and on CPU "
             "processes falls back to data parallelism. Launch on GPUs, or use a data-parallel config "
-            "(trl_padfree/cli/accelerate_configs/multi_gpu.yaml) for CPU runs."
+            "(`--accelerate_config multi_gpu`) for CPU runs."
         )
 
 

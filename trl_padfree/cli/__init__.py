@@ -92,21 +92,21 @@ SUBCOMMANDS = {
         "estimate GPU and CPU memory of a DPO run (policy, reference, activations) and the cheapest fix",
         "Estimate per-GPU and per-node CPU memory of a DPO run from the model's config alone: policy states "
         "(DeepSpeed's estimators, or FSDP2's shards with --fsdp2), the reference model, an activation estimate; say "
-        "whether it fits and the cheapest change that makes it fit. See docs/memory-planning.md.",
+        "whether it fits and the cheapest change that makes it fit. See docs/concepts/memory-planning.md.",
     ),
     "models": (
         "trl_padfree.cli.models",
         "which architectures pack exactly, per attention backend (checked on tiny twins, no download)",
         "Check every decoder-only causal-LM type of the installed transformers, or one model's config.json with "
         "--check, on tiny float64 twins: packed forward and backward against each sequence alone. See "
-        "docs/models-and-backends.md.",
+        "docs/reference/models.md.",
     ),
     "balance": (
         "trl_padfree.cli.balance",
         "simulate how much data-parallel processes wait for the slowest row, dealt as usual or balanced by cost",
         "Simulate optimizer steps of pairs (the bench's length models or a local dataset) over many data-parallel "
         "processes: the expected slowest row over the mean row, with pairs dealt as usual and balanced by their FLOPs "
-        "(LPT per micro-step), and the step-time gain. No model or GPU needed. See docs/balancing.md.",
+        "(LPT per micro-step), and the step-time gain. No model or GPU needed. See docs/concepts/balancing.md.",
     ),
 }
 

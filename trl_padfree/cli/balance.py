@@ -12,7 +12,7 @@ and their ratio, the step-time gain balancing would bring if a step's time is it
 
 Pairs come from the bench's length models (`--distribution`, drawn as `trl-padfree bench` draws them: a pool of
 `POOL_PAIRS` pairs per distribution, then each step's pairs drawn from the pool) or from a dataset (`--dataset`), its
-pairs truncated to `--max-length` as TRL truncates them. See docs/balancing.md.
+pairs truncated to `--max-length` as TRL truncates them. See docs/concepts/balancing.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `trl-padfree models` checks every model type of `AutoModelForCausalLM` (encoder and encoder-decoder families left
 out) on each attention backend, from the type's default config, and prints one row per type: exact, or the reason it
-is refused, and how long the check took. `--markdown` prints the table of docs/models-and-backends.md.
+is refused, and how long the check took. `--markdown` prints the table of docs/reference/models.md.
 `trl-padfree models --check MODEL` reads only the `config.json` of a hub id or local folder and says whether and how
 that model will pack: the same check the trainer runs at start-up.
 

@@ -1,6 +1,6 @@
 """The preference data and tokenizer shipped in the package, for the demo, the recipes and the tests (no download).
 
-The files are written by tools/generate_data.py in the repository (see docs/data.md): English-like chats composed from
+The files are written by tools/generate_data.py in the repository (see docs/guides/quickstart.md): English-like chats composed from
 phrase banks, with token lengths modelled on UltraFeedback and Capybara (`length_models`), and a byte-level BPE
 tokenizer trained on them.
 """

@@ -1,5 +1,5 @@
 """The token-length models of the shipped data: what tools/generate_data.py sized the pairs from, and what
-`trl-padfree bench` samples its `ultrafeedback` and `capybara` distributions from (sources in docs/data.md)."""
+`trl-padfree bench` samples its `ultrafeedback` and `capybara` distributions from (sources in docs/guides/quickstart.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,6 @@ class LengthModel:
 # Fitted so that, before the caps, median(prompt + chosen + rejected) and median(prompt / mean completion) match the
 # prefix-sharing paper (arXiv 2410.20305, table of dataset lengths): UltraFeedback 409 and 0.42, Capybara 1160 and
 # 1.59; Capybara's sigmas also give p95/median of the pair = 3.1, as its packing length 3968 = 1.1 x p95 implies.
-# Chosen is 10% longer than rejected (the length bias of preference data; an estimate). See docs/data.md.
+# Chosen is 10% longer than rejected (the length bias of preference data; an estimate). See docs/guides/quickstart.md.
 SINGLE_TURN = LengthModel("single-turn (UltraFeedback-like)", 66, 0.9, 155, 127, 0.7)
 MULTI_TURN = LengthModel("multi-turn (Capybara-like)", 459, 1.1, 284, 232, 0.7)

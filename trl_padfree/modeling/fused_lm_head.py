@@ -22,7 +22,7 @@ reads it back as an extra attribute that no modeling code of these classes reads
 `fused_lm_head_lookups`, around `trl.DPOTrainer.__init__`, to exactly the models TRL patches, before any of them runs
 (the precomputed reference log-probs run inside `__init__`), and checked afterwards.
 
-The same place sets the precision of the log-probs (docs/equivalence.md, "bf16 engines"): with `fp32_log_probs` (unset,
+The same place sets the precision of the log-probs (docs/concepts/exactness.md, "bf16 engines"): with `fp32_log_probs` (unset,
 it is on with padding-free training and off otherwise, as in TRL) FSDP2 leaves the models' float32 log-probs uncast (placement/fsdp2.py, `keep_root_outputs_dtype`), where it
 would round their sums near -500 to multiples of 2; with `cast_lm_head_to_fp32` TRL's head gets its own flag of that
 name (float32 logits tiles, outside autocast).

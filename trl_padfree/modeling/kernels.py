@@ -52,7 +52,7 @@ def log_once(message: str) -> None:
 @dataclass(frozen=True)
 class FlashLimits:
     """What ATen's Flash kernel behind torch's `varlen_attn` refuses, which every call the plan makes stays within
-    (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`; docs/kernels.md lists each
+    (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`; docs/concepts/kernels.md lists each
     check with its message). `varlen_attn` pads nothing: a head dim the kernel refuses is the caller's to pad."""
 
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)  # and query, key, value of one dtype

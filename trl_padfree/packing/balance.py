@@ -109,7 +109,7 @@ def partition(costs: Sequence[float], processes: int, micro_steps: int = 1) -> l
     1. Micro-steps: pairs in decreasing cost, each to the cheapest micro-step that still has room, every micro-step
        holding `n // micro_steps` pairs or one more. Equal counts keep the micro-steps' memory alike and give each at
        least `processes` pairs, so every process has a row to run. The largest pairs spread over the micro-steps,
-       so with a heavy tail each micro-step waits for its own largest pair (docs/balancing.md). A greedy split with
+       so with a heavy tail each micro-step waits for its own largest pair (docs/concepts/balancing.md). A greedy split with
        no bound of its own: the bound below holds at each micro-step for the split it gets.
     2. Processes, per micro-step: LPT (longest processing time first, Graham 1969): pairs in decreasing cost, each to
        the process whose row costs least so far (ties: fewer pairs, then the lower process). The most expensive row
@@ -118,7 +118,7 @@ def partition(costs: Sequence[float], processes: int, micro_steps: int = 1) -> l
        (from 0) and `mean` its row mean. LPT rather than Karmarkar-Karp's multi-way differencing: on 2048 pairs over
        512 processes KK took 70-80 ms per step in Python against LPT's 2-4 ms, and its rows were no better overall
        (equal on UltraFeedback-like lengths, better on Capybara-like ones at max_length 1024, worse at 2048;
-       docs/balancing.md).
+       docs/concepts/balancing.md).
 
     Deterministic: the same costs give the same bins on every process (ties broken by index), with no randomness.
 

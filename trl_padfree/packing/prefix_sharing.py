@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # The prefix holds the prompt but its last token, which both branches repeat: shorter prompts share nothing
 MIN_SHARED_PROMPT_TOKENS = 2
 # Shorter prompts are laid out unshared by default: on 2 CPU cores (small demo Llama, 100-300 token completions) a
-# shared pair was 0.95x as fast at 2 prompt tokens, 0.99x at 4, 1.01x at 8 and 1.16x at 64 (docs/prefix-sharing.md)
+# shared pair was 0.95x as fast at 2 prompt tokens, 0.99x at 4, 1.01x at 8 and 1.16x at 64 (docs/concepts/prefix-sharing.md)
 DEFAULT_MIN_PROMPT_TOKENS = 8
 
 
@@ -168,7 +168,7 @@ def shares_pay(cost: SharingCost | None, lengths: list[tuple[int, int]], prefixe
         verdict = "shares the prompts of" if share else "lays out unshared"
         logger.info(
             f'prefix_sharing="auto" {verdict} a batch whose shared layout the cost model puts at {shared / unshared:.3f}x '
-            "the unshared one's cost (step FLOPs, the keys' and values' gather included; docs/prefix-sharing.md). "
+            "the unshared one's cost (step FLOPs, the keys' and values' gather included; docs/concepts/prefix-sharing.md). "
             "Logged once per outcome."
         )
     return share

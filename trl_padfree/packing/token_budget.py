@@ -32,7 +32,7 @@ from ..refusals import (
     check_training_set_not_empty,
 )
 from .layout import pair_tokens
-from .prefix_sharing import pair_row_tokens
+from .prefix_sharing import AUTO, pair_row_tokens
 
 
 def pair_lengths(
@@ -178,11 +178,14 @@ class TokenBudgetBatching:
             show_progress = trainer.accelerator.is_local_main_process
             lengths = collated_pair_lengths(trainer.train_dataset, collator, show_progress)
         else:
+            # "auto" lays a text batch out unshared when sharing would not pay: size pairs unshared, the larger row,
+            # so every micro-batch fits the budget either way (vision batches always share under "auto")
+            shares = collator.prefix_sharing and collator.prefix_sharing != AUTO
             lengths = pair_lengths(
                 trainer.train_dataset,
                 args.max_length,
                 args.truncation_mode,
-                collator.prefix_sharing_min_prompt_tokens if collator.prefix_sharing else None,
+                collator.prefix_sharing_min_prompt_tokens if shares else None,
             )
         _check_pairs_fit(lengths, budget, collator.pad_to_multiple_of, args.max_length, trainer.is_vision_dataset)
         sampler = TokenBudgetBatchSampler(

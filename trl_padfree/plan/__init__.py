@@ -2,7 +2,7 @@
 
 From the model's config alone (no weights), `memory` adds up per GPU the policy states, the reference model, the
 activations and a reserve, and per node the CPU memory (DeepSpeed's estimators, or `fsdp2` for PyTorch FSDP2);
-`search` finds the cheapest change that fits, `report` prints the plan and `command` is the command line. Formulas, assumptions and what is not modelled: docs/memory-planning.md.
+`search` finds the cheapest change that fits, `report` prints the plan and `command` is the command line. Formulas, assumptions and what is not modelled: docs/concepts/memory-planning.md.
 """
 
 from .command import add_arguments, run

@@ -20,10 +20,10 @@ value). In one layer's attention, in row buffers:
 
 The peak is a layer's backward, 3, plus the copies every other layer keeps until its backward: none with activation
 checkpointing (only the layer being recomputed has any), L - 1 without. These counts were checked against the live
-tensors of one attention call on CPU, with stand-ins for the kernel and the collective (docs/memory-planning.md). They
+tensors of one attention call on CPU, with stand-ins for the kernel and the collective (docs/concepts/memory-planning.md). They
 assume torch's varlen kernel takes grouped key-value heads (`enable_gqa`, torch >= 2.12); an older torch expands them
 to every query head, heads / kv-heads times larger copies. Left to the reserve: the per-token outputs all-gathered back
-(a few bytes per row token) and the chunk-sized copies on the way. docs/memory-planning.md#context-parallelism---context-parallel.
+(a few bytes per row token) and the chunk-sized copies on the way. docs/concepts/memory-planning.md#context-parallelism---context-parallel.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ parameters' fp32. So per GPU, with b the bytes of the precision (2 in bf16/fp16,
 
 trl-padfree shards the frozen reference like the policy, a unit per decoder layer and the root, in the training
 precision (b P / N per GPU); with `ref_offload`, or when the policy is offloaded, its shards sit in pinned CPU memory
-instead (b P / nodes per node). Formulas and what is left out: docs/memory-planning.md.
+instead (b P / nodes per node). Formulas and what is left out: docs/concepts/memory-planning.md.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 SHARDED_BYTES_PER_PARAM = 16  # fp32 master weights 4, fp32 gradients 4, Adam's two fp32 moments 8
 LAYERS_GATHERED = 2  # the layer being computed and the next one, prefetched
 GRADIENT_BUFFERS = 2  # a layer's unsharded gradients and the reduce-scatter input (reduce dtype = param dtype)
-CONFIG = "trl_padfree/cli/accelerate_configs/fsdp2.yaml"
-REF_OFFLOAD_CONFIG = "trl_padfree/cli/accelerate_configs/fsdp2.yaml"
+CONFIG = "fsdp2"  # the shipped accelerate config: `trl-padfree dpo --accelerate_config fsdp2`
 
 
 def kept_gathered_params(shape: ModelShape) -> int:
@@ -110,4 +109,4 @@ def reference_memory(shape: ModelShape, setup: Setup) -> tuple[int, int]:
 def accelerate_config(setup: Setup) -> dict:
     """The accelerate config to launch the planned run with, and the settings to change in it."""
     changes = {"fsdp_offload_params": True} if setup.fsdp_offload_params else {}
-    return {"file": REF_OFFLOAD_CONFIG if setup.reference == "offload" else CONFIG, "changes": changes}
+    return {"file": CONFIG, "changes": changes}

@@ -12,7 +12,7 @@ Per GPU, these parts are added up and compared with the GPU's memory:
     reserve         a fixed allowance for the CUDA context, NCCL and DeepSpeed buffers, fragmentation
 
 Per node, CPU memory adds DeepSpeed's CPU estimate (or FSDP2's offloaded shards) for the policy and the offloaded
-reference. Formulas, assumptions and what is not modelled: docs/memory-planning.md.
+reference. Formulas, assumptions and what is not modelled: docs/concepts/memory-planning.md.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def accelerate_config(setup: Setup) -> dict | None:
 
 def _config_text(config: dict) -> str:
     changes = ", ".join(f"{key}: {str(value).lower()}" for key, value in config["changes"].items())
-    return config["file"] + (f", with {changes}" if changes else "")
+    return f"--accelerate_config {config['file']}" + (f", with {changes}" if changes else "")
 
 
 def _plural(count: int, noun: str) -> str:

@@ -10,7 +10,7 @@ from .memory import Estimate, Setup, estimate
 from .shapes import ModelShape
 from .units import gib
 
-# The changes that can make a run fit, cheapest in throughput first (docs/memory-planning.md says why in this order)
+# The changes that can make a run fit, cheapest in throughput first (docs/concepts/memory-planning.md says why in this order)
 CHANGE_ORDER = (
     "precompute reference",  # one reference pass over the data before training, none per step
     "offload reference",  # the reference's weights cross PCIe on every reference forward
@@ -184,7 +184,7 @@ def plan_notes(shape: ModelShape, setup: Setup) -> list[str]:
         notes.append(f"Activations not estimated ({shape.no_activations_reason}); the GPU total leaves them out.")
     else:
         notes.append(
-            "Activations are an estimate (formula in docs/memory-planning.md), assuming varlen flash attention."
+            "Activations are an estimate (formula in docs/concepts/memory-planning.md), assuming varlen flash attention."
         )
         if setup.context_parallel_size > 1:
             notes.append(context_parallel_note(shape, setup))

@@ -3,7 +3,7 @@ DPO trainers on a bench model, and one timed training step with its peak memory.
 
 Length distributions (token counts; content is random token ids, which does not change the cost):
 - `ultrafeedback`: single-turn chat, short prompts; `capybara`: multi-turn, long prompts. Lognormal models fitted to
-  published statistics of those datasets (`trl_padfree.data.length_models`, sources in docs/data.md).
+  published statistics of those datasets (`trl_padfree.data.length_models`, sources in docs/guides/quickstart.md).
 - `shipped`: the exact lengths of the preference data shipped in the package, tokenized as TRL does.
 """
 

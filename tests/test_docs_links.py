@@ -1,0 +1,42 @@
+"""Every page the code, tests and docs point a reader to exists: `docs/...md` named in a message, docstring or comment,
+and every relative link of the README and docs/ (the docs moved once; a stale path is a dead end in an error message)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMED_PAGE = re.compile(r"docs/[a-z0-9_-]+(?:/[a-z0-9_.-]+)*\.(?:md|json|txt|png)\b")  # lower case: not a placeholder
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "recipes").rglob("*.md"))]
+
+
+def _sources():
+    for folder in ("trl_padfree", "tests", "tools", "recipes", "docs"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in {".py", ".md", ".yaml", ".json"} and path.is_file():
+                yield path
+    yield ROOT / "README.md"
+    yield ROOT / "pyproject.toml"
+
+
+def test_every_docs_path_named_in_the_repository_exists():
+    missing = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _sources()
+        for name in NAMED_PAGE.findall(path.read_text(encoding="utf-8"))
+        if not (ROOT / name).exists()
+    }
+    assert not missing, sorted(missing)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code blocks are not links
+    dead = [
+        target
+        for target in MARKDOWN_LINK.findall(text)
+        if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
+    ]
+    assert not dead, dead
