@@ -40,3 +40,12 @@ def test_relative_links_resolve(page):
         if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
     ]
     assert not dead, dead
+
+
+def test_the_metrics_page_lists_every_metric_the_package_logs():
+    logged = set()
+    for path in (ROOT / "trl_padfree").rglob("*.py"):
+        logged |= set(re.findall(r"[\"'](padfree/[a-z_]+)[\"']", path.read_text(encoding="utf-8")))
+    page = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    assert len(logged) >= 10
+    assert not [name for name in sorted(logged) if f"`{name}`" not in page]
