@@ -40,7 +40,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, bf16, {BOUNDS[-1]} tokens, torch 2.11's varlen_attn stand-in, per layer")
     for name, geometry in GEOMETRIES.items():
         before, after = saved_bytes(*geometry, expand=True), saved_bytes(*geometry, expand=False)
-        print(f"{name:12} expanded {before / 2**20:6.2f} MiB   grouped {after / 2**20:6.2f} MiB   x{before / after:.2f}")
+        print(
+            f"{name:12} expanded {before / 2**20:6.2f} MiB   grouped {after / 2**20:6.2f} MiB   x{before / after:.2f}"
+        )
 
 
 if __name__ == "__main__":

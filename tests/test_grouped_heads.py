@@ -59,7 +59,9 @@ def test_grouped_heads_reach_the_kernel_grouped_and_equal_the_expanded_heads(ver
     # The reference: the same kernel with the heads expanded first (what ran before)
     groups = HEADS // KV_HEADS
     copies = [tensor.detach().clone().requires_grad_() for tensor in (query, key, value)]
-    expected = attend(copies[0], copies[1].repeat_interleave(groups, 1), copies[2].repeat_interleave(groups, 1), version)
+    expected = attend(
+        copies[0], copies[1].repeat_interleave(groups, 1), copies[2].repeat_interleave(groups, 1), version
+    )
     torch.testing.assert_close(output, expected, atol=0, rtol=0)
     gradient = torch.randn(output.shape, generator=generator, dtype=output.dtype)
     output.backward(gradient)
