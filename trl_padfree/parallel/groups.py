@@ -36,8 +36,13 @@ class RowGroup:
 # In place: each rank's part written straight into one buffer (no list of parts, no `cat` copy). torch 2.13 names
 # them `*_single` and deprecates the `*_tensor` names that torch 2.10-2.12 have; gloo runs both on CPU. Looked up at
 # each call, as torch.distributed's other functions are (tests count them)
+def all_gather_in_place():
+    """torch's in-place all-gather under this release's name (called where it is used, so tests count its caller)."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _all_gather_into(output: torch.Tensor, tensor: torch.Tensor, group) -> None:
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(output, tensor, group=group)
+    all_gather_in_place()(output, tensor, group=group)
 
 
 def _reduce_scatter_from(output: torch.Tensor, tensor: torch.Tensor, group) -> None:
