@@ -69,7 +69,8 @@ def sizes_of_row(row: dict[str, Any]) -> list[int]:
 
 
 def collated_sizes(example: dict[str, Any], collator) -> list[int]:
-    return sizes_of_row(collator([example]))
+    # A copy: TRL's collator rewrites the example's keys (templated messages, `image` into `images`)
+    return sizes_of_row(collator([dict(example)]))
 
 
 def _pil_sizes(images) -> list[tuple[int, int]] | None:
