@@ -2,7 +2,7 @@
 
 Run from the repository root (figures in docs/concepts/balancing.md and docs/guides/long-sequences.md):
 
-    python3 tests/measure_pricing.py --output docs/bench/pricing_cpu.json
+    python3 tests/measure_pricing.py --pairs 100000 --sample 100  # --output FILE.json keeps the report
 
 What it times, on one CPU process unless said:
 - vision-language pairs (`packing/pair_sizes.py`): a synthetic set of `--pairs` pairs as Qwen2.5-VL's processor sees
