@@ -253,7 +253,17 @@ def test_the_whole_row_needs_every_kernel_to_take_its_boundaries(model_type):
 # Hybrids in the default run: a gated delta rule, a short convolution, Mamba2 beside attention and in its own layers;
 # the others (each a few seconds in bf16 on a CPU) with -m slow
 DEFAULT_HYBRIDS = ("qwen3_5_text", "lfm2", "nemotron_h", "falcon_h1")
-FAMILIES = POPULAR_TYPES + tuple(
+# Popular families in the default run: one of each attention the plan treats apart (grouped heads, biases, MoE,
+# sliding windows, head dim 512, latent attention, sinks, chunks, partial rotary, parallel blocks); the other eight
+# (plain GQA decoders like the ones kept) with -m slow
+DEFAULT_POPULAR = (
+    "llama", "qwen2", "qwen3_moe", "mistral", "gemma3_text", "gemma4_text", "phi3", "deepseek_v3", "gpt_oss",
+    "llama4_text", "gpt_neox", "cohere2",
+)  # fmt: skip
+FAMILIES = tuple(
+    model_type if model_type in DEFAULT_POPULAR else pytest.param(model_type, marks=pytest.mark.slow)
+    for model_type in POPULAR_TYPES
+) + tuple(
     model_type if model_type in DEFAULT_HYBRIDS else pytest.param(model_type, marks=pytest.mark.slow)
     for model_type in HYBRID_MODEL_TYPES
 )
