@@ -331,7 +331,13 @@ def assert_balanced_training_equals(report: dict, padded: dict, processes: int, 
 
 @pytest.mark.parametrize(
     "config, processes",
-    [("multi_gpu.yaml", 2), ("multi_gpu.yaml", 4), ("zero3.yaml", 2), ("fsdp2.yaml", 2)],
+    # 4 processes (on 2 cores) and FSDP2 with -m slow: ZeRO-3 is the sharding engine of the default run
+    [
+        ("multi_gpu.yaml", 2),
+        pytest.param("multi_gpu.yaml", 4, marks=pytest.mark.slow),
+        ("zero3.yaml", 2),
+        pytest.param("fsdp2.yaml", 2, marks=pytest.mark.slow),
+    ],
 )
 def test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config, processes, model_dir, tmp_path):
     steps = 2  # with 4 processes x 2 x 2 pairs, the 32 pairs of the data
@@ -402,6 +408,7 @@ def test_with_one_micro_step_every_logged_metric_is_padded_trls(model_dir, tmp_p
     assert_same_training(report, padded)
 
 
+@pytest.mark.slow  # the sampler's resume runs in one process by default (test_resume_continues_with_the_same_...)
 def test_two_processes_resume_mid_epoch_on_the_same_trajectory(tmp_path):
     """The user's command (trl_padfree/cli/dpo.py, multi_gpu.yaml on 2 CPU processes, --train_sampling_strategy
     batch_rebalance): 64 pairs a step, 5 steps an epoch; a checkpoint at step 6 (the second epoch's first) resumed in

@@ -182,7 +182,7 @@ def assert_same_split_training(report: dict, expected: dict, ranks_per_row: int)
     assert_split_row_training(report, expected)
 
 
-@pytest.mark.parametrize("processes", [2, 4])
+@pytest.mark.parametrize("processes", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 processes on 2 cores: slow
 def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
     six_head_model, single_process, tmp_path, processes
 ):
@@ -206,7 +206,11 @@ def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
 
 @pytest.mark.parametrize(
     "config, run",
-    [("zero3.yaml", "padding_free+cp+ref_offload"), ("fsdp2.yaml", "padding_free+cp+ref_offload")],
+    # FSDP2 with context parallelism runs by default on image rows (tests/test_vision_split_rows.py)
+    [
+        ("zero3.yaml", "padding_free+cp+ref_offload"),
+        pytest.param("fsdp2.yaml", "padding_free+cp+ref_offload", marks=pytest.mark.slow),
+    ],
     ids=["zero3", "fsdp2"],
 )
 def test_context_parallel_under_a_sharding_engine_with_the_reference_offloaded(

@@ -206,6 +206,7 @@ def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir,
                 assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=5e-5, abs=2e-5), key
 
 
+@pytest.mark.slow  # resuming runs under ZeRO-3 by default (test_deepspeed.py); FSDP2's checkpoints with -m slow
 def test_recipe_with_ref_offload_resumes_an_fsdp2_checkpoint_on_the_same_trajectory(tmp_path):
     """The user's command (trl_padfree/cli/dpo.py, fsdp2.yaml, --ref_offload true): train 3 steps saving a sharded
     checkpoint at 2, then resume from step 2 in new processes; step 3 must be the same."""

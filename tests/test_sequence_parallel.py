@@ -92,6 +92,7 @@ def test_sequence_parallel_with_reference_offloaded(sequence_parallel_launch, si
     assert_same_split_training(report, single_process["trl+eval"], sp_size=2)
 
 
+@pytest.mark.slow  # 4 processes on 2 cores; sp 2 runs by default
 def test_sequence_parallel_4(sequence_parallel_launch, single_process):
     # 4 ranks split each row in 4; the tiny model's 2 key-value heads are replicated by DeepSpeed
     report = sequence_parallel_launch("zero3.yaml", "padding_free+sp", processes=4, sp_size=4)

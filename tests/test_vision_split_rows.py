@@ -161,7 +161,9 @@ def test_ulysses_2_on_image_rows_equals_one_padded_process(
 BOTH = ("qwen2_5_vl", "llava_next")
 
 
-@pytest.mark.parametrize("model_type", [BOTH[0], pytest.param(BOTH[1], marks=pytest.mark.slow)])
+# 4 processes on 2 cores: with -m slow (Ulysses x context parallelism runs by default on text rows, test_context_parallel)
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", BOTH)
 def test_ulysses_times_context_4_on_image_rows_equals_one_padded_process(
     vision_models, tmp_path_factory, single_process_padded, model_type
 ):
