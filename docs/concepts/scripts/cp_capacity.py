@@ -7,32 +7,12 @@ gathered keys and values (trl_padfree/plan/context_parallel.py).
 
 from dataclasses import replace
 
-from transformers import LlamaConfig, Qwen2Config
+from ulysses_capacity import MODELS as ULYSSES_MODELS  # the script's own folder is on sys.path
 
 from trl_padfree.plan import GiB, Setup, estimate, load_model_shape
 
-MODELS = {
-    "llama-3.1-8b": LlamaConfig(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-    ),
-    "qwen2.5-7b": Qwen2Config(
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-    ),
-}
+# The same configs as the Ulysses capacity script, for the two models compared here
+MODELS = {name: ULYSSES_MODELS[name][0] for name in ("llama-3.1-8b", "qwen2.5-7b")}
 CP_SIZES = (1, 2, 4, 8)  # no head-count limit: every size dividing the 8 GPUs
 
 
