@@ -1,10 +1,13 @@
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # keep the test log readable; set before TRL reads it
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The pair sizes trainers cache (packing/pair_sizes.py) go to a folder of this session, not the user's HF cache
+os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="trl-padfree-tests-datasets-"))
 
 
 @pytest.fixture(scope="module")

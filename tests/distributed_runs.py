@@ -72,6 +72,15 @@ def assert_split_row_training(report: dict, expected: dict) -> None:
         assert metrics["padfree/real_tokens"] == new_tokens
 
 
+def assert_no_object_collective(report: dict) -> None:
+    """A run launched with `--count-collectives` (tests/distributed/step_collectives.py) made no object collective
+    (`all_gather_object` and the like: pickling, a host sync) in any training step, its batch hand-out included;
+    tests/test_step_collectives.py counts the rest (slow)."""
+    steps = report["collectives"]
+    assert steps and all(step["tensor"] > 0 for step in steps), "nothing was counted"
+    assert [step["object"] for step in steps] == [0] * len(steps), [step["by_caller"] for step in steps]
+
+
 def save_tiny_model(directory: Path) -> Path:
     """A tiny Llama saved like a checkpoint, so every process (and TRL's reference) loads it by path."""
     make_demo_model("tiny", "llama").save_pretrained(directory)

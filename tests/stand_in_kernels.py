@@ -165,11 +165,13 @@ def _checked_backward(output: torch.Tensor, query: torch.Tensor) -> torch.Tensor
     return output
 
 
-def _segment_attention(query, key, value, scale, left: int, right: int) -> torch.Tensor:
+def _segment_attention(query, key, value, scale, left: int, right: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One segment `(T, heads, dim)`, causal window aligned to the bottom-right corner as flash attention aligns it:
     query i stands at key position i + T_k - T_q and sees keys in [position - left, position + right] (-1: no
-    limit)."""
+    limit). Grouped key/value heads are shared by consecutive query heads. Returns the output and the log-sum-exp
+    `(heads, T)` of the scores."""
     queries, keys = query.shape[0], key.shape[0]
+    groups = query.shape[1] // key.shape[1]
     position = torch.arange(queries).unsqueeze(1) + (keys - queries)
     key_position = torch.arange(keys).unsqueeze(0)
     allowed = torch.ones(queries, keys, dtype=torch.bool)
@@ -177,23 +179,51 @@ def _segment_attention(query, key, value, scale, left: int, right: int) -> torch
         allowed &= key_position <= position + right
     if left >= 0:
         allowed &= key_position >= position - left
-    scores = torch.einsum("qhd,khd->hqk", query.float(), key.float()) * scale
-    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-    return torch.einsum("hqk,khd->qhd", weights, value.float()).to(query.dtype)
+    grouped_query = query.float().unflatten(1, (key.shape[1], groups))  # (T, kv heads, groups, dim)
+    scores = torch.einsum("qhgd,khd->hgqk", grouped_query, key.float()) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = scores.softmax(-1)
+    output = torch.einsum("hgqk,khd->qhgd", weights, value.float()).flatten(1, 2)
+    return output.to(query.dtype), scores.logsumexp(-1).flatten(0, 1)
 
 
-def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, window) -> torch.Tensor:
-    """The result the kernel computes (after its checks passed): grouped heads shared, each segment alone."""
-    heads, kv_heads = query.shape[1], key.shape[1]
-    key, value = (tensor.repeat_interleave(heads // kv_heads, dim=1) for tensor in (key, value))
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    bounds_q, bounds_k = cu_seq_q.tolist(), cu_seq_k.tolist()
-    outputs = [
+class _FlashVarlen(torch.autograd.Function):
+    """What ATen's Flash varlen kernel keeps for its backward: its inputs as given (grouped key/value heads
+    grouped), the output and the log-sum-exp, as torch's `_varlen_attn` op saves them (`_setup_context`). The
+    backward recomputes the reference, so a test counting saved tensors sees what the real kernel would hold."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, scale, window):
+        bounds = cu_seq_q.tolist(), cu_seq_k.tolist()  # the kernel's own read, on the device
+        output, lse = _reference_pass(query, key, value, *bounds, scale, window)
+        ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, output, lse)
+        ctx.bounds, ctx.scale, ctx.window = bounds, scale, window
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, key, value, *_ = ctx.saved_tensors
+        inputs = [tensor.detach().requires_grad_() for tensor in (query, key, value)]
+        with torch.enable_grad():
+            output, _ = _reference_pass(*inputs, *ctx.bounds, ctx.scale, ctx.window)
+        return (*torch.autograd.grad(output, inputs, grad), None, None, None, None)
+
+
+def _reference_pass(query, key, value, bounds_q, bounds_k, scale, window) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [
         _segment_attention(query[start_q:end_q], key[start_k:end_k], value[start_k:end_k], scale, *window)
         for start_q, end_q, start_k, end_k in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:], strict=False)
         if end_q > start_q
     ]
-    output = torch.cat(outputs) if outputs else query.new_zeros(query.shape)
+    if not parts:
+        return query.new_zeros(query.shape), query.new_zeros(query.shape[1], 0, dtype=torch.float32)
+    return torch.cat([output for output, _ in parts]), torch.cat([lse for _, lse in parts], dim=1)
+
+
+def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, window) -> torch.Tensor:
+    """The result the kernel computes (after its checks passed): grouped heads shared, each segment alone."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    output = _FlashVarlen.apply(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window))
     return _checked_backward(output, query)
 
 

@@ -504,19 +504,18 @@ PLAIN_LAYER = dict(dtype=torch.bfloat16, heads=NUM_HEADS, kv_heads=NUM_KV_HEADS,
 
 
 @pytest.mark.parametrize(
-    "torch_version, options, expand_heads",
+    "torch_version, options",
     [
-        ("2.10", {"is_causal": True}, True),
-        ("2.11", {"window_size": (-1, 0), "scale": SCALING}, True),
-        ("2.12", {"window_size": (-1, 0), "scale": SCALING, "enable_gqa": True}, False),
+        ("2.10", {"is_causal": True}),
+        ("2.11", {"window_size": (-1, 0), "scale": SCALING}),
+        ("2.12", {"window_size": (-1, 0), "scale": SCALING, "enable_gqa": True}),
     ],
 )
-def test_kernel_plan_of_a_plain_grouped_layer(torch_version, options, expand_heads):
+def test_kernel_plan_of_a_plain_grouped_layer(torch_version, options):
     plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **PLAIN_LAYER)
 
     assert plan.fallback is None
     assert plan.options == options
-    assert plan.expand_heads == expand_heads
 
 
 @pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
@@ -524,7 +523,6 @@ def test_kernel_plan_without_grouped_heads_passes_no_gqa(torch_version):
     plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "kv_heads": NUM_HEADS})
 
     assert "enable_gqa" not in plan.options
-    assert not plan.expand_heads
 
 
 @pytest.mark.parametrize(

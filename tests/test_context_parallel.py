@@ -168,6 +168,12 @@ def launch_context_parallel(model, tmp_path, config: str, runs: str, processes: 
     return launch(config, model, tmp_path / "report.json", *arguments, *options, processes=processes)
 
 
+def assert_no_object_collective(report: dict) -> None:
+    from distributed_runs import assert_no_object_collective
+
+    assert_no_object_collective(report)
+
+
 def assert_same_split_training(report: dict, expected: dict, ranks_per_row: int) -> None:
     from distributed_runs import assert_split_row_training
 
@@ -181,9 +187,12 @@ def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
     six_head_model, single_process, tmp_path, processes
 ):
     runs = ("padding_free+cp+eval", "padding_free+cp+prefix_sharing", "padding_free+cp+precompute")
-    reports = launch_context_parallel(six_head_model, tmp_path, "multi_gpu.yaml", ",".join(runs), processes)
+    reports = launch_context_parallel(
+        six_head_model, tmp_path, "multi_gpu.yaml", ",".join(runs), processes, "--count-collectives"
+    )
     for run in runs:
         assert_same_split_training(reports[run], single_process, processes)
+        assert_no_object_collective(reports[run])
     # Evaluation is not split: each rank evaluates whole rows of its own batches, data-parallel
     for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
         expected = single_process["eval"][key]

@@ -508,6 +508,40 @@ TRANSFORMERS_VISION = [
 
 TRANSFORMERS = [
     Seam(
+        "trl", "trl.trainer.dpo_trainer.DataCollatorForVisionPreference (templating)",
+        "a pair counted from its image sizes is templated and tokenized as the collator does it: these three "
+        "functions of its module, the prompt tokenized apart from each completion without special tokens",
+        "integrations/trl.py, packing/pair_sizes.py", where=VISION_COLLATE,
+        source={
+            VISION_COLLATE: (
+                'example["prompt"] = prepare_multimodal_messages(example["prompt"], images=example["images"])',
+                "examples = [apply_chat_template(example, self.processor) for example in examples]",
+                "add_special_tokens=False",
+                "input_ids = torch.cat((prompt_ids, completion_ids), dim=1)",
+            )
+        },
+        ordered=True,
+    ),
+    *(
+        Seam(
+            "transformers", f"transformers.models.{module}.processing_{module}.{name}._get_num_multimodal_tokens",
+            "each image's placeholder tokens from its (height, width), and `replace_image_token` writing the "
+            "placeholder that many times: a vision pair's row counted without image processing",
+            "integrations/transformers.py, packing/pair_sizes.py", check=Check("callable", callable),
+            source={
+                f"transformers.models.{module}.processing_{module}.{name}.replace_image_token": (
+                    "return self.image_token * num_image_tokens",
+                )
+            },
+        )
+        for module, name in (
+            ("qwen2_vl", "Qwen2VLProcessor"),
+            ("qwen2_5_vl", "Qwen2_5_VLProcessor"),
+            ("qwen3_vl", "Qwen3VLProcessor"),
+            ("llava", "LlavaProcessor"),
+        )
+    ),
+    Seam(
         "transformers", "transformers.integrations.hub_kernels.use_kernel_func_from_hub_with_fallback",
         "the decorator of every mixer kernel: its wrappers' closures say what a call runs (integrations.transformers.kernel_wrapper, "
         "tests/test_seams.py::test_transformers_kernel_wrappers_hold_what_they_resolved); the stand-ins rebuild them "

@@ -15,6 +15,7 @@ deepspeed = pytest.importorskip("deepspeed")
 from distributed_runs import (  # noqa: E402
     METRIC_ATOL,
     METRIC_RTOL,
+    assert_no_object_collective,
     assert_split_row_training,
     launch,
     train_in_this_process,
@@ -41,10 +42,10 @@ def single_process(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sequence_parallel_launch(model_dir, tmp_path_factory):
-    def run(config: str, run: str, processes: int = 2, sp_size: int = 2) -> dict:
+    def run(config: str, run: str, *extra: str, processes: int = 2, sp_size: int = 2) -> dict:
         output = tmp_path_factory.mktemp("sp") / "report.json"
         options = ("--runs", run, "--batch-size", str(PAIRS), "--steps", str(STEPS), "--sp-size", str(sp_size))
-        return launch(config, model_dir, output, *options, processes=processes)[run]
+        return launch(config, model_dir, output, *options, *extra, processes=processes)[run]
 
     return run
 
@@ -56,8 +57,9 @@ def assert_same_split_training(report: dict, expected: dict, sp_size: int) -> No
 
 
 def test_sequence_parallel_2_matches_padded_trl_and_sp_1(sequence_parallel_launch, single_process):
-    report = sequence_parallel_launch("zero3.yaml", "padding_free+sp+eval")
+    report = sequence_parallel_launch("zero3.yaml", "padding_free+sp+eval", "--count-collectives")
     assert report["world_size"] == 2
+    assert_no_object_collective(report)
     assert_same_split_training(report, single_process["trl+eval"], sp_size=2)
     assert_same_split_training(report, single_process["padding_free"], sp_size=2)
     # Evaluation runs the model in eval mode, where DeepSpeed switches Ulysses off: each rank evaluates whole rows of

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("deepspeed")
 
 from distributed_runs import (  # noqa: E402
+    assert_no_object_collective,
     assert_same_training,
     assert_split_row_training,
     launch,
@@ -75,7 +76,7 @@ def context_parallel_runs(vision_models, tmp_path_factory):
     runs += [f"{WHOLE_IMAGES}:padding_free+cp+whole_images"]
     options = ("--runs", ",".join(runs), "--cp-size", "2", *pairs(), *VISION_OPTIONS)
     reports = launch("multi_gpu.yaml", vision_models, directory / "report.json", *options, "--save-grads",
-                     str(directory / "{run}.pt"))  # fmt: skip
+                     str(directory / "{run}.pt"), "--count-collectives")  # fmt: skip
     return {run: reports[run] | {"grads": directory / f"{run}.pt"} for run in runs}
 
 
@@ -113,6 +114,7 @@ def test_context_parallel_2_on_image_rows_equals_one_padded_process(
     assert_same_gradients(report["grads"], single_process_padded[model_type]["grads"])
     assert report["images_split_across_ranks"] > 0, "no image crossed a chunk boundary: nothing was tested"
     assert_images_dealt(report)
+    assert_no_object_collective(report)  # pixels and all handed out as tensors
 
 
 def test_context_parallel_2_with_every_rank_encoding_every_image(context_parallel_runs, single_process_padded):

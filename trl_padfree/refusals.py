@@ -816,3 +816,16 @@ def check_reference_sharded_by_layer(sharded_as_asked: bool, offload: bool) -> N
             + ("Its parameters are not offloaded to CPU memory. " if offload else "")
             + "Pin TRL to the tested range (pyproject.toml), or report it."
         )
+
+
+def check_counted_pair_sizes(processor: str, pair: int, counted: list[int], collated: list[int]) -> None:
+    """A pair counted from its image sizes (packing/pair_sizes.py) must lay out as collating it does: checked on the
+    first pair of each process's share."""
+    if counted != collated:
+        raise ValueError(
+            f"Pair {pair}'s row counted from its image sizes (chosen tokens, rejected tokens, shared prefix, scored "
+            f"tokens: {counted}) differs from the row {processor} collates ({collated}): trl-padfree's image token "
+            "count does not hold for this processor, and batches would be built on wrong lengths. Please report it "
+            "with the processor's name; until then pass a processor subclass of your own (any class not derived from "
+            "the Qwen-VL or LLaVA processors is priced by collating each pair)."
+        )

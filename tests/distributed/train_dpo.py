@@ -118,6 +118,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--images-per-row", default="1", help="with --vision: comma-separated images per example, cycled over the rows"
     )
     parser.add_argument(
+        "--count-collectives",
+        action="store_true",
+        help="report each step's torch.distributed calls and split-row host reads (step_collectives.py)",
+    )
+    parser.add_argument(
         "--watchdog",
         type=float,
         help="seconds: if the runs take longer, print every thread's stack and exit 1, so that processes stuck in "
@@ -537,8 +542,15 @@ def main(argv=None) -> None:
     for run in options.runs.split(","):
         start = time.perf_counter()
         trainer = build_trainer(run, options, str(output.parent / f"{output.stem}-{run}"))
+        if options.count_collectives:
+            from step_collectives import StepCollectives
+
+            counts = StepCollectives()
+            trainer.add_callback(counts)
         trainer.train()
         reports[run] = describe(trainer)
+        if options.count_collectives:
+            reports[run]["collectives"] = counts.steps
         reports[run]["seconds"] = time.perf_counter() - start  # building the trainer and training, this process
         if "eval" in run_options(run):
             # pairs of the tokenized training set: none of them dropped for length

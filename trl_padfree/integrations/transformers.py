@@ -7,7 +7,9 @@
 - the mixer kernel wrappers of `integrations.hub_kernels.use_kernel_func_from_hub_with_fallback`, whose closure says
   what a call runs, and which stand-ins and PyTorch fallbacks are swapped into;
 - the module-level weak reference to the DeepSpeed config `from_pretrained` builds under;
-- the auto-model name mappings (`trl-padfree models`) and `_no_split_modules` (the planner).
+- the auto-model name mappings (`trl-padfree models`) and `_no_split_modules` (the planner);
+- `ProcessorMixin._get_num_multimodal_tokens`, each image's placeholder tokens from its height and width, for the
+  processors whose `replace_image_token` writes the placeholder that many times (packing/pair_sizes.py).
 """
 
 from __future__ import annotations
@@ -277,3 +279,27 @@ def not_decoder_only_types() -> set[str]:
 def no_split_modules(model) -> list[str]:
     """The layer classes transformers (and accelerate's FSDP2 wrap policy) keep whole: the decoder layers."""
     return list(getattr(model, "_no_split_modules", None) or [])
+
+
+# Processors whose `replace_image_token` is `image_token * n`, n what `_get_num_multimodal_tokens` computes from the
+# image's size (Qwen-VL: its resized grid's merged patches; LLaVA: a fixed count from the crop size). Others write
+# text around their tokens (Gemma 3, LLaVA-NeXT's rows, tiles) and are collated.
+_PLACEHOLDER_REPEATING_PROCESSORS = (
+    "transformers.models.qwen2_vl.processing_qwen2_vl.Qwen2VLProcessor",
+    "transformers.models.qwen2_5_vl.processing_qwen2_5_vl.Qwen2_5_VLProcessor",
+    "transformers.models.qwen3_vl.processing_qwen3_vl.Qwen3VLProcessor",
+    "transformers.models.llava.processing_llava.LlavaProcessor",
+)
+
+
+def counts_image_tokens_from_sizes(processor) -> bool:
+    """Whether `image_token_counts` gives `processor`'s image tokens (a subclass of one of those processors)."""
+    names = {f"{cls.__module__}.{cls.__qualname__}" for cls in type(processor).__mro__}
+    return not names.isdisjoint(_PLACEHOLDER_REPEATING_PROCESSORS) and hasattr(processor, "image_token_id")
+
+
+def image_token_counts(processor, sizes: list[tuple[int, int]]) -> list[int]:
+    """Each image's placeholder tokens, from its (height, width), with the processor's own settings."""
+    if not sizes:
+        return []
+    return list(processor._get_num_multimodal_tokens(image_sizes=[list(size) for size in sizes]).num_image_tokens)

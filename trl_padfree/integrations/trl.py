@@ -5,7 +5,9 @@
 - the module-level names of `trl.trainer.dpo_trainer` that trl-padfree reroutes while TRL's `__init__` runs (the fused
   LM head, the reference's DeepSpeed and FSDP preparation), swapped by `integrations.swapped`, which fails loudly if
   TRL stops going through them;
-- the tile sizes of TRL's fused LM head, for the memory planner.
+- the tile sizes of TRL's fused LM head, for the memory planner;
+- the templating `DataCollatorForVisionPreference` runs on each example (`trl.data_utils`, read from the collator's
+  module so that a pair counted from its image sizes is templated by the same functions: packing/pair_sizes.py).
 """
 
 from __future__ import annotations
@@ -22,17 +24,25 @@ from trl.trainer.utils import create_model_from_path, get_config_model_id
 
 from . import swapped
 
+# The templating DataCollatorForVisionPreference.torch_call runs, as that module names it
+apply_chat_template = trl_dpo_trainer.apply_chat_template
+is_conversational = trl_dpo_trainer.is_conversational
+prepare_multimodal_messages = trl_dpo_trainer.prepare_multimodal_messages
+
 __all__ = [
     "LOGITS_TILE_TOKENS",
     "LOGITS_TILE_VOCAB",
     "DataCollatorForPreference",
     "DataCollatorForVisionPreference",
     "TRLSeams",
+    "apply_chat_template",
     "bound_init_argument",
     "create_model_from_path",
     "fused_lm_head_added_with",
     "get_config_model_id",
+    "is_conversational",
     "padding_free_hidden",
+    "prepare_multimodal_messages",
     "reference_deepspeed_prepared_with",
     "reference_fsdp_prepared_with",
 ]

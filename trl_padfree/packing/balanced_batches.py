@@ -28,12 +28,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
-from tqdm.auto import tqdm
 
 from ..plan.flops import DecoderShape
 from ..refusals import check_balanced_batches_setup, check_balanced_batches_split
-from .balance import best_split, bin_costs, imbalance, pair_cost, row_cost
-from .layout import HOST_ROW, kept_prompt_and_completion
+from .balance import best_split, bin_costs, imbalance, pair_cost
+from .layout import kept_prompt_and_completion
+from .pair_sizes import costs_of, training_set_pair_sizes
 from .prefix_sharing import AUTO, shared_prefix_length
 
 logger = logging.getLogger(__name__)
@@ -263,16 +263,6 @@ def pair_costs(
     return costs
 
 
-def collated_pair_costs(dataset, collator, shape: DecoderShape, reference_forward: bool, show_progress=True):
-    """Each pair's cost in a dataset TRL tokenizes only when collating (vision-language pairs): each pair collated
-    alone by the packing `collator` (images, truncation and prefix sharing included) and its row priced
-    (`row_cost`; the vision tower is not counted)."""
-    return [
-        row_cost(shape, collator([example])[HOST_ROW], reference_forward)
-        for example in tqdm(dataset, desc="Pricing pairs for batch_rebalance", unit="pair", disable=not show_progress)
-    ]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The trainer's feature
 
@@ -308,9 +298,11 @@ class BalancedBatches:
         shape = DecoderShape.of_model(model)
         reference_forward = not args.precompute_ref_log_probs
         collator = trainer.data_collator
-        if trainer.is_vision_dataset:
-            show = trainer.accelerator.is_local_main_process
-            costs = collated_pair_costs(trainer.train_dataset, collator, shape, reference_forward, show)
+        if trainer.is_vision_dataset:  # tokenized only when collated: each pair's row priced once per dataset
+            sizes = budget.pair_sizes if budget is not None else None
+            if sizes is None:
+                sizes = training_set_pair_sizes(trainer, "Pricing pairs for batch_rebalance")
+            costs = costs_of(sizes, shape, reference_forward)
         else:
             # "auto" shares a batch or not by its own cost: price pairs as laid out unshared, the larger estimate
             shares = collator.prefix_sharing and collator.prefix_sharing != AUTO

@@ -21,7 +21,6 @@ import random
 from collections.abc import Iterator, Sequence
 
 from torch.utils.data import IterableDataset, Sampler
-from tqdm.auto import tqdm
 
 from ..refusals import (
     check_budget_bins_share,
@@ -32,6 +31,7 @@ from ..refusals import (
     check_training_set_not_empty,
 )
 from .layout import pair_tokens
+from .pair_sizes import lengths_of, training_set_pair_sizes
 from .prefix_sharing import AUTO, pair_row_tokens
 
 
@@ -51,19 +51,6 @@ def pair_lengths(
         pair_row_tokens(len(p), len(c), len(r), max_length, truncation_mode, prefix_sharing_min_prompt_tokens)
         for p, c, r in zip(*columns, strict=True)
     ]
-
-
-def collated_pair_lengths(dataset, collator, show_progress: bool = True) -> list[int]:
-    """Row tokens of every pair of a dataset TRL tokenizes only when collating (a vision-language set, whose image
-    tokens the processor writes then): each pair collated alone by the packing `collator`, with its images, truncation
-    and prefix sharing, and its row measured."""
-    lengths = []
-    for example in tqdm(
-        dataset, desc="Measuring pairs for max_tokens_per_batch", unit="pair", disable=not show_progress
-    ):
-        row = collator([example])
-        lengths.append(int(row["cu_seq_lens_q"][len(row["seq_lens"])]))  # before the padding segment
-    return lengths
 
 
 def usable_budget(budget: int, pad_to_multiple_of: int | None) -> int:
@@ -159,8 +146,9 @@ class TokenBudgetBatching:
     (`set_up`). Its micro-batches hold different numbers of pairs: the trainer weighs their losses and metrics with
     `packing.pair_weights.PairWeightedSteps`."""
 
-    def __init__(self, sampler: TokenBudgetBatchSampler):
+    def __init__(self, sampler: TokenBudgetBatchSampler, pair_sizes=None):
         self.sampler = sampler
+        self.pair_sizes = pair_sizes  # a vision-language set's `packing.pair_sizes`, which balancing prices too
 
     @classmethod
     def set_up(cls, trainer) -> TokenBudgetBatching | None:
@@ -174,9 +162,10 @@ class TokenBudgetBatching:
             trainer.sequence_parallel_size,
             isinstance(trainer.train_dataset, IterableDataset),
         )
-        if trainer.is_vision_dataset:
-            show_progress = trainer.accelerator.is_local_main_process
-            lengths = collated_pair_lengths(trainer.train_dataset, collator, show_progress)
+        sizes = None
+        if trainer.is_vision_dataset:  # tokenized only when collated: each pair's row measured once per dataset
+            sizes = training_set_pair_sizes(trainer, "Measuring pairs for max_tokens_per_batch")
+            lengths = lengths_of(sizes)
         else:
             # "auto" lays a text batch out unshared when sharing would not pay: size pairs unshared, the larger row,
             # so every micro-batch fits the budget either way (vision batches always share under "auto")
@@ -196,4 +185,4 @@ class TokenBudgetBatching:
             window=args.token_budget_window,
             pad_to_multiple_of=collator.pad_to_multiple_of,
         )
-        return cls(sampler)
+        return cls(sampler, sizes)

@@ -149,8 +149,9 @@ class ContextParallelRow(PackedRow):
 
     def gather_keys_and_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole row's keys and values `(1, kv_heads, T, dim)` from every rank's chunk, differentiably."""
-        both = torch.cat([key, value], dim=-1)  # one collective for the two
-        gathered = self.group.gather(both, dim=2)
+        # One collective for the two, token-major: the gather writes the row in place (no copy after it)
+        both = torch.cat([key.transpose(1, 2), value.transpose(1, 2)], dim=-1)  # (1, chunk, kv_heads, k + v dim)
+        gathered = self.group.gather(both, dim=1).transpose(1, 2)
         return gathered[..., : key.shape[-1]], gathered[..., key.shape[-1] :]
 
 

@@ -33,31 +33,49 @@ class RowGroup:
         return _GatherChunks.apply(tensor.contiguous(), self.group, dim)
 
 
+# In place: each rank's part written straight into one buffer (no list of parts, no `cat` copy). torch 2.13 names
+# them `*_single` and deprecates the `*_tensor` names that torch 2.10-2.12 have; gloo runs both on CPU. Looked up at
+# each call, as torch.distributed's other functions are (tests count them)
+def all_gather_in_place():
+    """torch's in-place all-gather under this release's name (called where it is used, so tests count its caller)."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _all_gather_into(output: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    all_gather_in_place()(output, tensor, group=group)
+
+
+def _reduce_scatter_from(output: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(output, tensor, group=group)
+
+
+def all_gather_dim0(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's `tensor` (the same shape on each) stacked along dim 0 in rank order, written in place."""
+    gathered = tensor.new_empty((dist.get_world_size(group) * tensor.shape[0], *tensor.shape[1:]))
+    _all_gather_into(gathered, tensor.contiguous(), group=group)
+    return gathered
+
+
 class _GatherChunks(torch.autograd.Function):
-    """All-gather along a dimension whose backward sums each chunk's gradient over the group. Not
-    `torch.distributed.nn.functional.all_gather`: on gloo its backward scatters from group ranks as if they were
-    global ranks, which fails in any group that is not ranks 0..N-1."""
+    """All-gather along a dimension whose backward sums each chunk's gradient over the group (a reduce-scatter).
+    Not `torch.distributed.nn.functional.all_gather`: on gloo its backward scatters from group ranks as if they were
+    global ranks, which fails in any group that is not ranks 0..N-1. The collectives run on dim 0, each writing its
+    buffer in place; gathering a `(1, T, ...)` row on T, that is the row itself (other layouts take one copy)."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
         ctx.group, ctx.dim = group, dim
-        chunks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(chunks, tensor, group=group)
-        return torch.cat(chunks, dim=dim)
+        gathered = all_gather_dim0(tensor.movedim(dim, 0), group).movedim(0, dim)  # rank r's chunk r-th
+        # A view where the dims before `dim` are 1 (a `(1, T, ...)` row gathered on T): no copy
+        return gathered if gathered.is_contiguous() else gathered.contiguous()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous()
-        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        chunks = [chunk.contiguous() for chunk in grad.chunk(size, dim=ctx.dim)]
-        if dist.get_backend(ctx.group) == "gloo":
-            # gloo has no reduce-scatter: each rank's chunk from every rank (the same bytes), then their sum
-            received = [torch.empty_like(chunks[rank]) for _ in range(size)]
-            dist.all_to_all(received, chunks, group=ctx.group)
-            return torch.stack(received).sum(0), None, None
-        mine = torch.empty_like(chunks[rank])
-        dist.reduce_scatter(mine, chunks, group=ctx.group)
-        return mine, None, None
+        size = dist.get_world_size(ctx.group)
+        grad = grad.movedim(ctx.dim, 0).contiguous()
+        mine = grad.new_empty((grad.shape[0] // size, *grad.shape[1:]))
+        _reduce_scatter_from(mine, grad, group=ctx.group)
+        return mine.movedim(0, ctx.dim), None, None
 
 
 def gather_uneven(tensor: torch.Tensor, group: RowGroup, sizes: list[int]) -> torch.Tensor:
@@ -70,11 +88,15 @@ class _GatherUneven(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group: RowGroup, sizes: list[int]) -> torch.Tensor:
         ctx.group, ctx.sizes = group, sizes
-        padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
-        padded[: tensor.shape[0]] = tensor
-        received = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(received, padded, group=group.group)
-        return torch.cat([part[:size] for part, size in zip(received, sizes, strict=True)])
+        longest = max(sizes)
+        padded = tensor
+        if tensor.shape[0] != longest:
+            padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+            padded[: tensor.shape[0]] = tensor
+        received = all_gather_dim0(padded, group.group)
+        if all(size == longest for size in sizes):
+            return received
+        return torch.cat([received[rank * longest : rank * longest + size] for rank, size in enumerate(sizes)])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

@@ -28,10 +28,9 @@ import functools
 import inspect
 
 import torch
-import torch.distributed as dist
 
 from ..packing.vision import ImageUnitSizes
-from .groups import RowGroup, gather_uneven
+from .groups import RowGroup, all_gather_dim0, gather_uneven
 
 # What `get_image_features` returns that the model's forward reads (transformers 5.23-5.24): `pooler_output`, one
 # tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image
@@ -155,12 +154,51 @@ def gathered_features(output, row: RowGroup):
         fields[key] = output[key]
     # One exchange of every gathered tensor's entries (and per-image counts) from every rank
     mine = [_entries(value) for value in fields.values()]
-    everyone = [None] * row.size
-    dist.all_gather_object(everyone, mine, group=row.group)
+    device = next(iter(_tensors(fields.values())), torch.empty(0)).device
+    everyone = exchanged_entries(mine, row, device)
     return type(output)(**{
         key: _gathered(value, [ranks[index] for ranks in everyone], row)
         for index, (key, value) in enumerate(fields.items())
     })  # fmt: skip
+
+
+def exchanged_entries(mine: list, row: RowGroup, device: torch.device) -> list[list]:
+    """Every rank's `mine` (nested lists and tuples of ints, shaped alike on every rank but for the tuples' lengths),
+    in rank order, over two tensor collectives: their lengths, then the integers. Not `all_gather_object`: no
+    pickling, no object collective. Each rank's counts are not host integers the collator has: the features per image
+    are the model's (a Qwen-VL image's merged patches, a LLaVA-NeXT image's unpadded tiles), and the image tokens
+    `ImageUnitSizes` carries per image are a rounded share of its sequence's (two reads of the result on the host)."""
+    flat = _flattened(mine)
+    length = torch.tensor([len(flat)], dtype=torch.int64, device=device)
+    lengths = all_gather_dim0(length, row.group).tolist()
+    padded = torch.zeros(max(lengths), dtype=torch.int64, device=device)
+    padded[: len(flat)] = torch.tensor(flat, dtype=torch.int64)
+    received = all_gather_dim0(padded, row.group).view(row.size, -1).tolist()
+    return [_unflattened(mine, iter(values[:size])) for values, size in zip(received, lengths, strict=True)]
+
+
+def _flattened(entries) -> list[int]:
+    if isinstance(entries, int):
+        return [entries]
+    if isinstance(entries, tuple):  # one count per image: how many, then each
+        return [len(entries), *entries]
+    return [value for part in entries for value in _flattened(part)]  # per field or layer: as many on every rank
+
+
+def _unflattened(template, values):
+    if isinstance(template, int):
+        return next(values)
+    if isinstance(template, tuple):
+        return tuple(next(values) for _ in range(next(values)))
+    return [_unflattened(part, values) for part in template]
+
+
+def _tensors(values):
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        else:
+            yield from _tensors(value)
 
 
 def _entries(value):

@@ -33,11 +33,11 @@ from ..refusals import (
     check_split_rows_without_stateful_mixers,
     check_ulysses_without_dropout,
 )
+from .batch_hand_out import SameBatchOnEveryRank
 from .context import ContextParallelRow, context_parallel_groups
 from .groups import RowGroup
 from .image_shares import images_dealt
 from .ulysses import (
-    SameBatchOnEveryRank,
     active_group,
     check_groups_not_created,
     check_ulysses_model,
@@ -222,7 +222,7 @@ class RowSplit:
 
     def same_batch_on_every_rank(self, dataloader, model=None):
         """Every rank of a row gets each of the row's ranks' micro-batches, whole. Under Ulysses accelerate calls
-        this in place of DeepSpeed's adapter, which would slice the 1-D `cu_seq_lens` (ulysses.py)."""
+        this in place of DeepSpeed's adapter, which would slice the 1-D `cu_seq_lens` (parallel/batch_hand_out.py)."""
         group = self.row or active_group(self.accelerator)
         return SameBatchOnEveryRank(dataloader, group, self.accelerator.device)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 
 from ..integrations.deepspeed import sequence_parallel_group, sequence_parallel_groups_created
 from ..refusals import check_no_sequence_parallel_groups_yet, check_ulysses_attention, check_ulysses_heads
@@ -41,38 +40,6 @@ def active_group(accelerator) -> RowGroup | None:
         return None
     # The groups DeepSpeed's Ulysses registration initialized (its `mpu`), which its attention uses
     return RowGroup(*sequence_parallel_group())
-
-
-class SameBatchOnEveryRank:
-    """Hands every rank of a sequence-parallel group the same whole micro-batches, in place of DeepSpeed's
-    `UlyssesSPDataLoaderAdapter`, which slices every tensor on dim 1 (the packed batch has 1-D `cu_seq_lens`).
-
-    Like DeepSpeed's adapter, each round collects one batch from every rank of the group and yields them one after
-    the other, so the group goes through all of its ranks' data: N times as many micro-batches, each of them whole.
-    """
-
-    def __init__(self, dataloader, group: RowGroup, device: torch.device):
-        self.dataloader = dataloader
-        self.group = group
-        self.device = device
-
-    def __len__(self) -> int:
-        return len(self.dataloader) * self.group.size
-
-    def __getattr__(self, name):
-        # set_epoch, sampler, batch_size...: the wrapped dataloader's
-        return getattr(self.dataloader, name)
-
-    def __iter__(self):
-        for batch in self.dataloader:
-            batches = [None] * self.group.size
-            dist.all_gather_object(batches, _to_cpu(batch), group=self.group.group)
-            for each in batches:
-                yield {key: value.to(self.device) if torch.is_tensor(value) else value for key, value in each.items()}
-
-
-def _to_cpu(batch: dict) -> dict:
-    return {key: value.cpu() if torch.is_tensor(value) else value for key, value in batch.items()}
 
 
 def check_ulysses_model(model_config, attn_implementation: str, sp_size: int, exact_under_ulysses) -> None:

@@ -36,7 +36,6 @@ class VarlenKernelPlan:
     """How to call `varlen_attn` for a layer, or why it cannot (`fallback`: the layer runs per segment instead)."""
 
     options: dict[str, Any] = field(default_factory=dict)  # keyword arguments after `max_k`
-    expand_heads: bool = False  # repeat key/value heads to the query heads: this kernel has no `enable_gqa`
     cast_to: torch.dtype | None = None  # the query, key and value are cast to this dtype first
     padded_head_dim: int | None = None  # query, key and value padded with zeros to this head dim first
     value_head_dim: int | None = None  # the output cropped back to the value's head dim (after padding)
@@ -88,7 +87,8 @@ def varlen_kernel_plan(
     image's tokens see the whole image.
 
     By name, as torch releases differ: 2.10 takes `is_causal` only; 2.11 `scale` and `window_size`; 2.12 adds
-    `enable_gqa` (2.13 to 2.15 take the same). Without `enable_gqa`, grouped key/value heads are expanded; without
+    `enable_gqa` (2.13 to 2.15 take the same). Without `enable_gqa`, grouped key/value heads go in grouped all the
+    same (the wrapper hands them to ATen's Flash kernel unchecked, which shares divisible heads); without
     `scale`, only the default `1/sqrt(head_dim)` of an unpadded query runs; without `window_size`, no sliding window.
     """
     value_head_dim = head_dim if value_head_dim is None else value_head_dim
@@ -118,7 +118,6 @@ def varlen_kernel_plan(
     padding = _padding(head_dim, value_head_dim, padded)
     return VarlenKernelPlan(
         options,
-        expand_heads=grouped and "enable_gqa" not in parameters,
         cast_to=dtype if input_dtypes is not None and any(each != dtype for each in input_dtypes) else None,
         padded_head_dim=None if padding is None else padded,
         value_head_dim=value_head_dim if padded != value_head_dim else None,

@@ -190,9 +190,9 @@ def torch_varlen_attention(
 ) -> torch.Tensor:
     """PyTorch's varlen attention (CUDA) on its Flash backend, called as `plan` says. Inputs `(1, heads, T, dim)`;
     returns `(1, T_q, heads, value dim)` in the dtype the kernel computed in."""
-    if plan.expand_heads:
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    # Grouped key/value heads go in as they are on every release: 2.12+ takes `enable_gqa`, and 2.10-2.11's wrapper
+    # hands them straight to ATen's Flash kernel, which shares divisible heads in its forward and sums their
+    # gradients in its backward. Expanding them first would have the kernel save the expanded copies for the backward
     boundaries_q = _int32_on(cu_seq_lens_q, query.device)
     # Self-attention passes one tensor for both, as torch's kernels expect of it
     boundaries_k = boundaries_q if cu_seq_lens_k is cu_seq_lens_q else _int32_on(cu_seq_lens_k, query.device)
