@@ -7,6 +7,7 @@ log-probs and 3e-5 of the largest gradient (Gemma 4, whose norms compute in floa
 Mamba scan run across the whole row, before mixers.py) to 1, so the tolerances (1e-4 both) sit between the two.
 """
 
+import itertools
 import logging
 import re
 
@@ -15,12 +16,12 @@ import torch
 from legacy_attention import make_legacy_model
 from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step
-from transformers import AutoConfig
+from transformers import AutoConfig, Llama4ForConditionalGeneration
 
 from trl_padfree.cli import main
 from trl_padfree.cli.models import check_model_type, decoder_model_types, model_class_for, vision_language_types
 from trl_padfree.modeling import packability as architecture
-from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU
 from trl_padfree.modeling.packability import (
     GRADIENT_TOLERANCE,
     LOG_PROB_TOLERANCE,
@@ -31,6 +32,9 @@ from trl_padfree.modeling.packability import (
 )
 from trl_padfree.modeling.packed_forward import packed_row_limit
 from trl_padfree.modeling.twin import build_twin, twin_config
+from trl_padfree.modeling.vision import FAMILIES as IMAGE_FAMILIES
+from trl_padfree.modeling.vision import cross_attention_refusal
+from trl_padfree.modeling.vision_unsupported import NOT_YET_CHECKED, REFUSED
 from trl_padfree.refusals import check_packed_row_length
 
 # The families users train, every one exact on padfree_varlen (docs/reference/models.md has them all)
@@ -279,13 +283,49 @@ def test_models_check_gives_a_vision_language_config_its_verdict_on_image_pairs(
 
 
 def test_models_check_calls_a_family_without_twin_images_unchecked_not_exact(tmp_path, capsys):
-    AutoConfig.for_model("paligemma").save_pretrained(tmp_path)
+    AutoConfig.for_model("fuyu").save_pretrained(tmp_path)
 
-    assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
+    assert main(["models", "--check", str(tmp_path), "--backends", *CHECKED_ON_CPU]) == 0
 
     output = capsys.readouterr().out
     assert "unchecked: the check cannot give its twin images yet" in output and "packs exactly" not in output
     assert "padding_free=True refuses it" in output
+    assert output.count("unchecked") == 1  # the verdict every backend shares, said once
+
+
+def test_a_family_looked_at_is_refused_with_its_reason_not_unchecked(tmp_path, capsys):
+    AutoConfig.for_model("git").save_pretrained(tmp_path)
+
+    assert main(["models", "--check", str(tmp_path), "--backends", *CHECKED_ON_CPU]) == 0
+
+    output = capsys.readouterr().out
+    assert "refused: its image features are a prefix of every batch row" in output and "unchecked" not in output
+    assert "padding_free=False" in output and output.count("refused") == 1
+
+
+def test_every_image_text_to_text_type_has_one_verdict_source():
+    """A family that packs (FAMILIES), one looked at and refused, one not yet checked with what is missing, or one its
+    config refuses (encoder-decoders, cross-attention): never two, never none."""
+    sources = [set(IMAGE_FAMILIES), set(REFUSED), set(NOT_YET_CHECKED)]
+    for first, second in itertools.combinations(sources, 2):
+        assert not first & second
+    rest = set(vision_language_types()) - set().union(*sources)
+    configs = {model_type: AutoConfig.for_model(model_type) for model_type in rest}
+    assert all(
+        getattr(config, "is_encoder_decoder", False) or cross_attention_refusal(config) for config in configs.values()
+    ), sorted(rest)
+
+
+def test_a_forward_that_fails_unpacked_too_says_so():
+    """Llama 4's forward raises on transformers 5.24 on every input, padded too: the verdict says so, not that
+    packing failed (on 5.23 it packs exactly)."""
+    verdict = check_architecture(
+        Llama4ForConditionalGeneration, AutoConfig.for_model("llama4"), ATTN_IMPLEMENTATION, images=True
+    )
+    assert verdict.exact or (
+        verdict.reason.startswith("its forward fails on a tiny twin without packing too")
+        and "padded (TRL's padding_free=False) or packed" in verdict.reason
+    ), verdict.reason
 
 
 def test_a_cross_attention_model_is_refused_with_the_reason_and_the_way_out(tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
-from transformers import AutoConfig, PaliGemmaForConditionalGeneration
+from transformers import AutoConfig, FuyuForCausalLM
 
 from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.modeling.vision import image_token_id
@@ -191,13 +191,12 @@ def test_the_row_hands_over_the_images_of_its_sequences_in_row_order(model_type,
         torch.testing.assert_close(packed[IMAGE_INPUTS][key], expected, rtol=0, atol=0, msg=key)
 
 
-def test_an_unknown_vision_language_family_is_refused_with_advice():
-    verdict = check_architecture(
-        PaliGemmaForConditionalGeneration, AutoConfig.for_model("paligemma"), "padfree_varlen", images=True
-    )
+def test_a_family_without_twin_images_is_refused_with_what_is_missing_and_the_way_out():
+    verdict = check_architecture(FuyuForCausalLM, AutoConfig.for_model("fuyu"), "padfree_varlen", images=True)
     assert not verdict.exact
-    assert "does not know how its processor lays out a batch's images" in verdict.reason
-    assert "qwen2_5_vl" in verdict.reason  # the families it knows
+    assert verdict.reason.startswith("unchecked: the check cannot give its twin images yet")
+    assert "one row of pixel_values per image token" in verdict.reason  # what is missing, for this family
+    assert "padding_free=False" in verdict.reason
 
 
 def test_precomputed_reference_log_probs_are_refused_by_trl():

@@ -40,13 +40,7 @@ from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
 from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
 from ..modeling.packability import Verdict, check_architecture
 from ..modeling.vision import cross_attention_refusal, image_family
-
-# A vision-language type whose images the architecture check cannot give its twin yet: not called exact, not refused
-# by a measurement either (the trainer refuses it on image data, TRL's padded vision trainer trains it)
-UNCHECKED = (
-    "unchecked: the check cannot give its twin images yet (no image layout for this family in modeling/vision.py), "
-    "so padding_free=True refuses it on image data; TRL's padded trainer (padding_free=False) trains it"
-)
+from ..modeling.vision_unsupported import UNCHECKED, refusal, unchecked
 
 # Default configs whose layers are all of one kind, where the released checkpoints mix state-space or convolution layers
 # with attention: the table checks a pattern like the checkpoints' (a real checkpoint's own config is what the trainer
@@ -148,7 +142,7 @@ def vision_language_types() -> list[str]:
 
 
 def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> CoverageRow:
-    """Verdicts for an image-text-to-text type's default config on each backend, measured on image pairs; `UNCHECKED`
+    """Verdicts for an image-text-to-text type's default config on each backend, measured on image pairs; "unchecked"
     where the check cannot give the twin images."""
     name = image_text_to_text_class_names()[model_type]
     model_class = getattr(transformers, name, None)
@@ -164,8 +158,11 @@ def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> Cove
     if getattr(config, "is_encoder_decoder", False):
         reason = "an encoder-decoder: the packed row is a decoder's sequences; train it padded (padding_free=False)"
         return _refused_row(model_type, name, reason, backends)
+    known_refusal = refusal(model_type)
+    if known_refusal is not None:
+        return _refused_row(model_type, name, known_refusal, backends)
     if image_family(model_type) is None and cross_attention_refusal(config) is None:
-        return _refused_row(model_type, name, UNCHECKED, backends)
+        return _refused_row(model_type, name, unchecked(model_type), backends)
     verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}
     return _with_kernel_coverage(CoverageRow(model_type, name, verdicts), model_class, config)
 
@@ -173,8 +170,8 @@ def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> Cove
 def _cell(verdict: Verdict) -> str:
     if verdict.exact:
         return "exact"
-    if verdict.reason == UNCHECKED:
-        return "unchecked"
+    if verdict.reason.startswith(UNCHECKED):
+        return UNCHECKED
     if verdict.errors is not None and verdict.reason.startswith("packed sequences see each other"):
         return f"leaks {verdict.errors.log_probs:.1g}"
     return "refused"
@@ -237,9 +234,13 @@ def describe(verdicts: dict[str, Verdict], coverage: KernelCoverage | None = Non
     """Plain-language answer for one model: which backends pack it, and why the others do not (a reason shared by
     every backend said once); on `padfree_varlen`, what runs on the GPU kernel."""
     reasons = {verdict.reason for verdict in verdicts.values()}
-    if len(verdicts) > 1 and len(reasons) == 1 and None not in reasons:
+    if len(verdicts) > 1 and len(reasons) == 1:  # one verdict, shared by every backend: said once
         seconds = sum(verdict.seconds for verdict in verdicts.values())
-        lines = [f"  {', '.join(verdicts)}: refused: {reasons.pop()} ({seconds:.1f} s)"]
+        reason = reasons.pop()
+        status = (
+            "packs exactly" if reason is None else reason if reason.startswith(UNCHECKED) else f"refused: {reason}"
+        )
+        lines = [f"  {', '.join(verdicts)}: {status} ({seconds:.1f} s)"]
     else:
         lines = []
         for backend, verdict in verdicts.items():
@@ -257,8 +258,11 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     vision_class = image_text_to_text_class_names().get(config.model_type)
     if vision_class is not None and hasattr(transformers, vision_class):
         model_class = getattr(transformers, vision_class)
-        if image_family(config.model_type) is None and cross_attention_refusal(config) is None:
-            verdicts = {backend: Verdict(config.model_type, vision_class, backend, False, UNCHECKED, None, None, 0.0)
+        reason = refusal(config.model_type)
+        if reason is None and image_family(config.model_type) is None and cross_attention_refusal(config) is None:
+            reason = unchecked(config.model_type)
+        if reason is not None:
+            verdicts = {backend: Verdict(config.model_type, vision_class, backend, False, reason, None, None, 0.0)
                         for backend in backends}  # fmt: skip
         else:
             verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}

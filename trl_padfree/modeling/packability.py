@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..integrations.torch import uncompiled
@@ -46,9 +47,9 @@ from .kernels import cpu_twin_kernels
 from .mixers import mixer_calls, mixer_classes
 from .packed_forward import PackedBatch
 from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
-from .vision import FAMILIES as IMAGE_FAMILIES
 from .vision import cross_attention_refusal, image_family, image_token_id
 from .vision_twin import twin_image_inputs
+from .vision_unsupported import refusal, unchecked
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +198,10 @@ def _alone_log_probs(twin: PreTrainedModel, sequences: list[dict]) -> list[torch
     return [twin(**inputs, use_cache=False).logits[0].double().log_softmax(-1) for inputs in sequences]
 
 
+class UnpackedForwardError(RuntimeError):
+    """The twin's forward failed on each sequence alone, unpacked: the model does not run on this transformers."""
+
+
 def packing_errors(twin: PreTrainedModel, attn_implementation: str, images: bool = False) -> PackingErrors:
     """Compare the twin's packed forward (training path, `attn_implementation`) with each sequence run alone on eager:
     log-probs and gradients in training mode, log-probs in eval mode; with `images`, on pairs whose prompts hold
@@ -212,8 +217,12 @@ def packing_errors(twin: PreTrainedModel, attn_implementation: str, images: bool
     twin.train()
     set_language_model_attention(twin, "eager")
     twin.zero_grad(set_to_none=True)
+    try:
+        alone = _alone_log_probs(twin, sequences)
+    except Exception as error:
+        raise UnpackedForwardError(f"{type(error).__name__}: {error}") from error
     reference = []
-    for log_probs, weight in zip(_alone_log_probs(twin, sequences), weights.split(lengths), strict=True):
+    for log_probs, weight in zip(alone, weights.split(lengths), strict=True):
         (log_probs * weight).sum().backward()
         reference.append(log_probs.detach())
     reference_log_probs, reference_gradients = torch.cat(reference), _gradients(twin)
@@ -304,16 +313,19 @@ def _measure(
     if cross_attention is not None:
         return verdict(cross_attention)
     if images and image_family(model_type) is None:
-        return verdict(
-            "trl-padfree does not know how its processor lays out a batch's images, so it cannot check that they "
-            "stay with their sequences (the families it knows: " + ", ".join(sorted(IMAGE_FAMILIES)) + ")"
-        )
+        return verdict(refusal(model_type) or unchecked(model_type))
     try:
         twin = build_twin(model_class, config, attn_implementation)
     except TwinError as error:
         return verdict(f"its tiny twin could not be built ({error})")
     try:
         errors = packing_errors(twin, attn_implementation, images=images)
+    except UnpackedForwardError as error:
+        return verdict(
+            f"its forward fails on a tiny twin without packing too ({error}): transformers "
+            f"{transformers.__version__} cannot train it, padded (TRL's padding_free=False) or packed; try another "
+            "transformers release"
+        )
     except Exception as error:  # a backend that cannot run this model is a refusal, with what failed
         return verdict(f"its packed forward failed on a tiny twin ({type(error).__name__}: {error})")
     reason = _packing_refusal(twin, attn_implementation, errors)

@@ -1,0 +1,131 @@
+"""Image-text-to-text types that padding-free does not train on image data, each with its reason, read from its
+transformers 5.24 source (modeling file, `forward`, `get_image_features`, processor).
+
+- `REFUSED`: looked at, and cannot pack: images reach the language model other than on placeholder tokens
+  (cross-attention, a prefix shared by a whole batch row), the model is no causal LM for preference pairs, or its
+  forward fails padded too. Each reason ends with what a user can do.
+- `NOT_YET_CHECKED`: could pack, but the architecture check cannot give its twin images yet: what is missing, in one
+  line. padding_free=True refuses them on image data; TRL's padded trainer (padding_free=False) trains them.
+
+The families that pack are modeling/vision.py's `FAMILIES`; encoder-decoders and cross-attention configs are refused
+from their configs (cli/models.py, modeling/vision.py). tests/test_architecture.py checks that every type of
+`AutoModelForImageTextToText` has exactly one verdict.
+"""
+
+from __future__ import annotations
+
+TRAIN_PADDED = "train it padded (padding_free=False)"
+UNCHECKED = "unchecked"  # how a verdict of NOT_YET_CHECKED begins
+
+REFUSED = {
+    "blip": "its images reach a BERT text decoder through cross-attention in every layer, not on tokens; "
+    + TRAIN_PADDED,
+    "evolla": "a protein-text model: protein features reach the language model through cross-attention (its sequence "
+    "aligner), and it takes no images; " + TRAIN_PADDED,
+    "git": "its image features are a prefix of every batch row, not placed on placeholder tokens: a packed row would "
+    "share one prefix between its sequences; " + TRAIN_PADDED,
+    "idefics": "its images reach the language model through gated cross-attention every cross_layer_interval layers: "
+    "every token attends to its whole row's images; " + TRAIN_PADDED,
+    "kosmos-2": "its forward fails padded too: TRL's vision collator keeps image_embeds_position_mask at the prompt's "
+    "width, and the forward raises IndexError on the full sequences; TRL 1.16 cannot train it on image pairs",
+    "kosmos-2.5": "its forward fails padded too: image_embeds_position_mask stays at the prompt's width (IndexError) "
+    "and is built for right padding, while TRL pads left; TRL 1.16 cannot train it on image pairs",
+    "diffusion_gemma": "a block-diffusion model (a bidirectional decoder over a canvas): it gives no causal "
+    "log-probs, so DPO cannot train it, padded or packed",
+    "pi0": "a robotics action model (flow matching over action chunks): no language-model log-probs, so DPO cannot "
+    "train it, padded or packed",
+    "mistral4": "Mistral4ForCausalLM takes no images (no vision tower); on text data `trl-padfree models --types "
+    "mistral4` gives its verdict",
+}
+
+NOT_YET_CHECKED = {
+    "cosmos3_omni": "Qwen3-VL under its own model type: only its entry in FAMILIES and a tiny processor for the tests",
+    "hyperclovax_vision_v2": "Qwen2.5-VL's image patches with plain text positions: its FAMILIES entry and a tiny "
+    "processor (Exaone 4.5's)",
+    "lfm3_vl": "Qwen2-VL-style image patches with plain text positions: its FAMILIES entry and a tiny processor",
+    "minimax_m3_vl": "Qwen2-VL's image patches: a twin branch (its vision config names num_channels, merged_hidden_size "
+    "is derived); its image processor needs torchvision",
+    "video_llama_3": "image patches with per-image merge sizes (image_merge_sizes): a twin branch for its vision "
+    "config, which has no merge or temporal size",
+    "video_llava": "LLaVA's fixed image tokens from a CLIP image tower: its FAMILIES entry and a tiny processor",
+    "qianfan_ocr": "an InternVL clone (tiles of image_seq_length tokens): its FAMILIES entry and a tiny processor",
+    "blip-2": "a fixed num_query_tokens Q-Former outputs per image, but its processor puts them before the left "
+    "padding: positions that count the padding differ from a packed row's",
+    "instructblip": "as BLIP-2, with per-row Q-Former inputs (qformer_input_ids), equal to per-image only with one "
+    "image per example",
+    "instructblipvideo": "a clip layout: each image becomes a 4-frame clip on 4 x num_query_tokens video tokens, which "
+    "TRL's collator does not give it",
+    "granite_docling": "Idefics3's rows, but a 2-D per-tile pixel_attention_mask, which the rows layout does not cut",
+    "fuyu": "one row of pixel_values per image token (patches embedded linearly, no grid input): a layout cut by each "
+    "row's placeholder count",
+    "inkling_mm_model": "Fuyu's one-pixel-row-per-image-token layout, and a twin of its language model (too large "
+    "today: its text row is refused)",
+    "inkling2": "image patches counted in language-model tokens (no merge), after its language model's twin, too "
+    "large today (its text row is refused)",
+    "inkling2_loop": "Inkling2's images, after its looped language model's packed forward runs on a twin (a dtype "
+    "error today: its text row is refused)",
+    "dots3_note": "Qwen2-VL-style image patches, after its language model's twin (dots3_note_text fails to build)",
+    "muse_glimmer": "Kimi-K2.5-style image patches: a twin branch; its image processor needs torchvision",
+    "muse_spark": "Muse Glimmer's image patches and an audio tower: a twin branch; its image processor needs "
+    "torchvision",
+    "nemotron_h_omni": "image patches keyed by image_grid_hw (two columns), no image_token_id in its default config, "
+    "and no top-level lm_head",
+    "deepseek_ocr2": "a crops layout: one global view per image and local crops split by num_local_patches",
+    "unlimited_ocr": "DeepSeek-OCR-2's crops layout with a per-image patches_grid; its image processor needs "
+    "torchvision",
+    "step3p7": "DeepSeek-OCR-2's crops layout (pixel_values_local split by num_local_patches); its image processor "
+    "needs torchvision",
+    "chameleon": "a VQ model: images become ordinary token ids, but its default config has no vocabulary_map and "
+    "builds no model; with images tokenized beforehand, the row is plain text",
+    "emu3": "a VQ model: images become ordinary token ids (its default config has no vocabulary_map); with images "
+    "tokenized beforehand, the row is plain text, which packs exactly (Emu3ForCausalLM)",
+    "apertus1p5": "a VQ model: image codes embedded as text, a twin of its image and audio tokenizers; with images "
+    "tokenized beforehand, the row is plain text",
+    "hunyuan_vl": "Qwen-VL-style image patches with mm_token_type_ids and its own position function: its FAMILIES entry, twin geometry and a tiny processor",
+    "paddleocr_vl": "NaViT image patches (image_grid_thw) with its own 3-D position function: its FAMILIES entry, twin geometry and a tiny processor",
+    "glm_ocr": "GLM-4V-style image patches with its own position function: its FAMILIES entry and a tiny processor",
+    "ernie4_5_vl_moe": "image patches with modality-routed experts (moe_mm_token_type_ids) and its own position function: a twin branch",
+    "qwen2_5_omni_thinker": "Qwen2.5-VL image patches beside an audio tower, its position function interleaving audio and video: a twin branch",
+    "qwen3_omni_moe_thinker": "Qwen3-VL image patches beside an audio tower, and a router loss: a twin branch",
+    "kimi_k25": "image patches merged by its own kernel, plain text positions: a twin branch for its vision config",
+    "exaone4_5": "image patches (image_grid_thw) with plain text positions: its FAMILIES entry and a tiny processor",
+    "glmga": "GLM-4.6V under another model type: its FAMILIES entry and a tiny processor",
+    "qwen4_exp": "Qwen-VL-style image patches with its own position function and experts: a twin branch",
+    "cosmos3_edge": "Qwen-VL-style image patches with its own position function: its FAMILIES entry and a tiny processor",
+    "hy_v4_vl": "Qwen-VL-style image patches with its own position function: its FAMILIES entry and a tiny processor",
+    "glm5_next": "image patches with mm_token_type_ids, experts and plain text positions: a twin branch",
+    "cohere_compass": "image patches with DeepStack features and its own position function: a twin branch",
+    "gemma4": "variable-resolution image patches with per-patch positions (image_position_ids), images attended both ways: a twin branch",
+    "gemma4_unified": "Gemma 4's images (image_position_ids, images attended both ways): a twin branch",
+    "shieldgemma2": "Gemma 3's class under another model type: its FAMILIES entry and a tiny processor",
+    "paligemma": "a prefix-LM (image and prompt attended both ways) whose processor TRL's vision collator calls on completions alone",
+    "gemma3n": "fixed image tokens from a MobileNet tower beside an audio tower and per-layer inputs: a twin branch",
+    "deepseek_vl": "a fixed number of SigLIP tokens per image: its FAMILIES entry and a tiny processor",
+    "deepseek_vl_hybrid": "two image inputs per image (SigLIP pixel_values and SAM high_res_pixel_values): a twin branch",
+    "perception_lm": "tiles per image pooled by its projector: a twin branch",
+    "granite4_vision": "LLaVA-NeXT's any-resolution tiles (image_sizes) with its own feature path: a twin branch",
+    "ovis2": "crops per image through a visual tokenizer with indicator tokens: a twin branch",
+    "fast_vlm": "LLaVA-like fixed image tokens from a FastViT tower: a twin branch and a tiny processor",
+    "janus": "576 SigLIP tokens per image for understanding: its FAMILIES entry and a tiny processor",
+    "aria": "fixed tokens per image with a pixel_mask and an expert projector: a twin branch",
+    "got_ocr2": "crops counted in image tokens (256 per crop): a twin branch",
+    "pp_chart2table": "GOT-OCR2's class under another model type: as got_ocr2",
+    "minicpmv4_6": "image slices with target_sizes through a resampler, and no image_token_id: a slices layout",
+    "minicpmv4_7": "MiniCPM-V 4.6's slices with mm_token_type_ids and its own position function: a slices layout",
+    "minicpm_ocr": "MiniCPM-V 4.6's slices (pixel_values, target_sizes): a slices layout",
+    "molmo2": "per-crop pooled features (image_token_pooling indexes each image's patches, image_grids): a crops layout",
+}
+
+
+def refusal(model_type: str) -> str | None:
+    """Why padding-free cannot train `model_type` on image data, with the way out; None if not known to be refused."""
+    return REFUSED.get(model_type)
+
+
+def unchecked(model_type: str) -> str:
+    """The verdict on image data of a type with no image layout: what is missing, and what trains it meanwhile."""
+    what = NOT_YET_CHECKED.get(model_type, "no image layout for this family in modeling/vision.py")
+    return (
+        f"{UNCHECKED}: the check cannot give its twin images yet ({what}), so padding_free=True refuses it on image "
+        "data; TRL's padded trainer (padding_free=False) trains it"
+    )
