@@ -126,6 +126,6 @@ def unchecked(model_type: str) -> str:
     """The verdict on image data of a type with no image layout: what is missing, and what trains it meanwhile."""
     what = NOT_YET_CHECKED.get(model_type, "no image layout for this family in modeling/vision.py")
     return (
-        f"{UNCHECKED}: the check cannot give its twin images yet ({what}), so padding_free=True refuses it on image "
+        f"{UNCHECKED} ({what}): the check cannot give its twin images yet, so padding_free=True refuses it on image "
         "data; TRL's padded trainer (padding_free=False) trains it"
     )
