@@ -85,3 +85,22 @@ def test_each_figure_matches_its_json(row):
         assert abs(value - float(text.replace(",", ""))) <= 0.5 * 10**-decimals + 1e-9, (
             f"README says {text}, {files[0]} gives {value} for {expression}"
         )
+
+
+MODELS_TABLE = ROOT / "docs" / "reference" / "models.md"
+
+
+def exact_types(section_title: str) -> tuple[int, int]:
+    """(types exact on padfree_varlen, all types) in the generated table under `section_title` of models.md."""
+    section = MODELS_TABLE.read_text().split(f"## {section_title}", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| `")]
+    return sum(row[2].strip() == "exact" for row in rows), len(rows)
+
+
+def test_the_readme_counts_the_types_the_generated_tables_list():
+    readme = " ".join(README.read_text().split())
+    text = re.search(r"(\d+) of the (\d+) decoder-only types pack exactly", readme)
+    vision = re.search(r"and (\d+) of the (\d+) image-text-to-text types", readme)
+    assert text and vision, "the README's type counts moved: update this test"
+    assert tuple(map(int, text.groups())) == exact_types("Every decoder-only type of transformers")
+    assert tuple(map(int, vision.groups())) == exact_types("Every image-text-to-text type of transformers")
