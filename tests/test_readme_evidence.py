@@ -90,11 +90,15 @@ def test_each_figure_matches_its_json(row):
 MODELS_TABLE = ROOT / "docs" / "reference" / "models.md"
 
 
-def exact_types(section_title: str) -> tuple[int, int]:
-    """(types exact on padfree_varlen, all types) in the generated table under `section_title` of models.md."""
+def padfree_varlen_cells(section_title: str) -> list[str]:
+    """The padfree_varlen verdict of each type in the generated table under `section_title` of models.md."""
     section = MODELS_TABLE.read_text().split(f"## {section_title}", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| `")]
-    return sum(row[2].strip() == "exact" for row in rows), len(rows)
+    return [line.split("|")[3].strip() for line in section.splitlines() if line.startswith("| `")]
+
+
+def exact_types(section_title: str) -> tuple[int, int]:
+    cells = padfree_varlen_cells(section_title)
+    return cells.count("exact"), len(cells)
 
 
 def test_the_readme_counts_the_types_the_generated_tables_list():
@@ -104,3 +108,16 @@ def test_the_readme_counts_the_types_the_generated_tables_list():
     assert text and vision, "the README's type counts moved: update this test"
     assert tuple(map(int, text.groups())) == exact_types("Every decoder-only type of transformers")
     assert tuple(map(int, vision.groups())) == exact_types("Every image-text-to-text type of transformers")
+
+
+def test_the_vision_guide_counts_the_verdicts_the_generated_table_lists():
+    guide = " ".join((ROOT / "docs" / "guides" / "vision-language.md").read_text().split())
+    counts = re.search(r"(\d+) of the (\d+) image-text-to-text types exact, (\d+) refused, (\d+) unchecked", guide)
+    assert counts, "the vision guide's counts moved: update this test"
+    cells = padfree_varlen_cells("Every image-text-to-text type of transformers")
+    assert tuple(map(int, counts.groups())) == (
+        cells.count("exact"),
+        len(cells),
+        cells.count("refused"),
+        cells.count("unchecked"),
+    )
