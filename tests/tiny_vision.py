@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm. Each
+smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor). Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -108,7 +108,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm",
+    "idefics3", "smolvlm", "glm_ocr",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -126,7 +126,7 @@ QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 # GLM-4V's processor also looks its video tokens up
-GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
+GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v", "glm_ocr")
 GLM_TOKENS = (
     "<|begin_of_image|>",
     "<|image|>",
@@ -308,7 +308,8 @@ def _glm4v_processor(model_type, tokenizer, template):
     """Images resized to 1 to 12 merged patches (image tokens), as `_qwen_processor`'s: GLM-4V lays its images out
     as Qwen2-VL does."""
     token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches of 14 pixels, merged
-    image_processor_class = Glm46VImageProcessorPil if model_type == "glm46v" else Glm4vImageProcessorPil
+    # GLM-OCR's checkpoint ships GLM-4.6V's processor
+    image_processor_class = Glm46VImageProcessorPil if model_type in ("glm46v", "glm_ocr") else Glm4vImageProcessorPil
     image_processor = image_processor_class(
         patch_size=14,
         merge_size=2,
@@ -316,7 +317,7 @@ def _glm4v_processor(model_type, tokenizer, template):
         size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
     )
     processor_class = (
-        TinyGlm46VProcessor if model_type == "glm46v" else TinyGlm4vProcessor
+        TinyGlm46VProcessor if model_type in ("glm46v", "glm_ocr") else TinyGlm4vProcessor
     )  # GLM-4V-MoE ships GLM-4V's
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 

@@ -44,6 +44,7 @@ FAMILIES = {
     "glm4v": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, its own position function
     "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
+    "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
