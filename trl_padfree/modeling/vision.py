@@ -45,6 +45,8 @@ FAMILIES = {
     "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
     "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
+    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
+    "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
