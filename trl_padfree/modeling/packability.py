@@ -47,7 +47,7 @@ from .mixers import mixer_calls, mixer_classes
 from .packed_forward import PackedBatch
 from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
 from .vision import FAMILIES as IMAGE_FAMILIES
-from .vision import cross_attention_refusal, image_family, image_token_id
+from .vision import batch_numbered_images_refusal, cross_attention_refusal, image_family, image_token_id
 from .vision_twin import twin_image_inputs
 
 logger = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
                 completion_starts[side].append(len(prompt))
     rows, completion_starts = rows[0] + rows[1], completion_starts[0] + completion_starts[1]
     padded = _padded_batch(rows, completion_starts, placeholder, family.token_types) | image_inputs
+    if family.expert_token_types is not None:  # the twin's images have no begin and end tokens to mark
+        padded[family.expert_token_types] = padded[family.token_types]
     batch = pack_vision_batch(
         padded,
         images_per_example * 2,
@@ -168,6 +170,8 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
         inputs = {"input_ids": torch.tensor([ids]), **units.of_rows([row])}
         if family.token_types is not None:
             inputs[family.token_types] = (inputs["input_ids"] == placeholder).long()
+        if family.expert_token_types is not None:
+            inputs[family.expert_token_types] = inputs[family.token_types]
         alone.append(inputs)
     return alone, PackedBatch.from_collated(batch)
 
@@ -303,6 +307,9 @@ def _measure(
     cross_attention = cross_attention_refusal(config) if images else None
     if cross_attention is not None:
         return verdict(cross_attention)
+    batch_numbered = batch_numbered_images_refusal(config) if images else None
+    if batch_numbered is not None:
+        return verdict(batch_numbered)
     if images and image_family(model_type) is None:
         return verdict(
             "trl-padfree does not know how its processor lays out a batch's images, so it cannot check that they "

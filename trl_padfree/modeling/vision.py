@@ -32,6 +32,9 @@ class ImageFamily:
     layout: str
     token_types: str | None  # the per-token input marking image tokens, if the model takes one
     bidirectional_images: bool = False  # an image's tokens attend to the whole image (marked by `token_types`)
+    # the per-token input routing image tokens to experts of their own (ERNIE-4.5-VL's `moe_mm_token_type_ids`,
+    # which also marks each image's begin and end tokens), packed as tokens are
+    expert_token_types: str | None = None
 
 
 FAMILIES = {
@@ -47,6 +50,9 @@ FAMILIES = {
     "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
     "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
     "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
+    "hunyuan_vl": ImageFamily("patches", "mm_token_type_ids"),  # refused: BATCH_NUMBERED_IMAGES
+    # Qwen2-VL's layout, its own position function; image tokens run through image experts
+    "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
@@ -67,6 +73,12 @@ FAMILIES = {
 }
 
 
+# Position functions that number images over the whole padded batch, not per sequence (transformers 5.24's
+# HunYuanVLModel.get_rope_index: its `image_index` axis runs on across the batch's rows), so a sequence's positions
+# depend on the sequences batched with it
+BATCH_NUMBERED_IMAGES = ("hunyuan_vl",)
+
+
 def image_family(model_type: str) -> ImageFamily | None:
     return FAMILIES.get(model_type)
 
@@ -80,6 +92,19 @@ def cross_attention_refusal(config) -> str | None:
         f"its images reach the language model through cross-attention (layers {list(layers)}): there every token "
         "attends to the images of its whole batch row, so packed sequences would read each other's images, and no "
         "packed form of that attention is built; train it padded (padding_free=False)"
+    )
+
+
+def batch_numbered_images_refusal(config) -> str | None:
+    """Why a model whose position function numbers images over the whole batch (`BATCH_NUMBERED_IMAGES`) is refused
+    on image data."""
+    if config.model_type not in BATCH_NUMBERED_IMAGES:
+        return None
+    return (
+        "its position function numbers images over the whole batch, not per sequence (an image's positions count the "
+        "images of every sequence before it in the padded batch), so a sequence's log-probs depend on the sequences "
+        "batched with it and packing cannot be checked against each sequence alone; train it padded "
+        "(padding_free=False)"
     )
 
 

@@ -89,6 +89,8 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         fraction = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0)) or 1.0
         if fraction < 1.0:
             text["head_dim"] = round(2 * sum(TWIN_MROPE_SECTION) / fraction)
+    if model_type == "ernie4_5_vl_moe":  # text and image experts of their own widths, a list the shrink skips
+        text["moe_intermediate_size"] = [32] * len(text["moe_intermediate_size"])
     if model_type == "kimi_k25":  # its projector's norm reads the tower's width
         values["projection_hidden_size"] = vision["hidden_size"]
     if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
