@@ -50,8 +50,8 @@ FAMILIES = {
     "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
     "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
     "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
-    "hunyuan_vl": ImageFamily("patches", "mm_token_type_ids"),  # refused: BATCH_NUMBERED_IMAGES
-    # Qwen2-VL's layout, its own position function; image tokens run through image experts
+    "hunyuan_vl": ImageFamily("patches", "mm_token_type_ids"),  # refused: IMAGE_DATA_REFUSALS
+    # Qwen2-VL's layout, its own position function, image tokens through image experts; refused: IMAGE_DATA_REFUSALS
     "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
@@ -73,10 +73,25 @@ FAMILIES = {
 }
 
 
-# Position functions that number images over the whole padded batch, not per sequence (transformers 5.24's
-# HunYuanVLModel.get_rope_index: its `image_index` axis runs on across the batch's rows), so a sequence's positions
-# depend on the sequences batched with it
-BATCH_NUMBERED_IMAGES = ("hunyuan_vl",)
+# Types refused on image data whatever their twin would measure, and why
+IMAGE_DATA_REFUSALS = {
+    # transformers 5.24's HunYuanVLModel.get_rope_index: its `image_index` axis runs on across the batch's rows
+    "hunyuan_vl": (
+        "its position function numbers images over the whole batch, not per sequence (an image's positions count "
+        "the images of every sequence before it in the padded batch), so a sequence's log-probs depend on the "
+        "sequences batched with it and packing cannot be checked against each sequence alone; train it padded "
+        "(padding_free=False)"
+    ),
+    # its processor adds `moe_mm_token_type_ids` (image tokens and their begin and end routed to image experts) over
+    # the prompt only; TRL 1.16's vision collator extends `mm_token_type_ids` over the completions but not it
+    "ernie4_5_vl_moe": (
+        "TRL's vision collator leaves its processor's `moe_mm_token_type_ids` at the prompt's length, so the model's "
+        "forward fails on TRL's padded batch too (a mask of the prompt's width over the whole sequence) and there is "
+        "no padded result to pack equal to; its architecture packs exactly on a tiny twin, so once TRL pads that "
+        "input over the completions as it does `mm_token_type_ids`, it can be checked; until then it cannot be "
+        "trained with TRL's DPO on image data"
+    ),
+}
 
 
 def image_family(model_type: str) -> ImageFamily | None:
@@ -95,17 +110,9 @@ def cross_attention_refusal(config) -> str | None:
     )
 
 
-def batch_numbered_images_refusal(config) -> str | None:
-    """Why a model whose position function numbers images over the whole batch (`BATCH_NUMBERED_IMAGES`) is refused
-    on image data."""
-    if config.model_type not in BATCH_NUMBERED_IMAGES:
-        return None
-    return (
-        "its position function numbers images over the whole batch, not per sequence (an image's positions count the "
-        "images of every sequence before it in the padded batch), so a sequence's log-probs depend on the sequences "
-        "batched with it and packing cannot be checked against each sequence alone; train it padded "
-        "(padding_free=False)"
-    )
+def image_data_refusal(config) -> str | None:
+    """Why a model is refused on image data whatever the check would measure (`IMAGE_DATA_REFUSALS`)."""
+    return IMAGE_DATA_REFUSALS.get(config.model_type)
 
 
 def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
