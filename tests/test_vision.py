@@ -7,10 +7,12 @@ import math
 
 import pytest
 import torch
+import transformers
 from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
 from transformers import AutoConfig, FuyuForCausalLM
 
+from trl_padfree.integrations.transformers import image_text_to_text_class_names
 from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.modeling.vision import image_token_id
 from trl_padfree.packing.vision import IMAGE_INPUTS, pack_vision_batch
@@ -305,3 +307,11 @@ def test_the_language_model_gets_its_chunk_of_every_per_token_input(rank):
     count = int(image_tokens[0, mine].sum())
     for scale, chunked in zip((1, 2), chunk["deepstack_visual_embeds"], strict=True):
         torch.testing.assert_close(chunked, scale * features[before : before + count])
+
+
+@pytest.mark.parametrize("model_type", ["hunyuan_vl", "ernie4_5_vl_moe"])
+def test_families_refused_on_image_data_say_why_and_what_to_do(model_type):
+    model_class = getattr(transformers, image_text_to_text_class_names()[model_type])
+    verdict = check_architecture(model_class, AutoConfig.for_model(model_type), "padfree_varlen", images=True)
+    assert not verdict.exact
+    assert "padded" in verdict.reason and ("position function" in verdict.reason or "collator" in verdict.reason)

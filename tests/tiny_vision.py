@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm. Each
+smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -29,6 +29,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
+    paddleocr_vl    pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    mm_token_type_ids (<|IMAGE_PLACEHOLDER|>)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -40,6 +41,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
+    paddleocr_vl    image_token_id      yes                          1-12 <|IMAGE_PLACEHOLDER|> in <|IMAGE_START|> ... END
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -91,6 +93,8 @@ from transformers import (
     LlavaOnevisionImageProcessorPil,
     LlavaOnevisionProcessor,
     LlavaProcessor,
+    PaddleOCRVLImageProcessorPil,
+    PaddleOCRVLProcessor,
     PixtralImageProcessorPil,
     PreTrainedModel,
     ProcessorMixin,
@@ -108,7 +112,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm",
+    "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -126,7 +130,7 @@ QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 # GLM-4V's processor also looks its video tokens up
-GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
+GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v", "glm_ocr")
 GLM_TOKENS = (
     "<|begin_of_image|>",
     "<|image|>",
@@ -143,6 +147,12 @@ INTERNVL_TOKENS = {
     "video_token": "<video>",
 }
 PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+# PaddleOCR-VL's image span; its processor reads the placeholder's name off its tokenizer
+PADDLEOCR_TOKENS = {
+    "image_start": "<|IMAGE_START|>",
+    "image_token": "<|IMAGE_PLACEHOLDER|>",
+    "image_end": "<|IMAGE_END|>",
+}
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -162,6 +172,7 @@ IMAGE_PLACEHOLDERS = {
     "internvl": INTERNVL_TOKENS["context_image_token"],
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
+    "paddleocr_vl": "".join(PADDLEOCR_TOKENS.values()),
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -220,6 +231,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = AYA_TOKENS
     elif model_type == "mistral3":
         tokens = PIXTRAL_TOKENS
+    elif model_type == "paddleocr_vl":
+        tokens = tuple(PADDLEOCR_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -229,6 +242,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
     if model_type == "internvl":
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
+    if model_type == "paddleocr_vl":
+        tokenizer._set_model_specific_special_tokens({"image_token": PADDLEOCR_TOKENS["image_token"]})
     return tokenizer
 
 
@@ -308,7 +323,8 @@ def _glm4v_processor(model_type, tokenizer, template):
     """Images resized to 1 to 12 merged patches (image tokens), as `_qwen_processor`'s: GLM-4V lays its images out
     as Qwen2-VL does."""
     token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches of 14 pixels, merged
-    image_processor_class = Glm46VImageProcessorPil if model_type == "glm46v" else Glm4vImageProcessorPil
+    # GLM-OCR's checkpoint ships GLM-4.6V's processor
+    image_processor_class = Glm46VImageProcessorPil if model_type in ("glm46v", "glm_ocr") else Glm4vImageProcessorPil
     image_processor = image_processor_class(
         patch_size=14,
         merge_size=2,
@@ -316,9 +332,18 @@ def _glm4v_processor(model_type, tokenizer, template):
         size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
     )
     processor_class = (
-        TinyGlm46VProcessor if model_type == "glm46v" else TinyGlm4vProcessor
+        TinyGlm46VProcessor if model_type in ("glm46v", "glm_ocr") else TinyGlm4vProcessor
     )  # GLM-4V-MoE ships GLM-4V's
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _paddleocr_processor(model_type, tokenizer, template):
+    """Images resized to 1 to 12 merged patches (image tokens) of 14-pixel patches, each patch (3, 14, 14)."""
+    token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches, merged
+    image_processor = PaddleOCRVLImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=template)
 
 
 def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_length=4):
@@ -444,6 +469,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     "mistral3": _pixtral_processor,
+    "paddleocr_vl": _paddleocr_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -547,6 +573,28 @@ def _glm4v_config(model_type, processor):
         video_start_token_id=ids["<|begin_of_video|>"],
         video_token_id=ids["<|video|>"],
         video_end_token_id=ids["<|end_of_video|>"],
+    )
+
+
+def _paddleocr_config(model_type, processor):
+    """PaddleOCR-VL: a SigLIP-like tower over the processor's patches (learned positions resampled to each image's
+    grid), merged 2 x 2 by its projector; ERNIE-4.5's language model with 3-section mRoPE."""
+    tokenizer = processor.tokenizer
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, head_dim=_HEAD_DIM,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(
+        _VISION, patch_size=image_processor.patch_size, spatial_merge_size=image_processor.merge_size, image_size=56
+    )
+    start_id, image_id, end_id = tokenizer.convert_tokens_to_ids(list(PADDLEOCR_TOKENS.values()))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image_id,
+        vision_start_token_id=start_id,
+        vision_end_token_id=end_id,
     )
 
 
@@ -715,6 +763,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_config),
     **dict.fromkeys(TILE_FAMILIES, _tiles_config),
     "mistral3": _mistral3_config,
+    "paddleocr_vl": _paddleocr_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }

@@ -155,6 +155,8 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
                 completion_starts[side].append(len(prompt))
     rows, completion_starts = rows[0] + rows[1], completion_starts[0] + completion_starts[1]
     padded = _padded_batch(rows, completion_starts, placeholder, family.token_types) | image_inputs
+    if family.expert_token_types is not None:  # the twin's images have no begin and end tokens to mark
+        padded[family.expert_token_types] = padded[family.token_types]
     batch = pack_vision_batch(
         padded,
         images_per_example * 2,
@@ -169,6 +171,8 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
         inputs = {"input_ids": torch.tensor([ids]), **units.of_rows([row])}
         if family.token_types is not None:
             inputs[family.token_types] = (inputs["input_ids"] == placeholder).long()
+        if family.expert_token_types is not None:
+            inputs[family.expert_token_types] = inputs[family.token_types]
         alone.append(inputs)
     return alone, PackedBatch.from_collated(batch)
 
@@ -312,8 +316,11 @@ def _measure(
     cross_attention = cross_attention_refusal(config) if images else None
     if cross_attention is not None:
         return verdict(cross_attention)
+    known_refusal = refusal(model_type) if images else None
+    if known_refusal is not None:  # looked at: refused on image data whatever its twin would measure
+        return verdict(known_refusal)
     if images and image_family(model_type) is None:
-        return verdict(refusal(model_type) or unchecked(model_type))
+        return verdict(unchecked(model_type))
     try:
         twin = build_twin(model_class, config, attn_implementation)
     except TwinError as error:

@@ -32,6 +32,9 @@ class ImageFamily:
     layout: str
     token_types: str | None  # the per-token input marking image tokens, if the model takes one
     bidirectional_images: bool = False  # an image's tokens attend to the whole image (marked by `token_types`)
+    # the per-token input routing image tokens to experts of their own (ERNIE-4.5-VL's `moe_mm_token_type_ids`,
+    # which also marks each image's begin and end tokens), packed as tokens are
+    expert_token_types: str | None = None
 
 
 FAMILIES = {
@@ -44,6 +47,12 @@ FAMILIES = {
     "glm4v": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, its own position function
     "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
+    "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
+    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
+    "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
+    # Qwen2-VL's layout, its own position function, image tokens through image experts; its twin packs exactly, but
+    # TRL's padded batch fails its forward (vision_unsupported.REFUSED)
+    "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),

@@ -7,6 +7,10 @@ TRL's vision collator lays one out, which the check then packs as training packs
     family                      image inputs (layout)                          geometry kept
     Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
     Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
+    GLM-4V (MoE), GLM-4.6V,     as Qwen2-VL (patches)                          as Qwen2-VL
+    GLM-OCR
+    PaddleOCR-VL, Kimi K2.5     pixel_values of every image's patches, each    patch and merge sizes; (Kimi: plain
+                                (3, patch, patch), image_grid_thw (patches)    positions, no mRoPE)
     Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
     LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
@@ -38,6 +42,8 @@ PLAIN_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 TWIN_MROPE_SECTION = (1, 1, 2)
 # Twin image grids (temporal, height, width, in merged patches) for the patch layout: tokens 4, 2 and 2
 TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
+# Patch-layout families whose processors hand each patch over as (channels, patch, patch), not flattened
+UNFLATTENED_PATCHES = ("paddleocr_vl", "kimi_k25")
 # Twin images of the sized layouts, in (rows, columns) of the vision tower's square input: any-resolution tiles
 # (LLaVA-NeXT), or 2 x 2 merged patches each (Mistral 3)
 TWIN_TILE_GRIDS = ((1, 1), (1, 2), (2, 1))
@@ -83,6 +89,10 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         fraction = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0)) or 1.0
         if fraction < 1.0:
             text["head_dim"] = round(2 * sum(TWIN_MROPE_SECTION) / fraction)
+    if model_type == "ernie4_5_vl_moe":  # text and image experts of their own widths, a list the shrink skips
+        text["moe_intermediate_size"] = [32] * len(text["moe_intermediate_size"])
+    if model_type == "kimi_k25":  # its projector's norm reads the tower's width
+        values["projection_hidden_size"] = vision["hidden_size"]
     if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
     elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
@@ -134,11 +144,10 @@ def twin_image_inputs(
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
     if family.layout == "patches":
-        merge = vision.spatial_merge_size
+        merge = _patch_merge(vision)
         grids = torch.tensor([TWIN_GRIDS[index % len(TWIN_GRIDS)] for index in range(images)])
         grids[:, 1:] *= merge
-        width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-        pixels = noise(int(grids.prod(-1).sum()), width)
+        pixels = noise(int(grids.prod(-1).sum()), *_patch_pixels(config.model_type, vision))
         inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
         return inputs, (grids.prod(-1) // merge**2).tolist()
     if family.layout == "sized":
@@ -165,6 +174,22 @@ def twin_image_inputs(
         pixels[row, :count] = noise(count, channels, side, side)
         mask[row, :count] = True
     return {"pixel_values": torch.cat([pixels, pixels]), "pixel_attention_mask": torch.cat([mask, mask])}, tokens
+
+
+def _patch_merge(vision) -> int:
+    """Patches merged per side into one image token (Kimi K2.5 names it a merge kernel)."""
+    kernel = getattr(vision, "merge_kernel_size", None)
+    return kernel[0] if kernel is not None else vision.spatial_merge_size
+
+
+def _patch_pixels(model_type: str, vision) -> tuple[int, ...]:
+    """The shape of one patch's pixel_values entry: flattened, or where the tower embeds patches by a 2-D convolution
+    its processor leaves them (channels, patch, patch)."""
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+    channels *= getattr(vision, "temporal_patch_size", 1)
+    if model_type in UNFLATTENED_PATCHES:
+        return channels, vision.patch_size, vision.patch_size
+    return (channels * vision.patch_size**2,)
 
 
 def _side(image_size) -> int:

@@ -34,6 +34,16 @@ REFUSED = {
     "log-probs, so DPO cannot train it, padded or packed",
     "pi0": "a robotics action model (flow matching over action chunks): no language-model log-probs, so DPO cannot "
     "train it, padded or packed",
+    # transformers 5.24's HunYuanVLModel.get_rope_index: its `image_index` runs on across the batch's rows
+    "hunyuan_vl": "its position function numbers images over the whole batch, not per sequence (an image's positions "
+    "count the images of every sequence before it in the padded batch), so a sequence's log-probs depend on the "
+    "sequences batched with it and packing cannot be checked against each sequence alone; " + TRAIN_PADDED,
+    # its processor adds `moe_mm_token_type_ids` (image tokens routed to image experts) over the prompt only; TRL
+    # 1.16's vision collator extends `mm_token_type_ids` over the completions, not it
+    "ernie4_5_vl_moe": "TRL's vision collator leaves its processor's moe_mm_token_type_ids at the prompt's length, so "
+    "its forward fails on TRL's padded batch too; its architecture packs exactly on a tiny twin (its FAMILIES entry): "
+    "once TRL pads that input over the completions, it can be checked; until then TRL's DPO cannot train it on image "
+    "data",
     "mistral4": "Mistral4ForCausalLM takes no images (no vision tower); on text data `trl-padfree models --types "
     "mistral4` gives its verdict",
 }
@@ -81,13 +91,8 @@ NOT_YET_CHECKED = {
     "tokenized beforehand, the row is plain text, which packs exactly (Emu3ForCausalLM)",
     "apertus1p5": "a VQ model: image codes embedded as text, a twin of its image and audio tokenizers; with images "
     "tokenized beforehand, the row is plain text",
-    "hunyuan_vl": "Qwen-VL-style image patches with mm_token_type_ids and its own position function: its FAMILIES entry, twin geometry and a tiny processor",
-    "paddleocr_vl": "NaViT image patches (image_grid_thw) with its own 3-D position function: its FAMILIES entry, twin geometry and a tiny processor",
-    "glm_ocr": "GLM-4V-style image patches with its own position function: its FAMILIES entry and a tiny processor",
-    "ernie4_5_vl_moe": "image patches with modality-routed experts (moe_mm_token_type_ids) and its own position function: a twin branch",
     "qwen2_5_omni_thinker": "Qwen2.5-VL image patches beside an audio tower, its position function interleaving audio and video: a twin branch",
     "qwen3_omni_moe_thinker": "Qwen3-VL image patches beside an audio tower, and a router loss: a twin branch",
-    "kimi_k25": "image patches merged by its own kernel, plain text positions: a twin branch for its vision config",
     "exaone4_5": "image patches (image_grid_thw) with plain text positions: its FAMILIES entry and a tiny processor",
     "glmga": "GLM-4.6V under another model type: its FAMILIES entry and a tiny processor",
     "qwen4_exp": "Qwen-VL-style image patches with its own position function and experts: a twin branch",
