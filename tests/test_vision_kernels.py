@@ -22,7 +22,7 @@ from trl_padfree.modeling.kernels import stand_in_kernels
 
 TRL_DEFAULT = PRECISIONS["trl_default"]
 # The families added for issue 44 first, then one of each image layout the earlier ones use
-KERNEL_FAMILIES = ("qwen3_vl", "llava_next", "internvl", "idefics3")
+KERNEL_FAMILIES = ("glm_ocr", "paddleocr_vl", "qwen3_vl", "llava_next", "internvl", "idefics3")
 SLOW_KERNEL_FAMILIES = ()
 
 
