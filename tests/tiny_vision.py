@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm. Each
+smolvlm, gemma4. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -29,6 +29,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
+    gemma4          pixel_values (I, 280, 48), image_position_ids         mm_token_type_ids (soft tokens)
+                      (I, 280, 2)                                         (every image's 4-pixel patches padded to 280)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -40,6 +42,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
+    gemma4          image_token_id      yes (its placeholder is      <boi> 56-70 x <image_soft_token> <eoi> (2 x 2
+                                        the soft token)              patches each, as many as 70 tokens fit)
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -52,8 +56,9 @@ Departures from the real checkpoints, so that every parameter trains: LLaVA take
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
 
-Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
-here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
+Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4
+processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
+which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
 `StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
@@ -75,6 +80,9 @@ from transformers import (
     AyaVisionProcessor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
+    Gemma4AudioFeatureExtractor,
+    Gemma4ImageProcessorPil,
+    Gemma4Processor,
     Glm4vImageProcessorPil,
     Glm4vProcessor,
     Glm46VImageProcessorPil,
@@ -108,7 +116,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm",
+    "idefics3", "smolvlm", "gemma4",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -124,6 +132,13 @@ TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed n
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+# Gemma 4's processor also reads its audio tokens off the tokenizer (it refuses to run without boa / eoa)
+GEMMA4_TOKENS = {
+    **GEMMA_TOKENS,
+    "boa_token": "<start_of_audio>",
+    "audio_token": "<audio_soft_token>",
+    "eoa_token": "<end_of_audio>",
+}
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
@@ -156,6 +171,7 @@ IDEFICS_TOKENS = (
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
     "gemma3": GEMMA_TOKENS["boi_token"],
+    "gemma4": GEMMA4_TOKENS["image_token"],  # expanded to <boi>, the image's soft tokens, <eoi>
     **dict.fromkeys(GLM_FAMILIES, "<|begin_of_image|><|image|><|end_of_image|>"),
     **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
@@ -210,6 +226,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = QWEN_TOKENS
     elif model_type == "gemma3":
         tokens = tuple(GEMMA_TOKENS.values())
+    elif model_type == "gemma4":
+        tokens = tuple(GEMMA4_TOKENS.values())
     elif model_type in LLAVA_FAMILIES:
         tokens = LLAVA_TOKENS
     elif model_type in GLM_FAMILIES:
@@ -227,6 +245,8 @@ def make_vision_tokenizer(model_type: str):
         # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
         # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
+    if model_type == "gemma4":
+        tokenizer._set_model_specific_special_tokens(GEMMA4_TOKENS)
     if model_type == "internvl":
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     return tokenizer
@@ -258,6 +278,10 @@ class TinyLlavaOnevisionProcessor(WithoutVideoProcessor, LlavaOnevisionProcessor
 
 class TinyInternVLProcessor(WithoutVideoProcessor, InternVLProcessor):
     """`InternVLProcessor` without a video processor."""
+
+
+class TinyGemma4Processor(WithoutVideoProcessor, Gemma4Processor):
+    """`Gemma4Processor` without a video processor."""
 
 
 class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
@@ -325,6 +349,17 @@ def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_
     """Square images of `image_size` pixels, `image_seq_length` (a square number) tokens each; no pan and scan."""
     image_processor = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size}, do_pan_and_scan=False)
     return Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=image_seq_length)
+
+
+def _gemma4_processor(model_type, tokenizer, template, patch_size=4, pooling_kernel_size=2, max_soft_tokens=70):
+    """Images resized, aspect kept, to at most `max_soft_tokens` tokens (the least the image processor takes) of
+    `pooling_kernel_size`^2 patches of `patch_size` pixels, each image's patches padded to that most."""
+    image_processor = Gemma4ImageProcessorPil(
+        patch_size=patch_size, pooling_kernel_size=pooling_kernel_size, max_soft_tokens=max_soft_tokens
+    )
+    return TinyGemma4Processor(
+        Gemma4AudioFeatureExtractor(), image_processor, tokenizer, video_processor=None, chat_template=template
+    )
 
 
 def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
@@ -440,6 +475,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
     "gemma3": _gemma3_processor,
+    "gemma4": _gemma4_processor,
     **dict.fromkeys(("llava", "vipllava"), _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
@@ -580,6 +616,43 @@ def _gemma3_config(model_type, processor):
     )
 
 
+def _gemma4_config(model_type, processor):
+    """Gemma 4: a sliding and a full-attention layer (wider heads, as the real ones), per-layer inputs; a vision tower
+    over the processor's patches with (x, y) position embeddings, pooled k x k to tokens; no audio tower."""
+    image_processor, tokenizer = processor.image_processor, processor.tokenizer
+    text = dict(
+        _TEXT,
+        head_dim=_HEAD_DIM,
+        global_head_dim=2 * _HEAD_DIM,
+        sliding_window=_SLIDING_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=len(tokenizer),
+    )
+    patches_per_side = image_processor.max_soft_tokens * image_processor.pooling_kernel_size**2  # a 1-patch-high image
+    vision = dict(
+        _VISION,
+        num_key_value_heads=_VISION["num_attention_heads"],
+        head_dim=_VISION["hidden_size"] // _VISION["num_attention_heads"],
+        patch_size=image_processor.patch_size,
+        pooling_kernel_size=image_processor.pooling_kernel_size,
+        position_embedding_size=patches_per_side,
+    )
+    ids = {name: getattr(tokenizer, f"{name}_id") for name in GEMMA4_TOKENS}
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        image_token_id=ids["image_token"],
+        boi_token_id=ids["boi_token"],
+        eoi_token_id=ids["eoi_token"],
+        video_token_id=processor.video_token_id,
+        audio_token_id=ids["audio_token"],
+        boa_token_id=ids["boa_token"],
+        eoa_token_index=ids["eoa_token"],
+    )
+
+
 def _llava_config(model_type, processor):
     """LLaVA: a CLIP tower whose last layer's patch features (CLS dropped) feed the projector."""
     image_size = processor.image_processor.crop_size["height"]
@@ -710,6 +783,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
     "gemma3": _gemma3_config,
+    "gemma4": _gemma4_config,
     "llava": _llava_config,
     "vipllava": _vipllava_config,
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_config),

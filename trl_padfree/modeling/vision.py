@@ -54,6 +54,8 @@ FAMILIES = {
     "mistral_large4": ImageFamily("sized", None),
     "lighton_ocr": ImageFamily("sized", None),
     "lfm2_vl": ImageFamily("sized", None),  # SigLIP2's images of any size, flattened patches and their grid
+    # Images of any size: each image's patches padded to a fixed count, with their (x, y) positions
+    "gemma4": ImageFamily("sized", "mm_token_type_ids"),
     "internvl": ImageFamily("tiles", None),  # each image cut into tiles of a fixed number of tokens
     "aya_vision": ImageFamily("tiles", None),
     "cohere2_vision": ImageFamily("tiles", None),

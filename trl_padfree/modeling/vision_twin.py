@@ -18,6 +18,9 @@ TRL's vision collator lays one out, which the check then packs as training packs
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
     InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
     Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    Gemma 4                     each image's patches padded to the most,       2 x 2, 1 x 2, 2 x 1 tokens of k x k
+                                image_position_ids (x, y; -1 on padding)       2-pixel patches (k: pooling_kernel_size)
+                                (sized)
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -41,12 +44,16 @@ TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
 # Twin images of the sized layouts, in (rows, columns) of the vision tower's square input: any-resolution tiles
 # (LLaVA-NeXT), or 2 x 2 merged patches each (Mistral 3)
 TWIN_TILE_GRIDS = ((1, 1), (1, 2), (2, 1))
+# Token grids (rows, columns) of images of any size: 4, 2 and 2 tokens
+TWIN_GRIDS_2D = ((2, 2), (1, 2), (2, 1))
 # Patch grids (rows, columns) of SigLIP2's images of any size (LFM2-VL): 4, 2 and 2 tokens of 2 x 2 patches
 TWIN_PATCH_GRIDS = ((4, 4), (2, 4), (4, 2))
 # The any-resolution families: LLaVA-NeXT's base tile and grid of tiles
 ANYRES = ("llava_next", "llava_next_video", "llava_onevision")
 # Tiles per image of the tiles layout (InternVL, Aya Vision)
 TWIN_TILES = (1, 3, 2)
+# Gemma 4: images of any size, their patches padded to a fixed count with (x, y) positions, pooled k x k to tokens
+GEMMA4 = ("gemma4",)
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -114,6 +121,9 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             max(rows * columns for rows, columns in TWIN_PATCH_GRIDS),
             hidden,
         )
+    elif model_type in GEMMA4:  # images of up to 2 x 2 tokens of pooling_kernel_size^2 patches, 2-pixel patches
+        vision["patch_size"] = 2
+        vision["position_embedding_size"] = 2 * vision["pooling_kernel_size"]
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
 
@@ -185,6 +195,17 @@ def _sized_images(config, images: int, noise) -> dict[str, torch.Tensor]:
         for image, patches in enumerate(shapes.prod(-1).tolist()):
             pixels[image, :patches], mask[image, :patches] = noise(patches, channels * patch**2), 1
         return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+    if config.model_type in GEMMA4:  # grids of k x k patches per token, every image padded to the largest's patches
+        pool, width = vision.pooling_kernel_size, 3 * vision.patch_size**2
+        most = pool**2 * max(rows * columns for rows, columns in TWIN_GRIDS_2D)
+        pixels = torch.zeros(images, most, width, dtype=torch.float64)
+        positions = torch.full((images, most, 2), -1, dtype=torch.long)
+        for image in range(images):
+            rows, columns = (pool * side for side in TWIN_GRIDS_2D[image % len(TWIN_GRIDS_2D)])
+            y, x = torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij")
+            pixels[image, : rows * columns] = noise(rows * columns, width)
+            positions[image, : rows * columns] = torch.stack([x.flatten(), y.flatten()], -1)
+        return {"pixel_values": pixels, "image_position_ids": positions}
     if vision.model_type == "pixtral":  # each grid cell 2 x 2 merged patches
         side = 2 * vision.patch_size * config.spatial_merge_size
         pixels = torch.zeros(images, channels, 2 * side, 2 * side, dtype=torch.float64)
