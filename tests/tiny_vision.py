@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, gemma4. Each
+smolvlm, gemma4, gemma4_unified. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -31,6 +31,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
     gemma4          pixel_values (I, 280, 48), image_position_ids         mm_token_type_ids (soft tokens)
                       (I, 280, 2)                                         (every image's 4-pixel patches padded to 280)
+    gemma4_unified  pixel_values (I, 70, 192), image_position_ids         mm_token_type_ids (soft tokens)
+                      (I, 70, 2)                                          (2 x 2 patches merged into one, a token each)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -44,6 +46,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
     gemma4          image_token_id      yes (its placeholder is      <boi> 56-70 x <image_soft_token> <eoi> (2 x 2
                                         the soft token)              patches each, as many as 70 tokens fit)
+    gemma4_unified  image_token_id      yes (as gemma4)              as gemma4 (a merged patch a token)
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -61,7 +64,8 @@ processors here are subclasses that accept `video_processor=None` (SmolVLM's als
 which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
+`StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
+`StandInGemma4UnifiedImageProcessor` returns its merged patches. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
 processors are the stock classes and save and reload.
 """
 
@@ -83,6 +87,7 @@ from transformers import (
     Gemma4AudioFeatureExtractor,
     Gemma4ImageProcessorPil,
     Gemma4Processor,
+    Gemma4UnifiedProcessor,
     Glm4vImageProcessorPil,
     Glm4vProcessor,
     Glm46VImageProcessorPil,
@@ -116,7 +121,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "gemma4",
+    "idefics3", "smolvlm", "gemma4", "gemma4_unified",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -132,6 +137,7 @@ TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed n
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+GEMMA4_FAMILIES = ("gemma4", "gemma4_unified")
 # Gemma 4's processor also reads its audio tokens off the tokenizer (it refuses to run without boa / eoa)
 GEMMA4_TOKENS = {
     **GEMMA_TOKENS,
@@ -171,7 +177,7 @@ IDEFICS_TOKENS = (
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
     "gemma3": GEMMA_TOKENS["boi_token"],
-    "gemma4": GEMMA4_TOKENS["image_token"],  # expanded to <boi>, the image's soft tokens, <eoi>
+    **dict.fromkeys(GEMMA4_FAMILIES, GEMMA4_TOKENS["image_token"]),  # expanded to <boi>, the soft tokens, <eoi>
     **dict.fromkeys(GLM_FAMILIES, "<|begin_of_image|><|image|><|end_of_image|>"),
     **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
@@ -226,7 +232,7 @@ def make_vision_tokenizer(model_type: str):
         tokens = QWEN_TOKENS
     elif model_type == "gemma3":
         tokens = tuple(GEMMA_TOKENS.values())
-    elif model_type == "gemma4":
+    elif model_type in GEMMA4_FAMILIES:
         tokens = tuple(GEMMA4_TOKENS.values())
     elif model_type in LLAVA_FAMILIES:
         tokens = LLAVA_TOKENS
@@ -245,7 +251,7 @@ def make_vision_tokenizer(model_type: str):
         # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
         # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
-    if model_type == "gemma4":
+    if model_type in GEMMA4_FAMILIES:
         tokenizer._set_model_specific_special_tokens(GEMMA4_TOKENS)
     if model_type == "internvl":
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
@@ -282,6 +288,22 @@ class TinyInternVLProcessor(WithoutVideoProcessor, InternVLProcessor):
 
 class TinyGemma4Processor(WithoutVideoProcessor, Gemma4Processor):
     """`Gemma4Processor` without a video processor."""
+
+
+class TinyGemma4UnifiedProcessor(WithoutVideoProcessor, Gemma4UnifiedProcessor):
+    """`Gemma4UnifiedProcessor` without a video processor."""
+
+
+class StandInGemma4UnifiedImageProcessor(Gemma4ImageProcessorPil):
+    """What `Gemma4UnifiedImageProcessor` returns, where it cannot be built: it needs torchvision, absent here. It
+    resizes as Gemma 4's does, then merges each k x k patches (k: pooling_kernel_size) into one patch of their pixels,
+    row-major, at the position of its k x k block: which is Gemma 4's PIL processor with patches k times as wide and
+    no pooling (PIL's bicubic resize, where the real one uses torchvision's)."""
+
+    def _preprocess(self, images, patch_size, pooling_kernel_size, **kwargs):
+        return super()._preprocess(
+            images, patch_size=patch_size * pooling_kernel_size, pooling_kernel_size=1, **kwargs
+        )
 
 
 class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
@@ -357,7 +379,12 @@ def _gemma4_processor(model_type, tokenizer, template, patch_size=4, pooling_ker
     image_processor = Gemma4ImageProcessorPil(
         patch_size=patch_size, pooling_kernel_size=pooling_kernel_size, max_soft_tokens=max_soft_tokens
     )
-    return TinyGemma4Processor(
+    if model_type == "gemma4_unified":  # no vision tower: a token per merged patch
+        image_processor = StandInGemma4UnifiedImageProcessor(
+            patch_size=patch_size, pooling_kernel_size=pooling_kernel_size, max_soft_tokens=max_soft_tokens
+        )
+    processor_class = TinyGemma4UnifiedProcessor if model_type == "gemma4_unified" else TinyGemma4Processor
+    return processor_class(
         Gemma4AudioFeatureExtractor(), image_processor, tokenizer, video_processor=None, chat_template=template
     )
 
@@ -475,7 +502,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
     "gemma3": _gemma3_processor,
-    "gemma4": _gemma4_processor,
+    **dict.fromkeys(GEMMA4_FAMILIES, _gemma4_processor),
     **dict.fromkeys(("llava", "vipllava"), _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
@@ -638,6 +665,17 @@ def _gemma4_config(model_type, processor):
         pooling_kernel_size=image_processor.pooling_kernel_size,
         position_embedding_size=patches_per_side,
     )
+    if model_type == "gemma4_unified":  # no tower: merged patches projected, their (x, y) embedded per axis
+        del text["hidden_size_per_layer_input"], text["vocab_size_per_layer_input"]
+        # Its images see themselves whole past the window: one wider than an image (70 tokens) still cuts text
+        text["sliding_window"] = 80
+        vision = dict(
+            patch_size=image_processor.patch_size,
+            pooling_kernel_size=image_processor.pooling_kernel_size,
+            mm_embed_dim=_VISION["hidden_size"],
+            mm_posemb_size=image_processor.max_soft_tokens,
+            output_proj_dims=_VISION["hidden_size"],
+        )
     ids = {name: getattr(tokenizer, f"{name}_id") for name in GEMMA4_TOKENS}
     return dict(
         text_config=text,
@@ -783,7 +821,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
     "gemma3": _gemma3_config,
-    "gemma4": _gemma4_config,
+    **dict.fromkeys(GEMMA4_FAMILIES, _gemma4_config),
     "llava": _llava_config,
     "vipllava": _vipllava_config,
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_config),
