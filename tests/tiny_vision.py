@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, gemma4, gemma4_unified. Each
+smolvlm, gemma4, gemma4_unified, shieldgemma2. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -21,6 +21,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     qwen2_5_vl      pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     qwen3_vl(_moe)  pixel_values (P, 1536), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     gemma3          pixel_values (4, 3, 32, 32)                           token_type_ids (soft tokens)
+    shieldgemma2    as gemma3 (Gemma3ForConditionalGeneration, Gemma 3's processor)
     llava           pixel_values (4, 3, 32, 32)                           none
     idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
     smolvlm           (4, N, 32, 32), as Idefics3                         none
@@ -61,9 +62,8 @@ pooling head (`vision_use_head=False`) and its zero-initialised image projection
 
 Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4
 processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
-which only video prompts need). They
-handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
-with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
+which only video prompts need). They handle images and text only, and their `save_pretrained` fails (AttributeError on
+the missing video processor); train with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
 `StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
 `StandInGemma4UnifiedImageProcessor` returns its merged patches. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
 processors are the stock classes and save and reload.
@@ -121,7 +121,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "gemma4", "gemma4_unified",
+    "idefics3", "smolvlm", "gemma4", "gemma4_unified", "shieldgemma2",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -138,6 +138,10 @@ TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed n
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 GEMMA4_FAMILIES = ("gemma4", "gemma4_unified")
+# ShieldGemma 2 is a Gemma 3 (AutoModelForImageTextToText builds Gemma3ForConditionalGeneration from its config); its own
+# processor writes policy prompts and refuses text without images, which TRL's collator sends for the completions, so
+# it trains with Gemma 3's processor
+GEMMA3_FAMILIES = ("gemma3", "shieldgemma2")
 # Gemma 4's processor also reads its audio tokens off the tokenizer (it refuses to run without boa / eoa)
 GEMMA4_TOKENS = {
     **GEMMA_TOKENS,
@@ -176,7 +180,7 @@ IDEFICS_TOKENS = (
 # What the chat template writes for an image part; the processor expands it to the image's tokens
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
-    "gemma3": GEMMA_TOKENS["boi_token"],
+    **dict.fromkeys(GEMMA3_FAMILIES, GEMMA_TOKENS["boi_token"]),
     **dict.fromkeys(GEMMA4_FAMILIES, GEMMA4_TOKENS["image_token"]),  # expanded to <boi>, the soft tokens, <eoi>
     **dict.fromkeys(GLM_FAMILIES, "<|begin_of_image|><|image|><|end_of_image|>"),
     **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
@@ -230,7 +234,7 @@ def make_vision_tokenizer(model_type: str):
     tokenizer = load_demo_tokenizer()
     if model_type in QWEN_FAMILIES:
         tokens = QWEN_TOKENS
-    elif model_type == "gemma3":
+    elif model_type in GEMMA3_FAMILIES:
         tokens = tuple(GEMMA_TOKENS.values())
     elif model_type in GEMMA4_FAMILIES:
         tokens = tuple(GEMMA4_TOKENS.values())
@@ -247,7 +251,7 @@ def make_vision_tokenizer(model_type: str):
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
-    if model_type == "gemma3":
+    if model_type in GEMMA3_FAMILIES:
         # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
         # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
@@ -501,7 +505,7 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
-    "gemma3": _gemma3_processor,
+    **dict.fromkeys(GEMMA3_FAMILIES, _gemma3_processor),
     **dict.fromkeys(GEMMA4_FAMILIES, _gemma4_processor),
     **dict.fromkeys(("llava", "vipllava"), _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
@@ -820,7 +824,7 @@ def _idefics_config(model_type, processor):
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
-    "gemma3": _gemma3_config,
+    **dict.fromkeys(GEMMA3_FAMILIES, _gemma3_config),
     **dict.fromkeys(GEMMA4_FAMILIES, _gemma4_config),
     "llava": _llava_config,
     "vipllava": _vipllava_config,
@@ -858,7 +862,7 @@ def make_vision_model(
     config = make_vision_config(model_type, processor, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
-    if model_type == "gemma3":
+    if model_type in GEMMA3_FAMILIES:
         # Gemma 3 initialises its image projection to zero, which would cut every gradient to the vision tower
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=_INIT_STD)
     if model_type in ("llava", "aya_vision", *ANYRES_FAMILIES):

@@ -49,6 +49,7 @@ FAMILIES = {
     "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
+    "shieldgemma2": ImageFamily("images", "token_type_ids", bidirectional_images=True),  # a Gemma 3 by another name
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
     "llava_next": ImageFamily("sized", None),  # any-resolution tiles, a base tile and a grid

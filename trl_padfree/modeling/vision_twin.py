@@ -7,7 +7,7 @@ TRL's vision collator lays one out, which the check then packs as training packs
     family                      image inputs (layout)                          geometry kept
     Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
     Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
-    Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
+    Gemma 3, ShieldGemma 2      pixel_values (images)                          4 x 4 patches pooled to 4 tokens
     LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
     Idefics2                    pixel_values, pixel_attention_mask (rows)      2 x 2 patches, 4 resampled latents
@@ -96,7 +96,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         fraction = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0)) or 1.0
         if fraction < 1.0:
             text["head_dim"] = round(2 * sum(TWIN_MROPE_SECTION) / fraction)
-    if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
+    if model_type in ("gemma3", "shieldgemma2"):  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
     elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
         vision["image_size"], values["image_seq_length"] = 2 * vision["patch_size"], 4
