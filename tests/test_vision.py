@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
-from transformers import AutoConfig, PaliGemmaForConditionalGeneration
+from transformers import AutoConfig, FuyuForCausalLM
 
 from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.modeling.vision import image_token_id
@@ -192,9 +192,7 @@ def test_the_row_hands_over_the_images_of_its_sequences_in_row_order(model_type,
 
 
 def test_an_unknown_vision_language_family_is_refused_with_advice():
-    verdict = check_architecture(
-        PaliGemmaForConditionalGeneration, AutoConfig.for_model("paligemma"), "padfree_varlen", images=True
-    )
+    verdict = check_architecture(FuyuForCausalLM, AutoConfig.for_model("fuyu"), "padfree_varlen", images=True)
     assert not verdict.exact
     assert "does not know how its processor lays out a batch's images" in verdict.reason
     assert "qwen2_5_vl" in verdict.reason  # the families it knows

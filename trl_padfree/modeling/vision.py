@@ -89,6 +89,30 @@ def cross_attention_refusal(config) -> str | None:
     )
 
 
+# Prefix-LMs: the image and prompt tokens attend to each other both ways, `token_type_ids` 0; the completion, marked
+# 1, causally (PaliGemma, PaliGemma 2)
+PREFIX_LM_TYPES = ("paligemma",)
+
+
+def prefix_lm_refusal(config) -> str | None:
+    """Why a prefix-LM (PaliGemma) cannot be packed, and how TRL's padded trainer trains it."""
+    if config.model_type not in PREFIX_LM_TYPES:
+        return None
+    return (
+        "a prefix-LM: its image and prompt tokens attend to each other both ways (token_type_ids 0) and only its "
+        "completion causally (token_type_ids 1), and no packed form of that attention is built. TRL's vision collator "
+        "cannot feed it with PaliGemmaProcessor either: it tokenizes the completions without images, which the "
+        "processor refuses ('`images` are expected'), and would pass on the processor's `labels`. Train it padded "
+        "(padding_free=False) with a processor that tokenizes text without images as a completion, its token_type_ids "
+        "1, and returns no labels"
+    )
+
+
+def image_refusal(config) -> str | None:
+    """Why a vision-language model cannot be packed on image data, known from its config alone."""
+    return cross_attention_refusal(config) or prefix_lm_refusal(config)
+
+
 def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
     """For a model whose image tokens attend to the whole image (Gemma 3), the per-token input that marks them."""
     family = image_family(getattr(getattr(model, "config", None), "model_type", None))
