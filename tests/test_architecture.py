@@ -339,12 +339,23 @@ def test_a_cross_attention_model_is_refused_with_the_reason_and_the_way_out(tmp_
     assert "through cross-attention" in output and "padding_free=False" in output and "packs exactly" not in output
 
 
+def test_a_prefix_lm_is_refused_with_the_reason_and_how_trl_trains_it(tmp_path, capsys):
+    AutoConfig.for_model("paligemma").save_pretrained(tmp_path)
+
+    assert main(["models", "--check", str(tmp_path), "--backends", ATTN_IMPLEMENTATION]) == 0
+
+    output = capsys.readouterr().out
+    assert "a prefix-LM" in output and "padding_free=False" in output and "packs exactly" not in output
+    assert "token_type_ids 1" in output  # the processor TRL's padded trainer needs
+
+
 def test_models_vision_sweep_lists_every_image_text_to_text_type(capsys):
-    types = ["qwen2_vl", "paligemma", "vision-encoder-decoder"]
+    types = ["qwen2_vl", "fuyu", "paligemma", "vision-encoder-decoder"]
     assert main(["models", "--vision", "--types", *types, "--backends", ATTN_IMPLEMENTATION]) == 0
 
     output = capsys.readouterr().out
     assert re.search(r"qwen2_vl\s+padfree_varlen=exact", output)
-    assert re.search(r"paligemma\s+padfree_varlen=unchecked", output)
+    assert re.search(r"fuyu\s+padfree_varlen=unchecked", output)
+    assert re.search(r"paligemma\s+padfree_varlen=refused", output)
     assert re.search(r"vision-encoder-decoder\s+padfree_varlen=refused", output)
     assert {"qwen2_5_vl", "llava_next", "internvl", "mllama"} <= set(vision_language_types())

@@ -212,6 +212,16 @@ def test_context_parallelism_over_image_spans_attended_both_ways_is_refused_with
         make_vision_trainer("gemma3", True, rows("gemma3", 4), context_parallel_size=2)
 
 
+def test_an_image_longer_than_the_window_of_a_model_whose_images_see_past_it_is_refused_with_advice():
+    # Gemma 4 Unified's image tokens see their whole image past the sliding window; the packed attention bounds them
+    # by it (as Gemma 3's): the tiny processor's images take 56 to 70 tokens, longer than a window of 40
+    trainer = make_vision_trainer(
+        "gemma4_unified", True, rows("gemma4_unified", 4), model_overrides={"text_config": {"sliding_window": 40}}
+    )
+    with pytest.raises(ValueError, match=r"An image of \d+ tokens is longer than this model's sliding window \(40\)"):
+        one_step(trainer)
+
+
 # ---- token budget: pairs measured with their image tokens ----
 
 

@@ -6,7 +6,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl. Each
+smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2.
+Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -21,6 +22,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     qwen2_5_vl      pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     qwen3_vl(_moe)  pixel_values (P, 1536), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     gemma3          pixel_values (4, 3, 32, 32)                           token_type_ids (soft tokens)
+    shieldgemma2    as gemma3 (Gemma3ForConditionalGeneration, Gemma 3's processor)
     llava           pixel_values (4, 3, 32, 32)                           none
     idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
     smolvlm           (4, N, 32, 32), as Idefics3                         none
@@ -30,6 +32,10 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
     paddleocr_vl    pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    mm_token_type_ids (<|IMAGE_PLACEHOLDER|>)
+    gemma4          pixel_values (I, 280, 48), image_position_ids         mm_token_type_ids (soft tokens)
+                      (I, 280, 2)                                         (every image's 4-pixel patches padded to 280)
+    gemma4_unified  pixel_values (I, 70, 192), image_position_ids         mm_token_type_ids (soft tokens)
+                      (I, 70, 2)                                          (2 x 2 patches merged into one, a token each)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -42,6 +48,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
     paddleocr_vl    image_token_id      yes                          1-12 <|IMAGE_PLACEHOLDER|> in <|IMAGE_START|> ... END
+    gemma4          image_token_id      yes (its placeholder is      <boi> 56-70 x <image_soft_token> <eoi> (2 x 2
+                                        the soft token)              patches each, as many as 70 tokens fit)
+    gemma4_unified  image_token_id      yes (as gemma4)              as gemma4 (a merged patch a token)
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -54,11 +63,12 @@ Departures from the real checkpoints, so that every parameter trains: LLaVA take
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
 
-Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
-here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
-handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
-with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
+Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4
+processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
+which only video prompts need). They handle images and text only, and their `save_pretrained` fails (AttributeError on
+the missing video processor); train with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
+`StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
+`StandInGemma4UnifiedImageProcessor` returns its merged patches. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
 processors are the stock classes and save and reload.
 """
 
@@ -77,6 +87,10 @@ from transformers import (
     AyaVisionProcessor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
+    Gemma4AudioFeatureExtractor,
+    Gemma4ImageProcessorPil,
+    Gemma4Processor,
+    Gemma4UnifiedProcessor,
     Glm4vImageProcessorPil,
     Glm4vProcessor,
     Glm46VImageProcessorPil,
@@ -112,7 +126,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl",
+    "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl", "gemma4", "gemma4_unified", "shieldgemma2",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -128,6 +142,18 @@ TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed n
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+GEMMA4_FAMILIES = ("gemma4", "gemma4_unified")
+# ShieldGemma 2 is a Gemma 3 (AutoModelForImageTextToText builds Gemma3ForConditionalGeneration from its config); its own
+# processor writes policy prompts and refuses text without images, which TRL's collator sends for the completions, so
+# it trains with Gemma 3's processor
+GEMMA3_FAMILIES = ("gemma3", "shieldgemma2")
+# Gemma 4's processor also reads its audio tokens off the tokenizer (it refuses to run without boa / eoa)
+GEMMA4_TOKENS = {
+    **GEMMA_TOKENS,
+    "boa_token": "<start_of_audio>",
+    "audio_token": "<audio_soft_token>",
+    "eoa_token": "<end_of_audio>",
+}
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v", "glm_ocr")
@@ -165,7 +191,8 @@ IDEFICS_TOKENS = (
 # What the chat template writes for an image part; the processor expands it to the image's tokens
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
-    "gemma3": GEMMA_TOKENS["boi_token"],
+    **dict.fromkeys(GEMMA3_FAMILIES, GEMMA_TOKENS["boi_token"]),
+    **dict.fromkeys(GEMMA4_FAMILIES, GEMMA4_TOKENS["image_token"]),  # expanded to <boi>, the soft tokens, <eoi>
     **dict.fromkeys(GLM_FAMILIES, "<|begin_of_image|><|image|><|end_of_image|>"),
     **dict.fromkeys(LLAVA_FAMILIES, "<image>"),
     **dict.fromkeys(IDEFICS_FAMILIES, "<image>"),
@@ -219,8 +246,10 @@ def make_vision_tokenizer(model_type: str):
     tokenizer = load_demo_tokenizer()
     if model_type in QWEN_FAMILIES:
         tokens = QWEN_TOKENS
-    elif model_type == "gemma3":
+    elif model_type in GEMMA3_FAMILIES:
         tokens = tuple(GEMMA_TOKENS.values())
+    elif model_type in GEMMA4_FAMILIES:
+        tokens = tuple(GEMMA4_TOKENS.values())
     elif model_type in LLAVA_FAMILIES:
         tokens = LLAVA_TOKENS
     elif model_type in GLM_FAMILIES:
@@ -236,10 +265,12 @@ def make_vision_tokenizer(model_type: str):
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
-    if model_type == "gemma3":
+    if model_type in GEMMA3_FAMILIES:
         # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
         # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
+    if model_type in GEMMA4_FAMILIES:
+        tokenizer._set_model_specific_special_tokens(GEMMA4_TOKENS)
     if model_type == "internvl":
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     if model_type == "paddleocr_vl":
@@ -273,6 +304,26 @@ class TinyLlavaOnevisionProcessor(WithoutVideoProcessor, LlavaOnevisionProcessor
 
 class TinyInternVLProcessor(WithoutVideoProcessor, InternVLProcessor):
     """`InternVLProcessor` without a video processor."""
+
+
+class TinyGemma4Processor(WithoutVideoProcessor, Gemma4Processor):
+    """`Gemma4Processor` without a video processor."""
+
+
+class TinyGemma4UnifiedProcessor(WithoutVideoProcessor, Gemma4UnifiedProcessor):
+    """`Gemma4UnifiedProcessor` without a video processor."""
+
+
+class StandInGemma4UnifiedImageProcessor(Gemma4ImageProcessorPil):
+    """What `Gemma4UnifiedImageProcessor` returns, where it cannot be built: it needs torchvision, absent here. It
+    resizes as Gemma 4's does, then merges each k x k patches (k: pooling_kernel_size) into one patch of their pixels,
+    row-major, at the position of its k x k block: which is Gemma 4's PIL processor with patches k times as wide and
+    no pooling (PIL's bicubic resize, where the real one uses torchvision's)."""
+
+    def _preprocess(self, images, patch_size, pooling_kernel_size, **kwargs):
+        return super()._preprocess(
+            images, patch_size=patch_size * pooling_kernel_size, pooling_kernel_size=1, **kwargs
+        )
 
 
 class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
@@ -350,6 +401,22 @@ def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_
     """Square images of `image_size` pixels, `image_seq_length` (a square number) tokens each; no pan and scan."""
     image_processor = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size}, do_pan_and_scan=False)
     return Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=image_seq_length)
+
+
+def _gemma4_processor(model_type, tokenizer, template, patch_size=4, pooling_kernel_size=2, max_soft_tokens=70):
+    """Images resized, aspect kept, to at most `max_soft_tokens` tokens (the least the image processor takes) of
+    `pooling_kernel_size`^2 patches of `patch_size` pixels, each image's patches padded to that most."""
+    image_processor = Gemma4ImageProcessorPil(
+        patch_size=patch_size, pooling_kernel_size=pooling_kernel_size, max_soft_tokens=max_soft_tokens
+    )
+    if model_type == "gemma4_unified":  # no vision tower: a token per merged patch
+        image_processor = StandInGemma4UnifiedImageProcessor(
+            patch_size=patch_size, pooling_kernel_size=pooling_kernel_size, max_soft_tokens=max_soft_tokens
+        )
+    processor_class = TinyGemma4UnifiedProcessor if model_type == "gemma4_unified" else TinyGemma4Processor
+    return processor_class(
+        Gemma4AudioFeatureExtractor(), image_processor, tokenizer, video_processor=None, chat_template=template
+    )
 
 
 def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
@@ -464,7 +531,8 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
-    "gemma3": _gemma3_processor,
+    **dict.fromkeys(GEMMA3_FAMILIES, _gemma3_processor),
+    **dict.fromkeys(GEMMA4_FAMILIES, _gemma4_processor),
     **dict.fromkeys(("llava", "vipllava"), _llava_processor),  # VipLLaVA's checkpoints ship LLaVA's processor
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_processor),
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
@@ -628,6 +696,54 @@ def _gemma3_config(model_type, processor):
     )
 
 
+def _gemma4_config(model_type, processor):
+    """Gemma 4: a sliding and a full-attention layer (wider heads, as the real ones), per-layer inputs; a vision tower
+    over the processor's patches with (x, y) position embeddings, pooled k x k to tokens; no audio tower."""
+    image_processor, tokenizer = processor.image_processor, processor.tokenizer
+    text = dict(
+        _TEXT,
+        head_dim=_HEAD_DIM,
+        global_head_dim=2 * _HEAD_DIM,
+        sliding_window=_SLIDING_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=len(tokenizer),
+    )
+    patches_per_side = image_processor.max_soft_tokens * image_processor.pooling_kernel_size**2  # a 1-patch-high image
+    vision = dict(
+        _VISION,
+        num_key_value_heads=_VISION["num_attention_heads"],
+        head_dim=_VISION["hidden_size"] // _VISION["num_attention_heads"],
+        patch_size=image_processor.patch_size,
+        pooling_kernel_size=image_processor.pooling_kernel_size,
+        position_embedding_size=patches_per_side,
+    )
+    if model_type == "gemma4_unified":  # no tower: merged patches projected, their (x, y) embedded per axis
+        del text["hidden_size_per_layer_input"], text["vocab_size_per_layer_input"]
+        # Its images see themselves whole past the window: one wider than an image (70 tokens) still cuts text
+        text["sliding_window"] = 80
+        vision = dict(
+            patch_size=image_processor.patch_size,
+            pooling_kernel_size=image_processor.pooling_kernel_size,
+            mm_embed_dim=_VISION["hidden_size"],
+            mm_posemb_size=image_processor.max_soft_tokens,
+            output_proj_dims=_VISION["hidden_size"],
+        )
+    ids = {name: getattr(tokenizer, f"{name}_id") for name in GEMMA4_TOKENS}
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        image_token_id=ids["image_token"],
+        boi_token_id=ids["boi_token"],
+        eoi_token_id=ids["eoi_token"],
+        video_token_id=processor.video_token_id,
+        audio_token_id=ids["audio_token"],
+        boa_token_id=ids["boa_token"],
+        eoa_token_index=ids["eoa_token"],
+    )
+
+
 def _llava_config(model_type, processor):
     """LLaVA: a CLIP tower whose last layer's patch features (CLS dropped) feed the projector."""
     image_size = processor.image_processor.crop_size["height"]
@@ -757,7 +873,8 @@ def _idefics_config(model_type, processor):
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
-    "gemma3": _gemma3_config,
+    **dict.fromkeys(GEMMA3_FAMILIES, _gemma3_config),
+    **dict.fromkeys(GEMMA4_FAMILIES, _gemma4_config),
     "llava": _llava_config,
     "vipllava": _vipllava_config,
     **dict.fromkeys(ANYRES_FAMILIES, _anyres_config),
@@ -795,7 +912,7 @@ def make_vision_model(
     config = make_vision_config(model_type, processor, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
-    if model_type == "gemma3":
+    if model_type in GEMMA3_FAMILIES:
         # Gemma 3 initialises its image projection to zero, which would cut every gradient to the vision tower
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=_INIT_STD)
     if model_type in ("llava", "aya_vision", *ANYRES_FAMILIES):

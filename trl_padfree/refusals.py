@@ -576,6 +576,18 @@ def check_fsdp2_vision_lm_head(vision_language: bool, tied_lm_head: bool) -> Non
         )
 
 
+def check_image_within_window(past_window: tuple[int, int] | None) -> None:
+    """Gemma 4 Unified's image tokens see their whole image on sliding-window layers, past the window too; the packed
+    attention bounds them by the window, as Gemma 3's are: the same for images no longer than the window."""
+    if past_window is not None:
+        tokens, window = past_window
+        raise ValueError(
+            f"An image of {tokens} tokens is longer than this model's sliding window ({window}): its tokens see the "
+            "whole image past the window, which the packed attention does not compute. Use images of at most "
+            f"{window} tokens (the image processor's max_soft_tokens), or set padding_free=False."
+        )
+
+
 def check_split_image_spans(bidirectional_images: bool, context_parallel: bool) -> None:
     """Context parallelism attends each rank's chunk to the gathered keys, causally within each sequence: an image
     whose tokens attend to the whole image (Gemma 3) would need its later tokens, which may sit on another rank."""

@@ -158,6 +158,9 @@ def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> Cove
     if getattr(config, "is_encoder_decoder", False):
         reason = "an encoder-decoder: the packed row is a decoder's sequences; train it padded (padding_free=False)"
         return _refused_row(model_type, name, reason, backends)
+    if hasattr(config, "vision_config") and config.vision_config is None:
+        # A default that leaves its vision tower out (Gemma 4): checked with the default tower, as checkpoints have one
+        config = AutoConfig.for_model(model_type, vision_config={})
     known_refusal = refusal(model_type)
     if known_refusal is not None:
         return _refused_row(model_type, name, known_refusal, backends)

@@ -23,12 +23,17 @@ from ..integrations.transformers import attn_implementation, mask_creation_skipp
 from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view, token_runs
 from ..packing.prefix_sharing import SharedPrefixAttention
 from ..packing.vision import IMAGE_INPUTS, IMAGE_UNITS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS, ImageUnitSizes
-from ..refusals import check_no_cache, check_packed_row_length, check_prefix_sharing_attention
+from ..refusals import (
+    check_image_within_window,
+    check_no_cache,
+    check_packed_row_length,
+    check_prefix_sharing_attention,
+)
 from .attention.bidirectional import SpanAttention
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
 from .backends import ATTN_IMPLEMENTATION
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
-from .vision import bidirectional_image_marks, packed_position_ids
+from .vision import bidirectional_image_marks, image_past_window, packed_position_ids
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -244,9 +249,10 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
         kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
     if kwargs.get("labels") is not None:
         kwargs["labels"] = packed_batch.labels()
-    model_kwargs = packed_batch.model_kwargs(
-        packed_position_ids(module, packed_batch), bidirectional_image_marks(module)
-    )
+    image_marks = bidirectional_image_marks(module)
+    if image_marks is not None and packed_batch.image_inputs is not None:
+        check_image_within_window(image_past_window(module, packed_batch.image_spans(image_marks)))
+    model_kwargs = packed_batch.model_kwargs(packed_position_ids(module, packed_batch), image_marks)
     row = model_kwargs[PACKED_ROW_KWARG]
     with row_in_flight(row), _once_per_forward(row, packed_batch, module):
         outputs = forward(**{**kwargs, **model_kwargs})

@@ -221,6 +221,12 @@ def twin_config(config: PretrainedConfig, real_head_dims: bool = False) -> Pretr
     for key, value in values.items():
         if isinstance(value, dict) and "model_type" in value:  # a sub-config
             shrunk = _shrink(value, real_head_dims)
+            for name, layers in value.items():  # its own per-layer overrides (Gemma 4's text config in Gemma 4)
+                if isinstance(layers, dict) and layers and all(isinstance(v, dict) for v in layers.values()):
+                    head_dim = value.get("head_dim")
+                    shrunk[name] = {
+                        layer: _shrink_override(v, head_dim, real_head_dims) for layer, v in layers.items()
+                    }
             values[key] = _without_derived(shrunk, CONFIG_MAPPING.get(value["model_type"]))
         elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
             head_dim = values.get("head_dim")

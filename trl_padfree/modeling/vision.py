@@ -35,6 +35,10 @@ class ImageFamily:
     # the per-token input routing image tokens to experts of their own (ERNIE-4.5-VL's `moe_mm_token_type_ids`,
     # which also marks each image's begin and end tokens), packed as tokens are
     expert_token_types: str | None = None
+    # On sliding-window layers an image's tokens see the whole image past the window too (Gemma 4 Unified: causal in
+    # the window OR the same image), where Gemma 3's see only its tokens in the window (the window AND (causal OR the
+    # same image)), as the packed attention does: the two agree on images no longer than the window
+    images_past_window: bool = False
 
 
 FAMILIES = {
@@ -54,6 +58,7 @@ FAMILIES = {
     # TRL's padded batch fails its forward (vision_unsupported.REFUSED)
     "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),
     "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
+    "shieldgemma2": ImageFamily("images", "token_type_ids", bidirectional_images=True),  # a Gemma 3 by another name
     "llava": ImageFamily("images", None),
     "vipllava": ImageFamily("images", None),
     "llava_next": ImageFamily("sized", None),  # any-resolution tiles, a base tile and a grid
@@ -63,6 +68,10 @@ FAMILIES = {
     "mistral_large4": ImageFamily("sized", None),
     "lighton_ocr": ImageFamily("sized", None),
     "lfm2_vl": ImageFamily("sized", None),  # SigLIP2's images of any size, flattened patches and their grid
+    # Images of any size: each image's patches padded to a fixed count, with their (x, y) positions
+    "gemma4": ImageFamily("sized", "mm_token_type_ids"),
+    # No vision tower: a token per patch (of k x k patches)
+    "gemma4_unified": ImageFamily("sized", "mm_token_type_ids", bidirectional_images=True, images_past_window=True),
     "internvl": ImageFamily("tiles", None),  # each image cut into tiles of a fixed number of tokens
     "aya_vision": ImageFamily("tiles", None),
     "cohere2_vision": ImageFamily("tiles", None),
@@ -93,6 +102,18 @@ def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
     """For a model whose image tokens attend to the whole image (Gemma 3), the per-token input that marks them."""
     family = image_family(getattr(getattr(model, "config", None), "model_type", None))
     return family.token_types if family is not None and family.bidirectional_images else None
+
+
+def image_past_window(model: torch.nn.Module | None, image_spans) -> tuple[int, int] | None:
+    """(the longest image's tokens, the sliding window) when an image of this row is longer than the window of a model
+    whose images see themselves whole past it (`ImageFamily.images_past_window`); else None."""
+    config = getattr(model, "config", None)
+    family = image_family(getattr(config, "model_type", None))
+    if family is None or not family.images_past_window or not image_spans:
+        return None
+    window = getattr(config.get_text_config(), "sliding_window", None)
+    longest = max(end - start for start, end in image_spans)
+    return (longest, window) if window is not None and longest > window else None
 
 
 def position_function(model: torch.nn.Module | None) -> Callable | None:

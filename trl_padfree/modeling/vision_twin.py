@@ -11,7 +11,7 @@ TRL's vision collator lays one out, which the check then packs as training packs
     GLM-OCR
     PaddleOCR-VL, Kimi K2.5     pixel_values of every image's patches, each    patch and merge sizes; (Kimi: plain
                                 (3, patch, patch), image_grid_thw (patches)    positions, no mRoPE)
-    Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
+    Gemma 3, ShieldGemma 2      pixel_values (images)                          4 x 4 patches pooled to 4 tokens
     LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
     Idefics2                    pixel_values, pixel_attention_mask (rows)      2 x 2 patches, 4 resampled latents
@@ -22,6 +22,11 @@ TRL's vision collator lays one out, which the check then packs as training packs
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
     InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
     Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    Gemma 4                     each image's patches padded to the most,       2 x 2, 1 x 2, 2 x 1 tokens of k x k
+                                image_position_ids (x, y; -1 on padding)       2-pixel patches (k: pooling_kernel_size)
+                                (sized)
+    Gemma 4 Unified             as Gemma 4, each k x k patches merged into     1 x 3, 1 x 2, 2 x 1 tokens: no longer
+                                one by its processor (no vision tower)         than the twin's sliding window (3)
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -47,12 +52,20 @@ UNFLATTENED_PATCHES = ("paddleocr_vl", "kimi_k25")
 # Twin images of the sized layouts, in (rows, columns) of the vision tower's square input: any-resolution tiles
 # (LLaVA-NeXT), or 2 x 2 merged patches each (Mistral 3)
 TWIN_TILE_GRIDS = ((1, 1), (1, 2), (2, 1))
+# Token grids (rows, columns) of images of any size: 4, 2 and 2 tokens; 3, 2 and 2 where an image's tokens must fit
+# the twin's sliding window (3: `ImageFamily.images_past_window`)
+TWIN_GRIDS_2D = ((2, 2), (1, 2), (2, 1))
+TWIN_WINDOW_GRIDS_2D = ((1, 3), (1, 2), (2, 1))
 # Patch grids (rows, columns) of SigLIP2's images of any size (LFM2-VL): 4, 2 and 2 tokens of 2 x 2 patches
 TWIN_PATCH_GRIDS = ((4, 4), (2, 4), (4, 2))
 # The any-resolution families: LLaVA-NeXT's base tile and grid of tiles
 ANYRES = ("llava_next", "llava_next_video", "llava_onevision")
 # Tiles per image of the tiles layout (InternVL, Aya Vision)
 TWIN_TILES = (1, 3, 2)
+# Gemma 4: images of any size, their patches padded to a fixed count with (x, y) positions, pooled k x k to tokens
+GEMMA4 = ("gemma4", "gemma4_unified")
+# Gemma 4 Unified has no vision tower: its processor merges each k x k patches into one, a token each
+MERGED_PATCHES = ("gemma4_unified",)
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -93,7 +106,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         text["moe_intermediate_size"] = [32] * len(text["moe_intermediate_size"])
     if model_type == "kimi_k25":  # its projector's norm reads the tower's width
         values["projection_hidden_size"] = vision["hidden_size"]
-    if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
+    if model_type in ("gemma3", "shieldgemma2"):  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
     elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
         vision["image_size"], values["image_seq_length"] = 2 * vision["patch_size"], 4
@@ -124,6 +137,12 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             max(rows * columns for rows, columns in TWIN_PATCH_GRIDS),
             hidden,
         )
+    elif model_type in GEMMA4:  # images of up to 2 x 2 tokens of pooling_kernel_size^2 patches, 2-pixel patches
+        vision["patch_size"] = 2
+        vision["position_embedding_size"] = 2 * vision["pooling_kernel_size"]
+        if model_type in MERGED_PATCHES:  # its patch embedding as wide as the language model, positions per token
+            vision["mm_embed_dim"] = vision["output_proj_dims"] = hidden
+            vision["mm_posemb_size"] = 3
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
 
@@ -210,6 +229,20 @@ def _sized_images(config, images: int, noise) -> dict[str, torch.Tensor]:
         for image, patches in enumerate(shapes.prod(-1).tolist()):
             pixels[image, :patches], mask[image, :patches] = noise(patches, channels * patch**2), 1
         return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+    if config.model_type in GEMMA4:  # grids of k x k patches per token, every image padded to the largest's patches
+        pool, width = vision.pooling_kernel_size, 3 * vision.patch_size**2
+        if config.model_type in MERGED_PATCHES:  # each token one patch of k x k patches' pixels
+            pool, width = 1, width * pool**2
+        token_grids = TWIN_WINDOW_GRIDS_2D if FAMILIES[config.model_type].images_past_window else TWIN_GRIDS_2D
+        most = pool**2 * max(rows * columns for rows, columns in token_grids)
+        pixels = torch.zeros(images, most, width, dtype=torch.float64)
+        positions = torch.full((images, most, 2), -1, dtype=torch.long)
+        for image in range(images):
+            rows, columns = (pool * side for side in token_grids[image % len(token_grids)])
+            y, x = torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij")
+            pixels[image, : rows * columns] = noise(rows * columns, width)
+            positions[image, : rows * columns] = torch.stack([x.flatten(), y.flatten()], -1)
+        return {"pixel_values": pixels, "image_position_ids": positions}
     if vision.model_type == "pixtral":  # each grid cell 2 x 2 merged patches
         side = 2 * vision.patch_size * config.spatial_merge_size
         pixels = torch.zeros(images, channels, 2 * side, 2 * side, dtype=torch.float64)

@@ -44,6 +44,12 @@ REFUSED = {
     "its forward fails on TRL's padded batch too; its architecture packs exactly on a tiny twin (its FAMILIES entry): "
     "once TRL pads that input over the completions, it can be checked; until then TRL's DPO cannot train it on image "
     "data",
+    # a prefix-LM: image and prompt tokens (token_type_ids 0) attend both ways, the completion (1) causally
+    "paligemma": "a prefix-LM: its image and prompt tokens attend to each other both ways and only its completion "
+    "causally, and no packed form of that attention is built. TRL's vision collator cannot feed it with "
+    "PaliGemmaProcessor either: it tokenizes the completions without images, which the processor refuses ('`images` "
+    "are expected'), and would pass on the processor's `labels`. Train it padded (padding_free=False) with a "
+    "processor that tokenizes text without images as a completion (token_type_ids 1) and returns no labels",
     "mistral4": "Mistral4ForCausalLM takes no images (no vision tower); on text data `trl-padfree models --types "
     "mistral4` gives its verdict",
 }
@@ -100,10 +106,6 @@ NOT_YET_CHECKED = {
     "hy_v4_vl": "Qwen-VL-style image patches with its own position function: its FAMILIES entry and a tiny processor",
     "glm5_next": "image patches with mm_token_type_ids, experts and plain text positions: a twin branch",
     "cohere_compass": "image patches with DeepStack features and its own position function: a twin branch",
-    "gemma4": "variable-resolution image patches with per-patch positions (image_position_ids), images attended both ways: a twin branch",
-    "gemma4_unified": "Gemma 4's images (image_position_ids, images attended both ways): a twin branch",
-    "shieldgemma2": "Gemma 3's class under another model type: its FAMILIES entry and a tiny processor",
-    "paligemma": "a prefix-LM (image and prompt attended both ways) whose processor TRL's vision collator calls on completions alone",
     "gemma3n": "fixed image tokens from a MobileNet tower beside an audio tower and per-layer inputs: a twin branch",
     "deepseek_vl": "a fixed number of SigLIP tokens per image: its FAMILIES entry and a tiny processor",
     "deepseek_vl_hybrid": "two image inputs per image (SigLIP pixel_values and SAM high_res_pixel_values): a twin branch",
