@@ -91,6 +91,10 @@ from transformers import (
     LlavaOnevisionImageProcessorPil,
     LlavaOnevisionProcessor,
     LlavaProcessor,
+    MiniCPMOcrProcessor,
+    MiniCPMV4_6ImageProcessorPil,
+    MiniCPMV4_6Processor,
+    MiniCPMV4_7Processor,
     PixtralImageProcessorPil,
     PreTrainedModel,
     ProcessorMixin,
@@ -108,7 +112,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm",
+    "idefics3", "smolvlm", "minicpmv4_6", "minicpm_ocr", "minicpmv4_7",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -120,6 +124,8 @@ MOE_FAMILIES = (
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
+# MiniCPM-V: an image and its slices NaViT-packed (crops of any size along one axis), a Qwen3.5 language model
+MINICPM_FAMILIES = ("minicpmv4_6", "minicpm_ocr", "minicpmv4_7")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -143,6 +149,17 @@ INTERNVL_TOKENS = {
     "video_token": "<video>",
 }
 PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+# MiniCPM-V's processors read these names off their tokenizer
+MINICPM_TOKENS = {
+    "image_token": "<image_pad>",
+    "video_token": "<video_pad>",
+    "image_start_token": "<image>",
+    "image_end_token": "</image>",
+    "slice_start_token": "<slice>",
+    "slice_end_token": "</slice>",
+    "image_id_start_token": "<image_id>",
+    "image_id_end_token": "</image_id>",
+}
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -162,6 +179,7 @@ IMAGE_PLACEHOLDERS = {
     "internvl": INTERNVL_TOKENS["context_image_token"],
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
+    **dict.fromkeys(MINICPM_FAMILIES, MINICPM_TOKENS["image_token"]),
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -220,6 +238,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = AYA_TOKENS
     elif model_type == "mistral3":
         tokens = PIXTRAL_TOKENS
+    elif model_type in MINICPM_FAMILIES:
+        tokens = tuple(MINICPM_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -229,6 +249,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
     if model_type == "internvl":
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
+    if model_type in MINICPM_FAMILIES:
+        tokenizer._set_model_specific_special_tokens(MINICPM_TOKENS)
     return tokenizer
 
 
@@ -277,6 +299,41 @@ class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
     def apply_chat_template(self, conversation, chat_template=None, **kwargs):
         # SmolVLM's own reads the video processor's frame defaults
         return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+
+class _MiniCPMWithoutVideoProcessor(WithoutVideoProcessor):
+    """MiniCPM-V's processors without a video processor: their `__init__` reads its slice and downsample modes, which
+    only video prompts use; this sets what it sets for images and text."""
+
+    def __init__(self, image_processor=None, video_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        ProcessorMixin.__init__(
+            self, image_processor, video_processor, tokenizer, chat_template=chat_template, **kwargs
+        )
+        self.slice_mode = image_processor.slice_mode
+        self.default_use_image_id = image_processor.use_image_id
+        self.image_token_divisor = 4 if image_processor.downsample_mode == "4x" else 16
+        for name in MINICPM_TOKENS:
+            setattr(self, name, getattr(tokenizer, name))
+        self.image_token_id, self.video_token_id = tokenizer.image_token_id, tokenizer.video_token_id
+
+
+class TinyMiniCPMV4_6Processor(_MiniCPMWithoutVideoProcessor, MiniCPMV4_6Processor):
+    """`MiniCPMV4_6Processor` without a video processor."""
+
+
+class TinyMiniCPMOcrProcessor(_MiniCPMWithoutVideoProcessor, MiniCPMOcrProcessor):
+    """`MiniCPMOcrProcessor` without a video processor."""
+
+
+class TinyMiniCPMV4_7Processor(_MiniCPMWithoutVideoProcessor, MiniCPMV4_7Processor):
+    """`MiniCPMV4_7Processor` without a video processor."""
+
+
+_MINICPM_PROCESSORS = {
+    "minicpmv4_6": TinyMiniCPMV4_6Processor,
+    "minicpm_ocr": TinyMiniCPMOcrProcessor,
+    "minicpmv4_7": TinyMiniCPMV4_7Processor,
+}
 
 
 _QWEN_PROCESSORS = {
@@ -436,6 +493,20 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
     return TinySmolVLMProcessor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
 
 
+def _minicpm_processor(model_type, tokenizer, template, scale_resolution=56, max_slice_nums=4):
+    """Crops of `scale_resolution` pixels or so, in whole 14-pixel patches merged 4 x 4 (MiniCPM-OCR: 2 x 2) into
+    tokens; an image larger than one crop also cut into up to `max_slice_nums` slices. MiniCPM-OCR's own image
+    processor needs torchvision: MiniCPM-V 4.6's PIL one in its 4x mode stands in (the same crops, without OCR's
+    upscaling of small images)."""
+    image_processor = MiniCPMV4_6ImageProcessorPil(
+        patch_size=14,
+        scale_resolution=scale_resolution,
+        max_slice_nums=max_slice_nums,
+        downsample_mode="4x" if model_type == "minicpm_ocr" else "16x",
+    )
+    return _MINICPM_PROCESSORS[model_type](image_processor, None, tokenizer, chat_template=template)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -445,6 +516,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     "mistral3": _pixtral_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
+    **dict.fromkeys(MINICPM_FAMILIES, _minicpm_processor),
 }
 
 
@@ -706,6 +778,34 @@ def _idefics_config(model_type, processor):
     )
 
 
+def _minicpm_config(model_type, processor):
+    """MiniCPM-V 4.6 / 4.7, MiniCPM-OCR: a SigLIP-like tower over each crop, its window merger after layer 0 (16x),
+    then the merger, into a Qwen3.5 language model (a gated delta-net layer, then a gated attention layer)."""
+    image_processor, tokenizer = processor.image_processor, processor.tokenizer
+    text = dict(
+        _TEXT, head_dim=_HEAD_DIM, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(_VISION, image_size=image_processor.scale_resolution, patch_size=image_processor.patch_size)
+    values = dict(
+        text_config=text,
+        vision_config=vision,
+        insert_layer_id=0,
+        downsample_mode=image_processor.downsample_mode,
+        image_token_id=tokenizer.image_token_id,
+        video_token_id=tokenizer.video_token_id,
+    )
+    if model_type == "minicpmv4_7":  # canvas mRoPE pins the markers around each crop
+        newline = tokenizer("\n", add_special_tokens=False).input_ids
+        values |= dict(
+            image_start_id=tokenizer.image_start_token_id, image_end_id=tokenizer.image_end_token_id,
+            slice_start_id=tokenizer.slice_start_token_id, slice_end_id=tokenizer.slice_end_token_id,
+            newline_id=newline[0],
+        )  # fmt: skip
+    return values
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -717,6 +817,7 @@ _CONFIG_BUILDERS = {
     "mistral3": _mistral3_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
+    **dict.fromkeys(MINICPM_FAMILIES, _minicpm_config),
 }
 
 
