@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm. Each
+smolvlm, minicpmv4_6, minicpm_ocr, minicpmv4_7. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -29,6 +29,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
+    minicpm*        pixel_values (1, 3, 14, L), target_sizes (crops, 2)   mm_token_type_ids, 4.7 only (image tokens)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -40,6 +41,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
+    minicpm*        image_token_id      yes                          <image_id>k</image_id><image> n x <image_pad>
+                                                                     </image>, then <slice>...</slice> per slice;
+                                                                     n = patches / 16 (OCR: / 4) per crop
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -56,7 +60,9 @@ Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneV
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
+`StandInPixtralProcessor` writes its tokens where it is absent. MiniCPM-V's processors are subclasses without a video
+processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
+4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
 processors are the stock classes and save and reload.
 """
 

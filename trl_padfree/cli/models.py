@@ -39,7 +39,7 @@ from ..modeling.backends import ATTN_IMPLEMENTATION
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
 from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
 from ..modeling.packability import Verdict, check_architecture
-from ..modeling.vision import cross_attention_refusal, image_family
+from ..modeling.vision import image_family, image_refusal
 
 # A vision-language type whose images the architecture check cannot give its twin yet: not called exact, not refused
 # by a measurement either (the trainer refuses it on image data, TRL's padded vision trainer trains it)
@@ -164,7 +164,7 @@ def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> Cove
     if getattr(config, "is_encoder_decoder", False):
         reason = "an encoder-decoder: the packed row is a decoder's sequences; train it padded (padding_free=False)"
         return _refused_row(model_type, name, reason, backends)
-    if image_family(model_type) is None and cross_attention_refusal(config) is None:
+    if image_family(model_type) is None and image_refusal(config) is None:
         return _refused_row(model_type, name, UNCHECKED, backends)
     verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}
     return _with_kernel_coverage(CoverageRow(model_type, name, verdicts), model_class, config)
@@ -257,7 +257,7 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     vision_class = image_text_to_text_class_names().get(config.model_type)
     if vision_class is not None and hasattr(transformers, vision_class):
         model_class = getattr(transformers, vision_class)
-        if image_family(config.model_type) is None and cross_attention_refusal(config) is None:
+        if image_family(config.model_type) is None and image_refusal(config) is None:
             verdicts = {backend: Verdict(config.model_type, vision_class, backend, False, UNCHECKED, None, None, 0.0)
                         for backend in backends}  # fmt: skip
         else:

@@ -47,7 +47,7 @@ from .mixers import mixer_calls, mixer_classes
 from .packed_forward import PackedBatch
 from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
 from .vision import FAMILIES as IMAGE_FAMILIES
-from .vision import cross_attention_refusal, image_family, image_token_id
+from .vision import image_family, image_refusal, image_token_id
 from .vision_twin import twin_image_inputs
 
 logger = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ def _measure(
             time.perf_counter() - start,
         )
 
-    cross_attention = cross_attention_refusal(config) if images else None
+    cross_attention = image_refusal(config) if images else None
     if cross_attention is not None:
         return verdict(cross_attention)
     if images and image_family(model_type) is None:

@@ -86,6 +86,24 @@ def cross_attention_refusal(config) -> str | None:
     )
 
 
+def sequence_image_block_refusal(config) -> str | None:
+    """Why a model whose image tokens attend to every image token of their sequence (Molmo 2) is not packed."""
+    if getattr(config, "model_type", None) != "molmo2":
+        return None
+    return (
+        "its image tokens attend both ways to every image token of their sequence, across its images (Molmo 2's mask "
+        "puts them all in one block, `block_sequence_ids`), and its `image_token_pooling` indexes the patches of the "
+        "whole batch's crops: trl-padfree builds no packed form of either (its packed attention opens each run of "
+        "image tokens both ways, Gemma 3's, and its image layouts do not re-base pooling indices per sequence), so "
+        "packed sequences would see each other's images; train it padded (padding_free=False)"
+    )
+
+
+def image_refusal(config) -> str | None:
+    """Why a vision-language model's images cannot be packed at all, whatever its twin measures; None if they can."""
+    return cross_attention_refusal(config) or sequence_image_block_refusal(config)
+
+
 def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
     """For a model whose image tokens attend to the whole image (Gemma 3), the per-token input that marks them."""
     family = image_family(getattr(getattr(model, "config", None), "model_type", None))

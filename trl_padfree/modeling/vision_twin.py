@@ -18,6 +18,13 @@ TRL's vision collator lays one out, which the check then packs as training packs
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
     InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
     Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    MiniCPM-V 4.6 / 4.7,        pixel_values (1, C, patch, L): every crop's    crops of 4 x 8, 4 x 4, 8 x 4 patches;
+    MiniCPM-OCR                 patches along L, target_sizes (navit)          tokens from get_image_features; a
+                                                                               default config's unset image token
+                                                                               given one (a checkpoint names it)
+
+Refused whatever the twin measures (modeling/vision.py, `image_refusal`): Mllama's cross-attention to the images, and
+Molmo 2, whose image tokens attend to every image token of their sequence and whose pooling indices span the batch.
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
