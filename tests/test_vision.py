@@ -10,11 +10,11 @@ import torch
 import transformers
 from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
-from transformers import AutoConfig, FuyuForCausalLM
+from transformers import AutoConfig, FuyuForCausalLM, Molmo2ForConditionalGeneration
 
 from trl_padfree.integrations.transformers import image_text_to_text_class_names
 from trl_padfree.modeling.packability import check_architecture
-from trl_padfree.modeling.vision import image_token_id
+from trl_padfree.modeling.vision import image_token_id, is_vision_language
 from trl_padfree.packing.vision import IMAGE_INPUTS, pack_vision_batch
 
 # Images per example, cycled: single images, two images in one prompt
@@ -191,6 +191,41 @@ def test_the_row_hands_over_the_images_of_its_sequences_in_row_order(model_type,
         # pair's prompt once, in its chosen sequence
         expected = batch[key][: len(batch[key]) // 2] if prefix_sharing else batch[key]
         torch.testing.assert_close(packed[IMAGE_INPUTS][key], expected, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True], ids=["row", "shared-prefix"])
+def test_a_navit_row_hands_over_its_sequences_crops_along_the_pixel_axis(prefix_sharing):
+    # MiniCPM-V: every crop's patches along pixel_values' last axis, a target size per crop, cut by the rows' tokens
+    batch, images, image_token = padded_batch("minicpmv4_6")
+    packed = pack_vision_batch(batch, images, image_token, prefix_sharing=prefix_sharing)[IMAGE_INPUTS]
+
+    pixels, sizes = batch["pixel_values"], batch["target_sizes"]
+    assert pixels.shape[0] == 1 and len(sizes) > sum(images)  # slices: more crops than images
+    if prefix_sharing:  # the chosen rows' crops: the first half, as TRL hands each pair's images over twice
+        pixels, sizes = pixels[..., : pixels.shape[-1] // 2], sizes[: len(sizes) // 2]
+    torch.testing.assert_close(packed["pixel_values"], pixels, rtol=0, atol=0)
+    torch.testing.assert_close(packed["target_sizes"], sizes, rtol=0, atol=0)
+
+
+def test_navit_pixels_that_do_not_fill_their_crops_are_refused():
+    batch, images, image_token = padded_batch("minicpmv4_6")
+    batch["pixel_values"] = batch["pixel_values"][..., :-14]  # one patch short of the crops' sizes
+    with pytest.raises(ValueError, match="cannot tell which image inputs belong to which sequence"):
+        pack_vision_batch(batch, images, image_token)
+
+
+def test_a_default_config_without_its_image_token_is_still_vision_language():
+    config = AutoConfig.for_model("minicpmv4_6")  # a checkpoint's config names the token; the default leaves it unset
+    assert image_token_id(config) is None and is_vision_language(config)
+    assert not is_vision_language(AutoConfig.for_model("llama"))
+
+
+def test_image_tokens_that_attend_across_their_sequences_images_are_refused_with_advice():
+    verdict = check_architecture(
+        Molmo2ForConditionalGeneration, AutoConfig.for_model("molmo2"), "padfree_varlen", images=True
+    )
+    assert not verdict.exact
+    assert "block_sequence_ids" in verdict.reason and "padding_free=False" in verdict.reason
 
 
 def test_a_family_without_twin_images_is_refused_with_what_is_missing_and_the_way_out():

@@ -25,7 +25,7 @@ from distributed_runs import (  # noqa: E402
     launch,
     train_in_this_process,
 )
-from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, save_vision_models  # noqa: E402
+from tiny_vision import MINICPM_FAMILIES, MOE_FAMILIES, VISION_FAMILIES, save_vision_models  # noqa: E402
 
 # Qwen2.5-VL: mRoPE positions from the whole row; Qwen3-VL: deepstack features added inside the language model;
 # LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
@@ -243,8 +243,11 @@ def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
 # a launch per family
 
 # Refused, with the way out (refusals.py): Gemma 3's image spans under context parallelism; Qwen3.5's gated delta-net
-# layers carry state along the row, which a chunk would cut; a MoE router loss over a split row (as for text models)
-SPLIT_FAMILIES = tuple(family for family in VISION_FAMILIES if family not in (*MOE_FAMILIES, "qwen3_5"))
+# layers carry state along the row, which a chunk would cut (MiniCPM-V's language model is Qwen3.5's); a MoE router
+# loss over a split row (as for text models)
+SPLIT_FAMILIES = tuple(
+    family for family in VISION_FAMILIES if family not in (*MOE_FAMILIES, "qwen3_5", *MINICPM_FAMILIES)
+)
 REFUSED_UNDER_CONTEXT = ("gemma3", "shieldgemma2", "gemma4_unified")  # images attended both ways
 
 

@@ -6,8 +6,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2.
-Each
+smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2,
+minicpmv4_6, minicpm_ocr, minicpmv4_7. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -36,6 +36,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
                       (I, 280, 2)                                         (every image's 4-pixel patches padded to 280)
     gemma4_unified  pixel_values (I, 70, 192), image_position_ids         mm_token_type_ids (soft tokens)
                       (I, 70, 2)                                          (2 x 2 patches merged into one, a token each)
+    minicpm*        pixel_values (1, 3, 14, L), target_sizes (crops, 2)   mm_token_type_ids, 4.7 only (image tokens)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -51,6 +52,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     gemma4          image_token_id      yes (its placeholder is      <boi> 56-70 x <image_soft_token> <eoi> (2 x 2
                                         the soft token)              patches each, as many as 70 tokens fit)
     gemma4_unified  image_token_id      yes (as gemma4)              as gemma4 (a merged patch a token)
+    minicpm*        image_token_id      yes                          <image_id>k</image_id><image> n x <image_pad>
+                                                                     </image>, then <slice>...</slice> per slice;
+                                                                     n = patches / 16 (OCR: / 4) per crop
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -68,7 +72,9 @@ processors here are subclasses that accept `video_processor=None` (SmolVLM's als
 which only video prompts need). They handle images and text only, and their `save_pretrained` fails (AttributeError on
 the missing video processor); train with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
 `StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
-`StandInGemma4UnifiedImageProcessor` returns its merged patches. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
+`StandInGemma4UnifiedImageProcessor` returns its merged patches. MiniCPM-V's processors are subclasses without a video
+processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
+4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
 processors are the stock classes and save and reload.
 """
 
@@ -107,6 +113,10 @@ from transformers import (
     LlavaOnevisionImageProcessorPil,
     LlavaOnevisionProcessor,
     LlavaProcessor,
+    MiniCPMOcrProcessor,
+    MiniCPMV4_6ImageProcessorPil,
+    MiniCPMV4_6Processor,
+    MiniCPMV4_7Processor,
     PaddleOCRVLImageProcessorPil,
     PaddleOCRVLProcessor,
     PixtralImageProcessorPil,
@@ -126,7 +136,8 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl", "gemma4", "gemma4_unified", "shieldgemma2",
+    "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl", "gemma4", "gemma4_unified", "shieldgemma2", "minicpmv4_6",
+    "minicpm_ocr", "minicpmv4_7",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -138,6 +149,8 @@ MOE_FAMILIES = (
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
+# MiniCPM-V: an image and its slices NaViT-packed (crops of any size along one axis), a Qwen3.5 language model
+MINICPM_FAMILIES = ("minicpmv4_6", "minicpm_ocr", "minicpmv4_7")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -179,6 +192,17 @@ PADDLEOCR_TOKENS = {
     "image_token": "<|IMAGE_PLACEHOLDER|>",
     "image_end": "<|IMAGE_END|>",
 }
+# MiniCPM-V's processors read these names off their tokenizer
+MINICPM_TOKENS = {
+    "image_token": "<image_pad>",
+    "video_token": "<video_pad>",
+    "image_start_token": "<image>",
+    "image_end_token": "</image>",
+    "slice_start_token": "<slice>",
+    "slice_end_token": "</slice>",
+    "image_id_start_token": "<image_id>",
+    "image_id_end_token": "</image_id>",
+}
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -200,6 +224,7 @@ IMAGE_PLACEHOLDERS = {
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
     "paddleocr_vl": "".join(PADDLEOCR_TOKENS.values()),
+    **dict.fromkeys(MINICPM_FAMILIES, MINICPM_TOKENS["image_token"]),
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -262,6 +287,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = PIXTRAL_TOKENS
     elif model_type == "paddleocr_vl":
         tokens = tuple(PADDLEOCR_TOKENS.values())
+    elif model_type in MINICPM_FAMILIES:
+        tokens = tuple(MINICPM_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -275,6 +302,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     if model_type == "paddleocr_vl":
         tokenizer._set_model_specific_special_tokens({"image_token": PADDLEOCR_TOKENS["image_token"]})
+    if model_type in MINICPM_FAMILIES:
+        tokenizer._set_model_specific_special_tokens(MINICPM_TOKENS)
     return tokenizer
 
 
@@ -343,6 +372,41 @@ class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
     def apply_chat_template(self, conversation, chat_template=None, **kwargs):
         # SmolVLM's own reads the video processor's frame defaults
         return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+
+class _MiniCPMWithoutVideoProcessor(WithoutVideoProcessor):
+    """MiniCPM-V's processors without a video processor: their `__init__` reads its slice and downsample modes, which
+    only video prompts use; this sets what it sets for images and text."""
+
+    def __init__(self, image_processor=None, video_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        ProcessorMixin.__init__(
+            self, image_processor, video_processor, tokenizer, chat_template=chat_template, **kwargs
+        )
+        self.slice_mode = image_processor.slice_mode
+        self.default_use_image_id = image_processor.use_image_id
+        self.image_token_divisor = 4 if image_processor.downsample_mode == "4x" else 16
+        for name in MINICPM_TOKENS:
+            setattr(self, name, getattr(tokenizer, name))
+        self.image_token_id, self.video_token_id = tokenizer.image_token_id, tokenizer.video_token_id
+
+
+class TinyMiniCPMV4_6Processor(_MiniCPMWithoutVideoProcessor, MiniCPMV4_6Processor):
+    """`MiniCPMV4_6Processor` without a video processor."""
+
+
+class TinyMiniCPMOcrProcessor(_MiniCPMWithoutVideoProcessor, MiniCPMOcrProcessor):
+    """`MiniCPMOcrProcessor` without a video processor."""
+
+
+class TinyMiniCPMV4_7Processor(_MiniCPMWithoutVideoProcessor, MiniCPMV4_7Processor):
+    """`MiniCPMV4_7Processor` without a video processor."""
+
+
+_MINICPM_PROCESSORS = {
+    "minicpmv4_6": TinyMiniCPMV4_6Processor,
+    "minicpm_ocr": TinyMiniCPMOcrProcessor,
+    "minicpmv4_7": TinyMiniCPMV4_7Processor,
+}
 
 
 _QWEN_PROCESSORS = {
@@ -528,6 +592,20 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
     return TinySmolVLMProcessor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
 
 
+def _minicpm_processor(model_type, tokenizer, template, scale_resolution=56, max_slice_nums=4):
+    """Crops of `scale_resolution` pixels or so, in whole 14-pixel patches merged 4 x 4 (MiniCPM-OCR: 2 x 2) into
+    tokens; an image larger than one crop also cut into up to `max_slice_nums` slices. MiniCPM-OCR's own image
+    processor needs torchvision: MiniCPM-V 4.6's PIL one in its 4x mode stands in (the same crops, without OCR's
+    upscaling of small images)."""
+    image_processor = MiniCPMV4_6ImageProcessorPil(
+        patch_size=14,
+        scale_resolution=scale_resolution,
+        max_slice_nums=max_slice_nums,
+        downsample_mode="4x" if model_type == "minicpm_ocr" else "16x",
+    )
+    return _MINICPM_PROCESSORS[model_type](image_processor, None, tokenizer, chat_template=template)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -539,6 +617,7 @@ _PROCESSOR_BUILDERS = {
     "mistral3": _pixtral_processor,
     "paddleocr_vl": _paddleocr_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
+    **dict.fromkeys(MINICPM_FAMILIES, _minicpm_processor),
 }
 
 
@@ -870,6 +949,34 @@ def _idefics_config(model_type, processor):
     )
 
 
+def _minicpm_config(model_type, processor):
+    """MiniCPM-V 4.6 / 4.7, MiniCPM-OCR: a SigLIP-like tower over each crop, its window merger after layer 0 (16x),
+    then the merger, into a Qwen3.5 language model (a gated delta-net layer, then a gated attention layer)."""
+    image_processor, tokenizer = processor.image_processor, processor.tokenizer
+    text = dict(
+        _TEXT, head_dim=_HEAD_DIM, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(_VISION, image_size=image_processor.scale_resolution, patch_size=image_processor.patch_size)
+    values = dict(
+        text_config=text,
+        vision_config=vision,
+        insert_layer_id=0,
+        downsample_mode=image_processor.downsample_mode,
+        image_token_id=tokenizer.image_token_id,
+        video_token_id=tokenizer.video_token_id,
+    )
+    if model_type == "minicpmv4_7":  # canvas mRoPE pins the markers around each crop
+        newline = tokenizer("\n", add_special_tokens=False).input_ids
+        values |= dict(
+            image_start_id=tokenizer.image_start_token_id, image_end_id=tokenizer.image_end_token_id,
+            slice_start_id=tokenizer.slice_start_token_id, slice_end_id=tokenizer.slice_end_token_id,
+            newline_id=newline[0],
+        )  # fmt: skip
+    return values
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -883,6 +990,7 @@ _CONFIG_BUILDERS = {
     "paddleocr_vl": _paddleocr_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
+    **dict.fromkeys(MINICPM_FAMILIES, _minicpm_config),
 }
 
 

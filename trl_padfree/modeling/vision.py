@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ImageFamily:
     # How its processor lays a batch's images out (packing/vision.py): "patches", "images", "sized" (images with
-    # `image_sizes`, their tokens depending on their size), "tiles" (each image cut into tiles) or "rows"
+    # `image_sizes`, their tokens depending on their size), "tiles" (each image cut into tiles), "rows" or "navit"
+    # (every crop's patches along one axis, with each crop's grid: MiniCPM-V)
     layout: str
     token_types: str | None  # the per-token input marking image tokens, if the model takes one
     bidirectional_images: bool = False  # an image's tokens attend to the whole image (marked by `token_types`)
@@ -39,6 +40,7 @@ class ImageFamily:
     # the window OR the same image), where Gemma 3's see only its tokens in the window (the window AND (causal OR the
     # same image)), as the packed attention does: the two agree on images no longer than the window
     images_past_window: bool = False
+    position_grids: str = "image_grid_thw"  # the image grids its position function (`get_rope_index`) reads
 
 
 FAMILIES = {
@@ -79,6 +81,10 @@ FAMILIES = {
     "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),
+    # MiniCPM-V: images and their slices NaViT-packed along pixel_values' last axis, a grid per crop (`target_sizes`)
+    "minicpmv4_6": ImageFamily("navit", None),
+    "minicpm_ocr": ImageFamily("navit", None),
+    "minicpmv4_7": ImageFamily("navit", "mm_token_type_ids", position_grids="target_sizes"),  # canvas mRoPE
 }
 
 
@@ -137,11 +143,13 @@ def packed_position_ids(model: torch.nn.Module | None, packed_batch: PackedBatch
     if token_types is None or packed_batch.sequence_image_grid_thw is None:
         # TRL's padded forward then leaves positions to the language model: plain ones, on every axis
         return torch.cat([text] * 4)
+    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
+    grids = family.position_grids if family is not None else "image_grid_thw"
     padded_positions, _ = rope_index(
         input_ids=packed_batch.padded(packed_batch.input_ids),
         mm_token_type_ids=packed_batch.padded(token_types),
-        image_grid_thw=packed_batch.sequence_image_grid_thw,
         attention_mask=packed_batch.token_valid.long(),
+        **{grids: packed_batch.sequence_image_grid_thw},
     )
     return torch.cat([text, packed_batch.packed(padded_positions)])
 
@@ -156,4 +164,7 @@ def image_token_id(config) -> int | None:
 
 
 def is_vision_language(config) -> bool:
-    return image_token_id(config) is not None and getattr(config, "vision_config", None) is not None
+    # A family's default config may leave its image token unset (MiniCPM-V's: the checkpoint's config names it)
+    if getattr(config, "vision_config", None) is None:
+        return False
+    return image_token_id(config) is not None or image_family(getattr(config, "model_type", None)) is not None

@@ -27,6 +27,14 @@ TRL's vision collator lays one out, which the check then packs as training packs
                                 (sized)
     Gemma 4 Unified             as Gemma 4, each k x k patches merged into     1 x 3, 1 x 2, 2 x 1 tokens: no longer
                                 one by its processor (no vision tower)         than the twin's sliding window (3)
+    MiniCPM-V 4.6 / 4.7,        pixel_values (1, C, patch, L): every crop's    crops of 4 x 8, 4 x 4, 8 x 4 patches;
+    MiniCPM-OCR                 patches along L, target_sizes (navit)          tokens from get_image_features; a
+                                                                               default config's unset image token
+                                                                               given one (a checkpoint names it)
+
+Refused whatever the twin measures: Mllama's cross-attention to the images (modeling/vision.py), and the families of
+modeling/vision_unsupported.py's `REFUSED` (Molmo 2, whose image tokens attend to every image token of their sequence
+and whose pooling indices span the batch, ...).
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -58,6 +66,8 @@ TWIN_GRIDS_2D = ((2, 2), (1, 2), (2, 1))
 TWIN_WINDOW_GRIDS_2D = ((1, 3), (1, 2), (2, 1))
 # Patch grids (rows, columns) of SigLIP2's images of any size (LFM2-VL): 4, 2 and 2 tokens of 2 x 2 patches
 TWIN_PATCH_GRIDS = ((4, 4), (2, 4), (4, 2))
+# MiniCPM-V's crops (rows, columns of patches), one per image: 2, 1 and 2 tokens merged 4 x 4 (4x mode: 8, 4, 8)
+TWIN_CROP_GRIDS = ((4, 8), (4, 4), (8, 4))
 # The any-resolution families: LLaVA-NeXT's base tile and grid of tiles
 ANYRES = ("llava_next", "llava_next_video", "llava_onevision")
 # Tiles per image of the tiles layout (InternVL, Aya Vision)
@@ -95,7 +105,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         vision["embed_dim"], vision["hidden_size"] = 32, hidden
     if "out_hidden_size" in vision:
         vision["out_hidden_size"] = hidden
-    if FAMILIES[model_type].layout == "patches" and not real_head_dims:  # mRoPE: the rotary half of a head
+    if FAMILIES[model_type].layout in ("patches", "navit") and not real_head_dims:  # mRoPE: the rotary half of a head
         rope = text.get("rope_parameters") or {}
         text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
         # Rotary on a fraction of each head (GLM-4V-MoE: half): heads widened so the rotary part keeps its 8 dims
@@ -145,6 +155,12 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             vision["mm_posemb_size"] = 3
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
+    elif FAMILIES[model_type].layout == "navit":  # MiniCPM-V: crops of up to 8 x 8 patches
+        vision["image_size"] = 8 * vision["patch_size"]
+        # A default config leaves its image token unset (a checkpoint's config names it): one past the vocabulary,
+        # which remap_special_tokens moves below its end with the other special tokens
+        if values.get("image_token_id") is None:
+            values["image_token_id"] = text["vocab_size"]
 
 
 def twin_image_inputs(
@@ -169,6 +185,14 @@ def twin_image_inputs(
         pixels = noise(int(grids.prod(-1).sum()), *_patch_pixels(config.model_type, vision))
         inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
         return inputs, (grids.prod(-1) // merge**2).tolist()
+    if family.layout == "navit":  # every crop's patches along the last axis, a grid per crop
+        patch, channels = vision.patch_size, vision.num_channels
+        grids = torch.tensor([TWIN_CROP_GRIDS[index % len(TWIN_CROP_GRIDS)] for index in range(images)])
+        pixels = noise(1, channels, patch, int(grids.prod(-1).sum()) * patch)
+        with torch.no_grad():
+            features = twin.model.get_image_features(pixels, grids.int()).pooler_output
+        inputs = {"pixel_values": torch.cat([pixels, pixels], dim=-1), "target_sizes": torch.cat([grids, grids]).int()}
+        return inputs, [len(crop) for crop in features]
     if family.layout == "sized":
         inputs = _sized_images(config, images, noise)
         if config.model_type == "llava_onevision":  # a prompt of several images gets their base tiles only

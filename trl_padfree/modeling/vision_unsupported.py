@@ -50,6 +50,10 @@ REFUSED = {
     "PaliGemmaProcessor either: it tokenizes the completions without images, which the processor refuses ('`images` "
     "are expected'), and would pass on the processor's `labels`. Train it padded (padding_free=False) with a "
     "processor that tokenizes text without images as a completion (token_type_ids 1) and returns no labels",
+    "molmo2": "its image tokens attend both ways to every image token of their sequence, across its images (one "
+    "block, block_sequence_ids), and its image_token_pooling indexes the patches of the whole batch's crops: no packed "
+    "form of either is built (packed attention opens each run of image tokens both ways, and the image layouts do not "
+    "re-base pooling indices per sequence), so packed sequences would see each other's images; " + TRAIN_PADDED,
     "mistral4": "Mistral4ForCausalLM takes no images (no vision tower); on text data `trl-padfree models --types "
     "mistral4` gives its verdict",
 }
@@ -117,10 +121,6 @@ NOT_YET_CHECKED = {
     "aria": "fixed tokens per image with a pixel_mask and an expert projector: a twin branch",
     "got_ocr2": "crops counted in image tokens (256 per crop): a twin branch",
     "pp_chart2table": "GOT-OCR2's class under another model type: as got_ocr2",
-    "minicpmv4_6": "image slices with target_sizes through a resampler, and no image_token_id: a slices layout",
-    "minicpmv4_7": "MiniCPM-V 4.6's slices with mm_token_type_ids and its own position function: a slices layout",
-    "minicpm_ocr": "MiniCPM-V 4.6's slices (pixel_values, target_sizes): a slices layout",
-    "molmo2": "per-crop pooled features (image_token_pooling indexes each image's patches, image_grids): a crops layout",
 }
 
 

@@ -21,6 +21,9 @@ How a processor lays out a batch's images, read from the keys it returns:
                              `image_sizes` LLaVA-NeXT, Mistral 3), but a count per row (LLaVA-OneVision's
                              `batch_num_images`) one entry per row, and pixel_values with more entries than images
                              one per tile, as many per row as its image tokens say (InternVL, Aya Vision)
+    target_sizes             navit: pixel_values `(1, C, patch, L)`, every crop's (an image's and its slices') patches
+                             along the last axis, `prod(size)` patches of `patch` columns each, one size per crop
+                             (MiniCPM-V): a row's crops are the next ones whose tokens add up to its image tokens
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ IMAGE_INPUTS = "image_inputs"  # the packed batch's key for what the model takes
 SEQUENCE_IMAGE_GRIDS = "sequence_image_grid_thw"
 IMAGES_PER_SEQUENCE = "images_per_sequence"
 IMAGE_UNITS = "image_units"
+NAVIT_SIZES = "target_sizes"  # MiniCPM-V's patch grid of each crop, its crops' patches along one axis
 
 
 def image_count(example: dict[str, Any]) -> int:
@@ -61,12 +65,15 @@ class ImageUnits:
     by_row: dict[str, list[torch.Tensor]]  # key -> per row, that row's part of the input (possibly empty)
     # key -> each image's entries, where every input has its own entries per image (not per row or per tile)
     by_image: dict[str, list[int]] | None = None
+    axes: dict[str, int] = dataclasses.field(default_factory=dict)  # key -> the axis its entries run along, if not 0
 
     @classmethod
     def of(
         cls, inputs: dict[str, torch.Tensor], images_per_row: list[int], image_tokens_per_row: list[int] | None = None
     ) -> ImageUnits:
         rows, images = len(images_per_row), sum(images_per_row)
+        if NAVIT_SIZES in inputs:
+            return cls._of_navit(inputs, image_tokens_per_row)
         if "pixel_attention_mask" in inputs and inputs["pixel_attention_mask"].dim() == 4:
             # one entry per row of the batch, images padded within it
             check_image_inputs_layout({key: value.shape[0] for key, value in inputs.items()}, rows, "rows")
@@ -101,6 +108,35 @@ class ImageUnits:
                 ]
         return cls(by_row, by_image)
 
+    @classmethod
+    def _of_navit(cls, inputs: dict[str, torch.Tensor], image_tokens_per_row: list[int] | None) -> ImageUnits:
+        """MiniCPM-V's crops, each `prod(size)` patches along pixel_values' last axis: every crop gives the same share
+        of its patches as tokens (its merges), so a row's crops are the next ones whose tokens make its image tokens."""
+        pixels, sizes = inputs["pixel_values"], inputs[NAVIT_SIZES]
+        patches = sizes.prod(-1).tolist()
+        check_image_inputs_layout({"pixel_values": pixels.shape[0]}, 1, "batch (every crop along the last axis)")
+        check_image_inputs_layout({"pixel_values": pixels.shape[-1]}, sum(patches) * pixels.shape[-2], "pixels")
+        tokens = image_tokens_per_row or []
+        patches_per_token = sum(patches) // max(1, sum(tokens))
+        crops_per_row, crop = [], 0
+        for row_tokens in tokens:
+            first = crop
+            while row_tokens > 0 and crop < len(patches):
+                row_tokens -= patches[crop] // patches_per_token
+                crop += 1
+            check_image_inputs_layout({NAVIT_SIZES: row_tokens}, 0, "image tokens left over by a row's crops")
+            crops_per_row.append(crop - first)
+        check_image_inputs_layout({NAVIT_SIZES: crop}, len(patches), "crops, each in a row")
+        row_patches = [sum(part) for part in _split_list(patches, crops_per_row)]
+        by_row = {
+            "pixel_values": list(pixels.split([count * pixels.shape[-2] for count in row_patches], dim=-1)),
+            NAVIT_SIZES: list(sizes.split(crops_per_row)),
+        }
+        by_row |= {  # anything else per crop (none today), cut as the sizes are
+            key: list(value.split(crops_per_row)) for key, value in inputs.items() if key not in by_row
+        }
+        return cls(by_row, axes={"pixel_values": pixels.dim() - 1})
+
     def unit_sizes(
         self, keys, rows: list[int], images_per_row: list[int], image_tokens_per_row: list[int]
     ) -> ImageUnitSizes:
@@ -112,7 +148,7 @@ class ImageUnits:
         for row in rows:
             if self.by_image is None or images_per_row[row] < 2:
                 for key in entries:
-                    entries[key].append(self.by_row[key][row].shape[0])
+                    entries[key].append(self.by_row[key][row].shape[self.axes.get(key, 0)])
                 tokens.append(image_tokens_per_row[row])
                 continue
             images = range(first_image[row], first_image[row + 1])
@@ -120,12 +156,16 @@ class ImageUnits:
             for key in entries:
                 entries[key] += [self.by_image[key][image] for image in images]
             tokens += [max(1, image_tokens_per_row[row] * weight // sum(weights)) for weight in weights]
-        return ImageUnitSizes(tuple((key, tuple(sizes)) for key, sizes in entries.items()), tuple(tokens))
+        axes = tuple((key, self.axes[key]) for key in entries if key in self.axes)
+        return ImageUnitSizes(tuple((key, tuple(sizes)) for key, sizes in entries.items()), tuple(tokens), axes)
 
     def of_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
         """The image inputs of `rows`, in that order; none where those rows hold no image."""
-        inputs = {key: torch.cat([parts[row] for row in rows]) for key, parts in self.by_row.items()}
-        return {key: value for key, value in inputs.items() if value.shape[0] > 0}
+        inputs = {
+            key: torch.cat([parts[row] for row in rows], dim=self.axes.get(key, 0))
+            for key, parts in self.by_row.items()
+        }
+        return {key: value for key, value in inputs.items() if value.shape[self.axes.get(key, 0)] > 0}
 
 
 @dataclass(frozen=True)
@@ -137,13 +177,17 @@ class ImageUnitSizes:
 
     entries: tuple[tuple[str, tuple[int, ...]], ...]  # image input -> its entries (dim 0) of each unit
     image_tokens: tuple[int, ...]  # each unit's image tokens
+    axes: tuple[tuple[str, int], ...] = ()  # image input -> the axis its entries run along, where not dim 0
+
+    def axis(self, key: str) -> int:
+        return dict(self.axes).get(key, 0)
 
     def share(self, inputs: dict[str, torch.Tensor], first: int, end: int) -> dict[str, torch.Tensor]:
         """The image inputs of units `first` to `end` (exclusive): each input's entries of those units."""
         shared = {}
         for key, entries in self.entries:
             start = sum(entries[:first])
-            shared[key] = inputs[key][start : start + sum(entries[first:end])]
+            shared[key] = inputs[key].narrow(self.axis(key), start, sum(entries[first:end]))
         return shared
 
 
@@ -169,6 +213,11 @@ def _tiles_per_row(
     if any(tokens % per_tile for tokens in image_tokens_per_row):
         return None
     return [tokens // per_tile for tokens in image_tokens_per_row]
+
+
+def _split_list(values: list[int], counts: list[int]) -> list[list[int]]:
+    ends = list(itertools.accumulate(counts))
+    return [values[end - count : end] for end, count in zip(ends, counts, strict=True)]
 
 
 def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -272,6 +321,8 @@ def pack_vision_batch(
     row[IMAGES_PER_SEQUENCE] = torch.tensor(images_per_row, dtype=torch.long)
     if "image_grid_thw" in padded:
         row[SEQUENCE_IMAGE_GRIDS] = padded["image_grid_thw"]
+    elif NAVIT_SIZES in padded:  # MiniCPM-V 4.7's position function reads every crop's grid
+        row[SEQUENCE_IMAGE_GRIDS] = padded[NAVIT_SIZES]
     return row
 
 

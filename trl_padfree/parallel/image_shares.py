@@ -118,7 +118,7 @@ def images_dealt(model: torch.nn.Module, units: ImageUnitSizes, image_inputs: di
 
     def _share_of(name: str, value):
         if name in share:
-            if value.shape[0] != totals[name]:
+            if value.shape[units.axis(name)] != totals[name]:
                 raise RuntimeError(f"get_image_features got {name} of {value.shape[0]} entries, not the row's")
             return share[name]
         if isinstance(value, torch.Tensor) and name in named:  # an image input of its own (not the **kwargs)
