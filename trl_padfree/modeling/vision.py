@@ -61,6 +61,9 @@ FAMILIES = {
     "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),
+    "cosmos3_omni": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL under its own model type
+    "hyperclovax_vision_v2": ImageFamily("patches", None),  # Qwen2.5-VL's tower, plain 1-D text positions
+    "lfm3_vl": ImageFamily("patches", None),  # Qwen3-VL's tower, plain 1-D text positions
 }
 
 

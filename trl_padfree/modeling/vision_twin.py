@@ -26,7 +26,9 @@ cannot give its twin images.
 from __future__ import annotations
 
 import torch
+import transformers
 
+from ..integrations.transformers import base_model_class_names
 from .vision import FAMILIES, ImageFamily
 
 # The twin's special tokens (image placeholders, begin and end of image...) move below its vocabulary's end
@@ -76,7 +78,9 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         vision["embed_dim"], vision["hidden_size"] = 32, hidden
     if "out_hidden_size" in vision:
         vision["out_hidden_size"] = hidden
-    if FAMILIES[model_type].layout == "patches" and not real_head_dims:  # mRoPE: the rotary half of a head
+    # mRoPE: the rotary half of a head; not for a language model on plain 1-D positions (no get_rope_index), whose
+    # rotary config may not take the key (LFM3-VL's is per layer type)
+    if FAMILIES[model_type].layout == "patches" and not real_head_dims and has_position_function(model_type):
         rope = text.get("rope_parameters") or {}
         text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
         # Rotary on a fraction of each head (GLM-4V-MoE: half): heads widened so the rotary part keeps its 8 dims
@@ -116,6 +120,14 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         )
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
+
+
+def has_position_function(model_type: str) -> bool:
+    """Whether `model_type`'s model places its tokens with its own position function (`get_rope_index`, found as
+    modeling/vision.py's `position_function` finds it at run time: on its inner model)."""
+    name = base_model_class_names().get(model_type)
+    model_class = getattr(transformers, name, None) if name is not None else None
+    return callable(getattr(model_class, "get_rope_index", None))
 
 
 def twin_image_inputs(
