@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm. Each
+smolvlm, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -20,6 +20,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     qwen2_vl        pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     qwen2_5_vl      pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     qwen3_vl(_moe)  pixel_values (P, 1536), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
+    cosmos3_omni    as Qwen3-VL (its processor)                           mm_token_type_ids (<|image_pad|>)
+    hyperclovax_vision_v2  pixel_values (P, 1176), image_grid_thw (4, 3)  none (plain 1-D positions)
+    lfm3_vl         pixel_values (P, 1536), image_grid_thw (4, 3)         none (plain 1-D positions)
     gemma3          pixel_values (4, 3, 32, 32)                           token_type_ids (soft tokens)
     llava           pixel_values (4, 3, 32, 32)                           none
     idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
@@ -51,8 +54,11 @@ which it expands to the soft tokens the model's `image_token_index` names. Compl
 Departures from the real checkpoints, so that every parameter trains: LLaVA takes the vision tower's last layer
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
+LFM3-VL's language model has 3 layers (a short convolution, a sliding-window and a full attention layer), its
+tower 2 (a convolution, then attention), so that each kind of layer runs.
 
-Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
+Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL,
+GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
@@ -80,11 +86,13 @@ from transformers import (
     Glm46VImageProcessorPil,
     Glm46VProcessor,
     GotOcr2ImageProcessorPil,
+    HyperCLOVAXVisionV2Processor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     InternVLProcessor,
+    Lfm3VlProcessor,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
     LlavaNextProcessor,
@@ -109,6 +117,7 @@ VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
     "idefics3", "smolvlm",
+    "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -120,6 +129,8 @@ MOE_FAMILIES = (
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
+# Qwen-VL's image layout and tokens before a language model on plain 1-D positions (no get_rope_index)
+PLAIN_POSITION_FAMILIES = ("hyperclovax_vision_v2", "lfm3_vl")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -162,6 +173,7 @@ IMAGE_PLACEHOLDERS = {
     "internvl": INTERNVL_TOKENS["context_image_token"],
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
+    **dict.fromkeys(("cosmos3_omni", *PLAIN_POSITION_FAMILIES), "<|vision_start|><|image_pad|><|vision_end|>"),
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -220,6 +232,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = AYA_TOKENS
     elif model_type == "mistral3":
         tokens = PIXTRAL_TOKENS
+    elif model_type in ("cosmos3_omni", *PLAIN_POSITION_FAMILIES):
+        tokens = QWEN_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -279,6 +293,14 @@ class TinySmolVLMProcessor(WithoutVideoProcessor, SmolVLMProcessor):
         return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
 
 
+class TinyHyperCLOVAXVisionV2Processor(WithoutVideoProcessor, HyperCLOVAXVisionV2Processor):
+    """`HyperCLOVAXVisionV2Processor` without a video processor."""
+
+
+class TinyLfm3VlProcessor(WithoutVideoProcessor, Lfm3VlProcessor):
+    """`Lfm3VlProcessor` without a video processor."""
+
+
 _QWEN_PROCESSORS = {
     "qwen2_vl": TinyQwen2VLProcessor,
     "qwen2_5_vl": TinyQwen2_5_VLProcessor,
@@ -301,6 +323,27 @@ def _qwen_processor(model_type, tokenizer, template, min_pixels=None, max_pixels
         max_pixels=max_pixels or 12 * token_pixels,
     )
     processor_class = _QWEN_PROCESSORS[model_type]
+    return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _cosmos3_processor(model_type, tokenizer, template, **options):
+    """Cosmos3-Omni's checkpoints ship Qwen3-VL's processor."""
+    return _qwen_processor("qwen3_vl", tokenizer, template, **options)
+
+
+def _plain_position_processor(model_type, tokenizer, template):
+    """HyperCLOVAX-Vision-V2 (Qwen2.5-VL's 14-pixel patches) and LFM3-VL (16-pixel ones): Qwen-VL's image processor,
+    images resized to 1 to 12 merged patches (image tokens), `<|image_pad|>` repeated per merged patch."""
+    patch_size = 16 if model_type == "lfm3_vl" else 14
+    token_pixels = (2 * patch_size) ** 2
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=patch_size,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=token_pixels,
+        max_pixels=12 * token_pixels,
+    )
+    processor_class = TinyLfm3VlProcessor if model_type == "lfm3_vl" else TinyHyperCLOVAXVisionV2Processor
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
@@ -445,6 +488,8 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     "mistral3": _pixtral_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
+    "cosmos3_omni": _cosmos3_processor,
+    **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_processor),
 }
 
 
@@ -517,6 +562,48 @@ def _qwen_config(model_type, processor):
         vision_end_token_id=end_id,
         image_token_id=image_id,
         video_token_id=video_id,
+    )
+
+
+def _cosmos3_config(model_type, processor):
+    """Cosmos3-Omni: Qwen3-VL's model and config under its own model type."""
+    return _qwen_config("qwen3_vl", processor)
+
+
+def _plain_position_config(model_type, processor):
+    """HyperCLOVAX-Vision-V2 (Qwen2.5-VL's tower, a linear projector, HyperCLOVAX) and LFM3-VL (a Qwen3-VL-like
+    tower of short convolutions and attention, an MLP projector, LFM3's convolutions, sliding and full attention):
+    the language model on plain positions."""
+    image_processor = processor.image_processor
+    _, vision = _patch_model(image_processor)
+    text = dict(_TEXT, model_type="hyperclovax")
+    vision.update(
+        hidden_size=_VISION["hidden_size"],
+        intermediate_size=_VISION["intermediate_size"],
+        out_hidden_size=_VISION["hidden_size"],
+        window_size=2 * image_processor.merge_size * image_processor.patch_size,
+        fullatt_block_indexes=[1],
+    )
+    values = {}
+    if model_type == "lfm3_vl":
+        text = dict(
+            _TEXT, model_type="lfm3", num_hidden_layers=3, head_dim=_HEAD_DIM, sliding_window=_SLIDING_WINDOW,
+            layer_types=["conv", "sliding_attention", "full_attention"],
+        )  # fmt: skip
+        vision = dict(
+            _VISION, num_key_value_heads=1, patch_size=image_processor.patch_size,
+            spatial_merge_size=image_processor.merge_size, temporal_patch_size=image_processor.temporal_patch_size,
+            layer_types=["conv", "full_attention"],
+        )  # fmt: skip
+        start_id, end_id = processor.tokenizer.convert_tokens_to_ids(QWEN_TOKENS[:2])
+        values = dict(projector_hidden_size=_TEXT["intermediate_size"], vision_start_token_id=start_id,
+                      vision_end_token_id=end_id)  # fmt: skip
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=processor.image_token_id,
+        video_token_id=processor.video_token_id,
+        **values,
     )
 
 
@@ -717,6 +804,8 @@ _CONFIG_BUILDERS = {
     "mistral3": _mistral3_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
+    "cosmos3_omni": _cosmos3_config,
+    **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_config),
 }
 
 

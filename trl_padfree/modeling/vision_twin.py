@@ -7,6 +7,9 @@ TRL's vision collator lays one out, which the check then packs as training packs
     family                      image inputs (layout)                          geometry kept
     Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
     Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
+    Cosmos3-Omni                as Qwen3-VL (its classes)                      as Qwen3-VL
+    HyperCLOVAX-Vision-V2,      as Qwen2.5-VL / Qwen3-VL (patches)             patch, merge and temporal sizes; no
+    LFM3-VL                                                                    mRoPE (plain 1-D text positions)
     Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
     LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
