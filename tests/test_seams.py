@@ -496,6 +496,7 @@ TRANSFORMERS_VISION = [
             ("cosmos3_omni.Cosmos3Omni", ['mm_encoder_outputs["image"].deepstack_features']),
             ("hyperclovax_vision_v2.HyperCLOVAXVisionV2", []),
             ("lfm3_vl.Lfm3Vl", []),
+            ("video_llava.VideoLlava", []),
         )
     ),
     Seam(

@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl. Each
+smolvlm, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -25,6 +25,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     lfm3_vl         pixel_values (P, 1536), image_grid_thw (4, 3)         none (plain 1-D positions)
     gemma3          pixel_values (4, 3, 32, 32)                           token_type_ids (soft tokens)
     llava           pixel_values (4, 3, 32, 32)                           none
+    video_llava     pixel_values_images (4, 3, 32, 32)                    none
     idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
     smolvlm           (4, N, 32, 32), as Idefics3                         none
     llava_next      pixel_values (I, 5, 3, 32, 32), image_sizes (I, 2)   none (a base tile and up to 2 x 2 tiles)
@@ -37,6 +38,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
     gemma3          image_token_index   no: the processor's is boi   \n\n <boi> 4 x <image_soft_token> <eoi> \n\n
     llava           image_token_index   yes                          16 <image>
+    video_llava     image_token_index   yes                          16 <image>, as LLaVA
     idefics3        image_token_id      yes                          <fake> <global-img> 4 x <image> <fake>
     smolvlm         image_token_id      yes                          as Idefics3 (12 or 20 <image> if split)
     llava_next(_ov) image_token_index   yes                          16 per tile + a newline per row of tokens
@@ -54,11 +56,12 @@ which it expands to the soft tokens the model's `image_token_index` names. Compl
 Departures from the real checkpoints, so that every parameter trains: LLaVA takes the vision tower's last layer
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
+Video-LLaVA freezes its image tower's post-layernorm as LLaVA does, and its video tower, which image pairs never run.
 LFM3-VL's language model has 3 layers (a short convolution, a sliding-window and a full attention layer), its
 tower 2 (a convolution, then attention), so that each kind of layer runs.
 
 Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL,
-GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
+Video-LLaVA, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
@@ -108,6 +111,8 @@ from transformers import (
     Qwen3VLProcessor,
     SmolVLMImageProcessorPil,
     SmolVLMProcessor,
+    VideoLlavaImageProcessor,
+    VideoLlavaProcessor,
 )
 
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
@@ -117,7 +122,7 @@ VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
     "idefics3", "smolvlm",
-    "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl",
+    "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl", "video_llava",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -174,6 +179,7 @@ IMAGE_PLACEHOLDERS = {
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
     **dict.fromkeys(("cosmos3_omni", *PLAIN_POSITION_FAMILIES), "<|vision_start|><|image_pad|><|vision_end|>"),
+    "video_llava": "<image>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -234,6 +240,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = PIXTRAL_TOKENS
     elif model_type in ("cosmos3_omni", *PLAIN_POSITION_FAMILIES):
         tokens = QWEN_TOKENS
+    elif model_type == "video_llava":
+        tokens = LLAVA_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -299,6 +307,10 @@ class TinyHyperCLOVAXVisionV2Processor(WithoutVideoProcessor, HyperCLOVAXVisionV
 
 class TinyLfm3VlProcessor(WithoutVideoProcessor, Lfm3VlProcessor):
     """`Lfm3VlProcessor` without a video processor."""
+
+
+class TinyVideoLlavaProcessor(WithoutVideoProcessor, VideoLlavaProcessor):
+    """`VideoLlavaProcessor` without a video processor."""
 
 
 _QWEN_PROCESSORS = {
@@ -383,6 +395,17 @@ def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=
         num_additional_image_tokens=1,  # CLIP's CLS, which the "default" strategy drops again
         chat_template=template,
     )
+
+
+def _video_llava_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """As `_llava_processor`, with Video-LLaVA's image processor (its images come back as `pixel_values_images`)."""
+    image_processor = VideoLlavaImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    return TinyVideoLlavaProcessor(
+        image_processor, None, tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=template,
+    )  # fmt: skip
 
 
 def _anyres_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
@@ -490,6 +513,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
     "cosmos3_omni": _cosmos3_processor,
     **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_processor),
+    "video_llava": _video_llava_processor,
 }
 
 
@@ -683,6 +707,15 @@ def _llava_config(model_type, processor):
     )
 
 
+def _video_llava_config(model_type, processor):
+    """Video-LLaVA: LLaVA's geometry (`_llava_config`) on its CLIP image tower, beside a video tower of the same
+    shape that image pairs never run."""
+    values = _llava_config(model_type, processor)
+    values["video_token_index"] = processor.video_token_id
+    values["vision_config"].pop("projection_dim")
+    return values
+
+
 def _vipllava_config(model_type, processor):
     """VipLLaVA: LLaVA whose projector reads the patch features (CLS dropped) of several vision layers, here both."""
     values = _llava_config(model_type, processor)
@@ -806,6 +839,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
     "cosmos3_omni": _cosmos3_config,
     **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_config),
+    "video_llava": _video_llava_config,
 }
 
 
@@ -842,6 +876,10 @@ def make_vision_model(
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower
         getattr(tower, "vision_model", tower).post_layernorm.requires_grad_(False)
+    if model_type == "video_llava":
+        # As LLaVA's, its image tower's post-layernorm gets no gradient; and image pairs never run its video tower
+        model.model.image_tower.post_layernorm.requires_grad_(False)
+        model.model.video_tower.requires_grad_(False)
     model.config.name_or_path = f"tiny-{model_type}"
     return model
 

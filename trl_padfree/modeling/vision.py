@@ -64,6 +64,7 @@ FAMILIES = {
     "cosmos3_omni": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL under its own model type
     "hyperclovax_vision_v2": ImageFamily("patches", None),  # Qwen2.5-VL's tower, plain 1-D text positions
     "lfm3_vl": ImageFamily("patches", None),  # Qwen3-VL's tower, plain 1-D text positions
+    "video_llava": ImageFamily("images", None),  # LLaVA's images, from its image tower
 }
 
 

@@ -11,7 +11,8 @@ TRL's vision collator lays one out, which the check then packs as training packs
     HyperCLOVAX-Vision-V2,      as Qwen2.5-VL / Qwen3-VL (patches)             patch, merge and temporal sizes; no
     LFM3-VL                                                                    mRoPE (plain 1-D text positions)
     Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
-    LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
+    LLaVA, VipLLaVA,            pixel_values (images; Video-LLaVA's            2 x 2 patches, a token each
+    Video-LLaVA                 processor names them pixel_values_images)
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
     Idefics2                    pixel_values, pixel_attention_mask (rows)      2 x 2 patches, 4 resampled latents
     LLaVA-NeXT(-Video),         pixel_values of a base tile and 1 x 1, 1 x 2   tiles of 2 x 2 patches; tokens from
@@ -92,7 +93,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             text["head_dim"] = round(2 * sum(TWIN_MROPE_SECTION) / fraction)
     if model_type == "gemma3":  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
-    elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
+    elif model_type in ("llava", "vipllava", "video_llava"):  # 2 x 2 patches, one token each
         vision["image_size"], values["image_seq_length"] = 2 * vision["patch_size"], 4
         if model_type == "vipllava":  # its projector reads several vision layers: the twin's two
             values["vision_feature_layers"] = [-1, 0]
