@@ -497,6 +497,7 @@ TRANSFORMERS_VISION = [
             ("hyperclovax_vision_v2.HyperCLOVAXVisionV2", []),
             ("lfm3_vl.Lfm3Vl", []),
             ("video_llava.VideoLlava", []),
+            ("qianfan_ocr.QianfanOCR", []),
         )
     ),
     Seam(

@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava. Each
+smolvlm, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava, qianfan_ocr. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -32,6 +32,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     llava_onevision as LLaVA-NeXT, and batch_num_images (4,)              none
     internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
+    qianfan_ocr     pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
@@ -43,6 +44,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     smolvlm         image_token_id      yes                          as Idefics3 (12 or 20 <image> if split)
     llava_next(_ov) image_token_index   yes                          16 per tile + a newline per row of tokens
     internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
+    qianfan_ocr     image_token_id      yes                          as InternVL, for the template's <image>
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
 
@@ -58,15 +60,16 @@ Departures from the real checkpoints, so that every parameter trains: LLaVA take
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
 Video-LLaVA freezes its image tower's post-layernorm as LLaVA does, and its video tower, which image pairs never run.
 LFM3-VL's language model has 3 layers (a short convolution, a sliding-window and a full attention layer), its
-tower 2 (a convolution, then attention), so that each kind of layer runs.
+tower 2 (a convolution, then attention), so that each kind of layer runs. Qianfan-OCR's tower drops no path
+(`drop_path_rate=0`, the checkpoints' 0.1 would drop different layers in the padded and the packed step).
 
 Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL,
 Video-LLaVA, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
-processors are the stock classes and save and reload.
+`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR
+and Idefics processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ from transformers import (
     PixtralImageProcessorPil,
     PreTrainedModel,
     ProcessorMixin,
+    QianfanOCRProcessor,
     Qwen2_5_VLProcessor,
     Qwen2VLImageProcessorPil,
     Qwen2VLProcessor,
@@ -122,7 +126,7 @@ VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
     "idefics3", "smolvlm",
-    "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl", "video_llava",
+    "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl", "video_llava", "qianfan_ocr",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -180,6 +184,7 @@ IMAGE_PLACEHOLDERS = {
     "mistral3": PIXTRAL_TOKENS[0],
     **dict.fromkeys(("cosmos3_omni", *PLAIN_POSITION_FAMILIES), "<|vision_start|><|image_pad|><|vision_end|>"),
     "video_llava": "<image>",
+    "qianfan_ocr": "<image>",  # its processor's `image_placeholder_token`, expanded to InternVL's tokens
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -242,6 +247,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = QWEN_TOKENS
     elif model_type == "video_llava":
         tokens = LLAVA_TOKENS
+    elif model_type == "qianfan_ocr":
+        tokens = tuple(INTERNVL_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -249,7 +256,7 @@ def make_vision_tokenizer(model_type: str):
         # Gemma3Processor reads `tokenizer.boi_token`, `.image_token`, `.eoi_token` and their ids; the named
         # model-specific tokens are how a Gemma 3 checkpoint's tokenizer config declares them
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
-    if model_type == "internvl":
+    if model_type in ("internvl", "qianfan_ocr"):
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     return tokenizer
 
@@ -448,6 +455,15 @@ def _tiles_processor(model_type, tokenizer, template, image_size=32, max_tiles=4
     )  # fmt: skip
 
 
+def _qianfan_ocr_processor(model_type, tokenizer, template, image_size=32, max_tiles=4):
+    """As InternVL's (`_tiles_processor`): 1 to `max_tiles` tiles of `image_size` pixels and a thumbnail, 4 tokens
+    per tile, written for the template's `<image>`."""
+    image_processor = GotOcr2ImageProcessorPil(
+        size={"height": image_size, "width": image_size}, crop_to_patches=True, min_patches=1, max_patches=max_tiles
+    )
+    return QianfanOCRProcessor(image_processor, tokenizer, image_seq_length=4, chat_template=template)
+
+
 class StandInPixtralProcessor(ProcessorMixin):
     """What `PixtralProcessor` (Mistral 3's) writes, where it cannot be imported: its module needs torchvision, absent
     here. Same arguments, the same image processor, and the same tokens: an image's `[IMG]` placeholder becomes a row
@@ -514,6 +530,7 @@ _PROCESSOR_BUILDERS = {
     "cosmos3_omni": _cosmos3_processor,
     **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_processor),
     "video_llava": _video_llava_processor,
+    "qianfan_ocr": _qianfan_ocr_processor,
 }
 
 
@@ -783,6 +800,15 @@ def _tiles_config(model_type, processor):
     )
 
 
+def _qianfan_ocr_config(model_type, processor):
+    """Qianfan-OCR: InternVL's (`_tiles_config`) with Qwen3 and its tower's stochastic depth off (the checkpoints'
+    0.1 would drop different layers in the padded and the packed step)."""
+    values = _tiles_config("internvl", processor)
+    values["text_config"].update(model_type="qwen3", head_dim=_HEAD_DIM)
+    values["vision_config"]["drop_path_rate"] = 0.0
+    return values
+
+
 def _mistral3_config(model_type, processor):
     """Mistral 3: a Pixtral tower over images of any size (2-D rotary positions), its patches merged 2 x 2."""
     longest_edge = processor.image_processor.size["longest_edge"]
@@ -840,6 +866,7 @@ _CONFIG_BUILDERS = {
     "cosmos3_omni": _cosmos3_config,
     **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_config),
     "video_llava": _video_llava_config,
+    "qianfan_ocr": _qianfan_ocr_config,
 }
 
 

@@ -65,6 +65,7 @@ FAMILIES = {
     "hyperclovax_vision_v2": ImageFamily("patches", None),  # Qwen2.5-VL's tower, plain 1-D text positions
     "lfm3_vl": ImageFamily("patches", None),  # Qwen3-VL's tower, plain 1-D text positions
     "video_llava": ImageFamily("images", None),  # LLaVA's images, from its image tower
+    "qianfan_ocr": ImageFamily("tiles", None),  # InternVL's tiles, before Qwen3
 }
 
 

@@ -20,8 +20,9 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Mistral 3, Mistral Large 3, pixel_values padded to the largest image,      up to 8 x 8 patches merged 2 x 2; tokens
     LightOnOCR (Pixtral)        image_sizes (sized)                            from get_image_features
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
-    InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
-    Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    InternVL, Qianfan-OCR,      pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
+    Aya Vision, Command A       (tiles)                                        to 4 tokens
+    Vision, Llama 4
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -107,7 +108,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
         if model_type == "llava_onevision":
             values["vision_aspect_ratio"] = "anyres_max_2"
-    elif model_type == "internvl":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
+    elif model_type in ("internvl", "qianfan_ocr"):  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
         patch = vision["patch_size"][0]
         vision["image_size"], values["image_seq_length"] = [4 * patch, 4 * patch], 4
     elif model_type in ("aya_vision", "cohere2_vision"):  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
