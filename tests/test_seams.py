@@ -477,6 +477,36 @@ TRANSFORMERS_VISION = [
             "smolvlm.SmolVLM",
         )  # fmt: skip
     ),
+    *(
+        Seam(
+            "transformers",
+            f"transformers.models.{family}Model.forward",
+            "encodes the batch's images with one `self.get_image_features(...)` call (replaced by image_shares.py) "
+            "and places its `pooler_output` on the image tokens, as the families above",
+            "parallel/image_shares.py",
+            source={
+                f"transformers.models.{family}Model.forward": (
+                    "self.get_image_features(",
+                    'mm_encoder_outputs["image"].pooler_output',
+                    *deepstack,
+                )
+            },
+        )
+        for family, deepstack in (
+            ("cosmos3_omni.Cosmos3Omni", ['mm_encoder_outputs["image"].deepstack_features']),
+            ("hyperclovax_vision_v2.HyperCLOVAXVisionV2", []),
+            ("lfm3_vl.Lfm3Vl", []),
+            ("video_llava.VideoLlava", []),
+            ("qianfan_ocr.QianfanOCR", []),
+        )
+    ),
+    Seam(
+        "transformers",
+        "transformers.models.cosmos3_omni.Cosmos3OmniModel.get_rope_index",
+        "the position function called on the packed row's padded view, by keyword (Qwen3-VL's)",
+        "modeling/vision.py",
+        keywords=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
+    ),
     Seam(
         "transformers",
         "transformers.PreTrainedModel.set_attn_implementation",
@@ -707,6 +737,11 @@ TRANSFORMERS = [
         "transformers", "transformers.models.auto.modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
         "speech seq2seq types left out of `trl-padfree models`", "integrations/transformers.py, cli/models.py",
         check=instance_of("collections.abc.Mapping"),
+    ),
+    Seam(
+        "transformers", "transformers.models.auto.modeling_auto.MODEL_MAPPING_NAMES",
+        "a vision-language type's inner model class, whose `get_rope_index` says whether its twin gets mRoPE sections",
+        "integrations/transformers.py, modeling/vision_twin.py", check=instance_of("collections.abc.Mapping"),
     ),
 ]  # fmt: skip
 

@@ -27,10 +27,12 @@ from distributed_runs import (  # noqa: E402
 )
 from tiny_vision import MINICPM_FAMILIES, MOE_FAMILIES, VISION_FAMILIES, save_vision_models  # noqa: E402
 
+# HyperCLOVAX-Vision-V2: Qwen-VL's patches on plain positions (no get_rope_index)
+PLAIN_POSITIONS = ("hyperclovax_vision_v2",)
 # Qwen2.5-VL: mRoPE positions from the whole row; Qwen3-VL: deepstack features added inside the language model;
 # LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3")
-CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3", *PLAIN_POSITIONS)
+CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", *PLAIN_POSITIONS)
 VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 WHOLE_IMAGES = "qwen3_vl"  # deal_images=False: every rank runs the vision tower on all of the row's images
@@ -243,10 +245,10 @@ def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
 # a launch per family
 
 # Refused, with the way out (refusals.py): Gemma 3's image spans under context parallelism; Qwen3.5's gated delta-net
-# layers carry state along the row, which a chunk would cut (MiniCPM-V's language model is Qwen3.5's); a MoE router
-# loss over a split row (as for text models)
+# layers (MiniCPM-V's language model is Qwen3.5's) and LFM3-VL's short convolutions carry state along the row, which a
+# chunk would cut; a MoE router loss over a split row (as for text models)
 SPLIT_FAMILIES = tuple(
-    family for family in VISION_FAMILIES if family not in (*MOE_FAMILIES, "qwen3_5", *MINICPM_FAMILIES)
+    family for family in VISION_FAMILIES if family not in (*MOE_FAMILIES, "qwen3_5", "lfm3_vl", *MINICPM_FAMILIES)
 )
 REFUSED_UNDER_CONTEXT = ("gemma3", "shieldgemma2", "gemma4_unified")  # images attended both ways
 

@@ -7,7 +7,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
 smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2,
-minicpmv4_6, minicpm_ocr, minicpmv4_7. Each
+minicpmv4_6, minicpm_ocr, minicpmv4_7, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava, qianfan_ocr. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -21,15 +21,20 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     qwen2_vl        pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     qwen2_5_vl      pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
     qwen3_vl(_moe)  pixel_values (P, 1536), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
+    cosmos3_omni    as Qwen3-VL (its processor)                           mm_token_type_ids (<|image_pad|>)
+    hyperclovax_vision_v2  pixel_values (P, 1176), image_grid_thw (4, 3)  none (plain 1-D positions)
+    lfm3_vl         pixel_values (P, 1536), image_grid_thw (4, 3)         none (plain 1-D positions)
     gemma3          pixel_values (4, 3, 32, 32)                           token_type_ids (soft tokens)
     shieldgemma2    as gemma3 (Gemma3ForConditionalGeneration, Gemma 3's processor)
     llava           pixel_values (4, 3, 32, 32)                           none
+    video_llava     pixel_values_images (4, 3, 32, 32)                    none
     idefics3        pixel_values (4, N, 3, 32, 32), pixel_attention_mask  none
     smolvlm           (4, N, 32, 32), as Idefics3                         none
     llava_next      pixel_values (I, 5, 3, 32, 32), image_sizes (I, 2)   none (a base tile and up to 2 x 2 tiles)
     llava_onevision as LLaVA-NeXT, and batch_num_images (4,)              none
     internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
+    qianfan_ocr     pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
     paddleocr_vl    pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    mm_token_type_ids (<|IMAGE_PLACEHOLDER|>)
     gemma4          pixel_values (I, 280, 48), image_position_ids         mm_token_type_ids (soft tokens)
@@ -42,10 +47,12 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
     gemma3          image_token_index   no: the processor's is boi   \n\n <boi> 4 x <image_soft_token> <eoi> \n\n
     llava           image_token_index   yes                          16 <image>
+    video_llava     image_token_index   yes                          16 <image>, as LLaVA
     idefics3        image_token_id      yes                          <fake> <global-img> 4 x <image> <fake>
     smolvlm         image_token_id      yes                          as Idefics3 (12 or 20 <image> if split)
     llava_next(_ov) image_token_index   yes                          16 per tile + a newline per row of tokens
     internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
+    qianfan_ocr     image_token_id      yes                          as InternVL, for the template's <image>
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
     paddleocr_vl    image_token_id      yes                          1-12 <|IMAGE_PLACEHOLDER|> in <|IMAGE_START|> ... END
@@ -66,16 +73,20 @@ which it expands to the soft tokens the model's `image_token_index` names. Compl
 Departures from the real checkpoints, so that every parameter trains: LLaVA takes the vision tower's last layer
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
+Video-LLaVA freezes its image tower's post-layernorm as LLaVA does, and its video tower, which image pairs never run.
+LFM3-VL's language model has 3 layers (a short convolution, a sliding-window and a full attention layer), its
+tower 2 (a convolution, then attention), so that each kind of layer runs. Qianfan-OCR's tower drops no path
+(`drop_path_rate=0`, the checkpoints' 0.1 would drop different layers in the padded and the packed step).
 
-Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4
-processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
+Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL,
+Video-LLaVA, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4 processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
 which only video prompts need). They handle images and text only, and their `save_pretrained` fails (AttributeError on
 the missing video processor); train with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
 `StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
 `StandInGemma4UnifiedImageProcessor` returns its merged patches. MiniCPM-V's processors are subclasses without a video
 processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
-4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
-processors are the stock classes and save and reload.
+4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR
+and Idefics processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -102,11 +113,13 @@ from transformers import (
     Glm46VImageProcessorPil,
     Glm46VProcessor,
     GotOcr2ImageProcessorPil,
+    HyperCLOVAXVisionV2Processor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     InternVLProcessor,
+    Lfm3VlProcessor,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
     LlavaNextProcessor,
@@ -122,12 +135,15 @@ from transformers import (
     PixtralImageProcessorPil,
     PreTrainedModel,
     ProcessorMixin,
+    QianfanOCRProcessor,
     Qwen2_5_VLProcessor,
     Qwen2VLImageProcessorPil,
     Qwen2VLProcessor,
     Qwen3VLProcessor,
     SmolVLMImageProcessorPil,
     SmolVLMProcessor,
+    VideoLlavaImageProcessor,
+    VideoLlavaProcessor,
 )
 
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
@@ -138,6 +154,7 @@ VISION_FAMILIES = (
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
     "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl", "gemma4", "gemma4_unified", "shieldgemma2", "minicpmv4_6",
     "minicpm_ocr", "minicpmv4_7",
+    "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl", "video_llava", "qianfan_ocr",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -151,6 +168,8 @@ IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
 # MiniCPM-V: an image and its slices NaViT-packed (crops of any size along one axis), a Qwen3.5 language model
 MINICPM_FAMILIES = ("minicpmv4_6", "minicpm_ocr", "minicpmv4_7")
+# Qwen-VL's image layout and tokens before a language model on plain 1-D positions (no get_rope_index)
+PLAIN_POSITION_FAMILIES = ("hyperclovax_vision_v2", "lfm3_vl")
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -225,6 +244,9 @@ IMAGE_PLACEHOLDERS = {
     "mistral3": PIXTRAL_TOKENS[0],
     "paddleocr_vl": "".join(PADDLEOCR_TOKENS.values()),
     **dict.fromkeys(MINICPM_FAMILIES, MINICPM_TOKENS["image_token"]),
+    **dict.fromkeys(("cosmos3_omni", *PLAIN_POSITION_FAMILIES), "<|vision_start|><|image_pad|><|vision_end|>"),
+    "video_llava": "<image>",
+    "qianfan_ocr": "<image>",  # its processor's `image_placeholder_token`, expanded to InternVL's tokens
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -289,6 +311,12 @@ def make_vision_tokenizer(model_type: str):
         tokens = tuple(PADDLEOCR_TOKENS.values())
     elif model_type in MINICPM_FAMILIES:
         tokens = tuple(MINICPM_TOKENS.values())
+    elif model_type in ("cosmos3_omni", *PLAIN_POSITION_FAMILIES):
+        tokens = QWEN_TOKENS
+    elif model_type == "video_llava":
+        tokens = LLAVA_TOKENS
+    elif model_type == "qianfan_ocr":
+        tokens = tuple(INTERNVL_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -298,7 +326,7 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
     if model_type in GEMMA4_FAMILIES:
         tokenizer._set_model_specific_special_tokens(GEMMA4_TOKENS)
-    if model_type == "internvl":
+    if model_type in ("internvl", "qianfan_ocr"):
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     if model_type == "paddleocr_vl":
         tokenizer._set_model_specific_special_tokens({"image_token": PADDLEOCR_TOKENS["image_token"]})
@@ -409,6 +437,18 @@ _MINICPM_PROCESSORS = {
 }
 
 
+class TinyHyperCLOVAXVisionV2Processor(WithoutVideoProcessor, HyperCLOVAXVisionV2Processor):
+    """`HyperCLOVAXVisionV2Processor` without a video processor."""
+
+
+class TinyLfm3VlProcessor(WithoutVideoProcessor, Lfm3VlProcessor):
+    """`Lfm3VlProcessor` without a video processor."""
+
+
+class TinyVideoLlavaProcessor(WithoutVideoProcessor, VideoLlavaProcessor):
+    """`VideoLlavaProcessor` without a video processor."""
+
+
 _QWEN_PROCESSORS = {
     "qwen2_vl": TinyQwen2VLProcessor,
     "qwen2_5_vl": TinyQwen2_5_VLProcessor,
@@ -431,6 +471,27 @@ def _qwen_processor(model_type, tokenizer, template, min_pixels=None, max_pixels
         max_pixels=max_pixels or 12 * token_pixels,
     )
     processor_class = _QWEN_PROCESSORS[model_type]
+    return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _cosmos3_processor(model_type, tokenizer, template, **options):
+    """Cosmos3-Omni's checkpoints ship Qwen3-VL's processor."""
+    return _qwen_processor("qwen3_vl", tokenizer, template, **options)
+
+
+def _plain_position_processor(model_type, tokenizer, template):
+    """HyperCLOVAX-Vision-V2 (Qwen2.5-VL's 14-pixel patches) and LFM3-VL (16-pixel ones): Qwen-VL's image processor,
+    images resized to 1 to 12 merged patches (image tokens), `<|image_pad|>` repeated per merged patch."""
+    patch_size = 16 if model_type == "lfm3_vl" else 14
+    token_pixels = (2 * patch_size) ** 2
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=patch_size,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=token_pixels,
+        max_pixels=12 * token_pixels,
+    )
+    processor_class = TinyLfm3VlProcessor if model_type == "lfm3_vl" else TinyHyperCLOVAXVisionV2Processor
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
@@ -498,6 +559,17 @@ def _llava_processor(model_type, tokenizer, template, image_size=32, patch_size=
     )
 
 
+def _video_llava_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """As `_llava_processor`, with Video-LLaVA's image processor (its images come back as `pixel_values_images`)."""
+    image_processor = VideoLlavaImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    return TinyVideoLlavaProcessor(
+        image_processor, None, tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=template,
+    )  # fmt: skip
+
+
 def _anyres_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
     """Images resized to the best of 1 x 1, 1 x 2, 2 x 1 and 2 x 2 tiles of `image_size`, then cut into those tiles
     after a base tile of the whole image; one token per `patch_size` patch of each tile, a newline token per row."""
@@ -536,6 +608,15 @@ def _tiles_processor(model_type, tokenizer, template, image_size=32, max_tiles=4
         image_processor, tokenizer, patch_size=patch_size, img_size=image_size, downsample_factor=2,
         chat_template=template,
     )  # fmt: skip
+
+
+def _qianfan_ocr_processor(model_type, tokenizer, template, image_size=32, max_tiles=4):
+    """As InternVL's (`_tiles_processor`): 1 to `max_tiles` tiles of `image_size` pixels and a thumbnail, 4 tokens
+    per tile, written for the template's `<image>`."""
+    image_processor = GotOcr2ImageProcessorPil(
+        size={"height": image_size, "width": image_size}, crop_to_patches=True, min_patches=1, max_patches=max_tiles
+    )
+    return QianfanOCRProcessor(image_processor, tokenizer, image_seq_length=4, chat_template=template)
 
 
 class StandInPixtralProcessor(ProcessorMixin):
@@ -618,6 +699,10 @@ _PROCESSOR_BUILDERS = {
     "paddleocr_vl": _paddleocr_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
     **dict.fromkeys(MINICPM_FAMILIES, _minicpm_processor),
+    "cosmos3_omni": _cosmos3_processor,
+    **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_processor),
+    "video_llava": _video_llava_processor,
+    "qianfan_ocr": _qianfan_ocr_processor,
 }
 
 
@@ -690,6 +775,48 @@ def _qwen_config(model_type, processor):
         vision_end_token_id=end_id,
         image_token_id=image_id,
         video_token_id=video_id,
+    )
+
+
+def _cosmos3_config(model_type, processor):
+    """Cosmos3-Omni: Qwen3-VL's model and config under its own model type."""
+    return _qwen_config("qwen3_vl", processor)
+
+
+def _plain_position_config(model_type, processor):
+    """HyperCLOVAX-Vision-V2 (Qwen2.5-VL's tower, a linear projector, HyperCLOVAX) and LFM3-VL (a Qwen3-VL-like
+    tower of short convolutions and attention, an MLP projector, LFM3's convolutions, sliding and full attention):
+    the language model on plain positions."""
+    image_processor = processor.image_processor
+    _, vision = _patch_model(image_processor)
+    text = dict(_TEXT, model_type="hyperclovax")
+    vision.update(
+        hidden_size=_VISION["hidden_size"],
+        intermediate_size=_VISION["intermediate_size"],
+        out_hidden_size=_VISION["hidden_size"],
+        window_size=2 * image_processor.merge_size * image_processor.patch_size,
+        fullatt_block_indexes=[1],
+    )
+    values = {}
+    if model_type == "lfm3_vl":
+        text = dict(
+            _TEXT, model_type="lfm3", num_hidden_layers=3, head_dim=_HEAD_DIM, sliding_window=_SLIDING_WINDOW,
+            layer_types=["conv", "sliding_attention", "full_attention"],
+        )  # fmt: skip
+        vision = dict(
+            _VISION, num_key_value_heads=1, patch_size=image_processor.patch_size,
+            spatial_merge_size=image_processor.merge_size, temporal_patch_size=image_processor.temporal_patch_size,
+            layer_types=["conv", "full_attention"],
+        )  # fmt: skip
+        start_id, end_id = processor.tokenizer.convert_tokens_to_ids(QWEN_TOKENS[:2])
+        values = dict(projector_hidden_size=_TEXT["intermediate_size"], vision_start_token_id=start_id,
+                      vision_end_token_id=end_id)  # fmt: skip
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=processor.image_token_id,
+        video_token_id=processor.video_token_id,
+        **values,
     )
 
 
@@ -839,6 +966,15 @@ def _llava_config(model_type, processor):
     )
 
 
+def _video_llava_config(model_type, processor):
+    """Video-LLaVA: LLaVA's geometry (`_llava_config`) on its CLIP image tower, beside a video tower of the same
+    shape that image pairs never run."""
+    values = _llava_config(model_type, processor)
+    values["video_token_index"] = processor.video_token_id
+    values["vision_config"].pop("projection_dim")
+    return values
+
+
 def _vipllava_config(model_type, processor):
     """VipLLaVA: LLaVA whose projector reads the patch features (CLS dropped) of several vision layers, here both."""
     values = _llava_config(model_type, processor)
@@ -904,6 +1040,15 @@ def _tiles_config(model_type, processor):
         downsample_factor=2,
         alignment_intermediate_size=64,
     )
+
+
+def _qianfan_ocr_config(model_type, processor):
+    """Qianfan-OCR: InternVL's (`_tiles_config`) with Qwen3 and its tower's stochastic depth off (the checkpoints'
+    0.1 would drop different layers in the padded and the packed step)."""
+    values = _tiles_config("internvl", processor)
+    values["text_config"].update(model_type="qwen3", head_dim=_HEAD_DIM)
+    values["vision_config"]["drop_path_rate"] = 0.0
+    return values
 
 
 def _mistral3_config(model_type, processor):
@@ -991,6 +1136,10 @@ _CONFIG_BUILDERS = {
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
     **dict.fromkeys(MINICPM_FAMILIES, _minicpm_config),
+    "cosmos3_omni": _cosmos3_config,
+    **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_config),
+    "video_llava": _video_llava_config,
+    "qianfan_ocr": _qianfan_ocr_config,
 }
 
 
@@ -1027,6 +1176,10 @@ def make_vision_model(
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower
         getattr(tower, "vision_model", tower).post_layernorm.requires_grad_(False)
+    if model_type == "video_llava":
+        # As LLaVA's, its image tower's post-layernorm gets no gradient; and image pairs never run its video tower
+        model.model.image_tower.post_layernorm.requires_grad_(False)
+        model.model.video_tower.requires_grad_(False)
     model.config.name_or_path = f"tiny-{model_type}"
     return model
 

@@ -264,6 +264,14 @@ def image_text_to_text_class_names() -> dict[str, str]:
     return dict(modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
+def base_model_class_names() -> dict[str, str]:
+    """Model type -> the class `AutoModel` builds (a vision-language model's inner model, which holds its
+    `get_rope_index` where it has one)."""
+    from transformers.models.auto import modeling_auto
+
+    return dict(modeling_auto.MODEL_MAPPING_NAMES)
+
+
 def not_decoder_only_types() -> set[str]:
     """Types AutoModelForCausalLM maps that are not decoder-only LMs: encoders used as decoders, and decoders of
     encoder-decoder models."""

@@ -85,6 +85,11 @@ FAMILIES = {
     "minicpmv4_6": ImageFamily("navit", None),
     "minicpm_ocr": ImageFamily("navit", None),
     "minicpmv4_7": ImageFamily("navit", "mm_token_type_ids", position_grids="target_sizes"),  # canvas mRoPE
+    "cosmos3_omni": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL under its own model type
+    "hyperclovax_vision_v2": ImageFamily("patches", None),  # Qwen2.5-VL's tower, plain 1-D text positions
+    "lfm3_vl": ImageFamily("patches", None),  # Qwen3-VL's tower, plain 1-D text positions
+    "video_llava": ImageFamily("images", None),  # LLaVA's images, from its image tower
+    "qianfan_ocr": ImageFamily("tiles", None),  # InternVL's tiles, before Qwen3
 }
 
 

@@ -11,8 +11,12 @@ TRL's vision collator lays one out, which the check then packs as training packs
     GLM-OCR
     PaddleOCR-VL, Kimi K2.5     pixel_values of every image's patches, each    patch and merge sizes; (Kimi: plain
                                 (3, patch, patch), image_grid_thw (patches)    positions, no mRoPE)
+    Cosmos3-Omni                as Qwen3-VL (its classes)                      as Qwen3-VL
+    HyperCLOVAX-Vision-V2,      as Qwen2.5-VL / Qwen3-VL (patches)             patch, merge and temporal sizes; no
+    LFM3-VL                                                                    mRoPE (plain 1-D text positions)
     Gemma 3, ShieldGemma 2      pixel_values (images)                          4 x 4 patches pooled to 4 tokens
-    LLaVA, VipLLaVA             pixel_values (images)                          2 x 2 patches, a token each
+    LLaVA, VipLLaVA,            pixel_values (images; Video-LLaVA's            2 x 2 patches, a token each
+    Video-LLaVA                 processor names them pixel_values_images)
     Idefics3, SmolVLM           pixel_values, pixel_attention_mask (rows)      2 x 2 tokens of scale^2 patches each
     Idefics2                    pixel_values, pixel_attention_mask (rows)      2 x 2 patches, 4 resampled latents
     LLaVA-NeXT(-Video),         pixel_values of a base tile and 1 x 1, 1 x 2   tiles of 2 x 2 patches; tokens from
@@ -20,8 +24,9 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Mistral 3, Mistral Large 3, pixel_values padded to the largest image,      up to 8 x 8 patches merged 2 x 2; tokens
     LightOnOCR (Pixtral)        image_sizes (sized)                            from get_image_features
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
-    InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
-    Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    InternVL, Qianfan-OCR,      pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
+    Aya Vision, Command A       (tiles)                                        to 4 tokens
+    Vision, Llama 4
     Gemma 4                     each image's patches padded to the most,       2 x 2, 1 x 2, 2 x 1 tokens of k x k
                                 image_position_ids (x, y; -1 on padding)       2-pixel patches (k: pooling_kernel_size)
                                 (sized)
@@ -43,7 +48,9 @@ cannot give its twin images.
 from __future__ import annotations
 
 import torch
+import transformers
 
+from ..integrations.transformers import base_model_class_names
 from .vision import FAMILIES, ImageFamily
 
 # The twin's special tokens (image placeholders, begin and end of image...) move below its vocabulary's end
@@ -105,7 +112,15 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         vision["embed_dim"], vision["hidden_size"] = 32, hidden
     if "out_hidden_size" in vision:
         vision["out_hidden_size"] = hidden
-    if FAMILIES[model_type].layout in ("patches", "navit") and not real_head_dims:  # mRoPE: the rotary half of a head
+    # mRoPE: the rotary half of a head, for a model with its own position function or MiniCPM-V's Qwen3.5 language
+    # model (navit); not for a language model on plain 1-D positions, whose rotary config may not take the key
+    # (LFM3-VL's is per layer type)
+    layout = FAMILIES[model_type].layout
+    if (
+        layout in ("patches", "navit")
+        and not real_head_dims
+        and (layout == "navit" or has_position_function(model_type))
+    ):
         rope = text.get("rope_parameters") or {}
         text["rope_parameters"] = {**rope, "mrope_section": list(TWIN_MROPE_SECTION)}
         # Rotary on a fraction of each head (GLM-4V-MoE: half): heads widened so the rotary part keeps its 8 dims
@@ -118,7 +133,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         values["projection_hidden_size"] = vision["hidden_size"]
     if model_type in ("gemma3", "shieldgemma2"):  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
-    elif model_type in ("llava", "vipllava"):  # 2 x 2 patches, one token each
+    elif model_type in ("llava", "vipllava", "video_llava"):  # 2 x 2 patches, one token each
         vision["image_size"], values["image_seq_length"] = 2 * vision["patch_size"], 4
         if model_type == "vipllava":  # its projector reads several vision layers: the twin's two
             values["vision_feature_layers"] = [-1, 0]
@@ -132,7 +147,7 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
         if model_type == "llava_onevision":
             values["vision_aspect_ratio"] = "anyres_max_2"
-    elif model_type == "internvl":  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
+    elif model_type in ("internvl", "qianfan_ocr"):  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
         patch = vision["patch_size"][0]
         vision["image_size"], values["image_seq_length"] = [4 * patch, 4 * patch], 4
     elif model_type in ("aya_vision", "cohere2_vision"):  # tiles of 4 x 4 patches, pixel-shuffled to 4 tokens
@@ -161,6 +176,14 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         # which remap_special_tokens moves below its end with the other special tokens
         if values.get("image_token_id") is None:
             values["image_token_id"] = text["vocab_size"]
+
+
+def has_position_function(model_type: str) -> bool:
+    """Whether `model_type`'s model places its tokens with its own position function (`get_rope_index`, found as
+    modeling/vision.py's `position_function` finds it at run time: on its inner model)."""
+    name = base_model_class_names().get(model_type)
+    model_class = getattr(transformers, name, None) if name is not None else None
+    return callable(getattr(model_class, "get_rope_index", None))
 
 
 def twin_image_inputs(

@@ -59,16 +59,10 @@ REFUSED = {
 }
 
 NOT_YET_CHECKED = {
-    "cosmos3_omni": "Qwen3-VL under its own model type: only its entry in FAMILIES and a tiny processor for the tests",
-    "hyperclovax_vision_v2": "Qwen2.5-VL's image patches with plain text positions: its FAMILIES entry and a tiny "
-    "processor (Exaone 4.5's)",
-    "lfm3_vl": "Qwen2-VL-style image patches with plain text positions: its FAMILIES entry and a tiny processor",
     "minimax_m3_vl": "Qwen2-VL's image patches: a twin branch (its vision config names num_channels, merged_hidden_size "
     "is derived); its image processor needs torchvision",
     "video_llama_3": "image patches with per-image merge sizes (image_merge_sizes): a twin branch for its vision "
     "config, which has no merge or temporal size",
-    "video_llava": "LLaVA's fixed image tokens from a CLIP image tower: its FAMILIES entry and a tiny processor",
-    "qianfan_ocr": "an InternVL clone (tiles of image_seq_length tokens): its FAMILIES entry and a tiny processor",
     "blip-2": "a fixed num_query_tokens Q-Former outputs per image, but its processor puts them before the left "
     "padding: positions that count the padding differ from a packed row's",
     "instructblip": "as BLIP-2, with per-row Q-Former inputs (qformer_input_ids), equal to per-image only with one "
