@@ -28,6 +28,10 @@ from tiny_vision import save_vision_models  # noqa: E402
 ZERO3_ONLY = ("cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr")
 
 FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", "minicpmv4_6", *ZERO3_ONLY)
+# In a launch of their own (-m slow: the default suite's time): Gemma 4 and Gemma 4 Unified (images of any size with
+# per-patch positions; Unified's attended both ways), ShieldGemma 2 (Gemma 3's classes), MiniCPM-OCR and MiniCPM-V 4.7
+# (NaViT crops; 4.7's own position function)
+MORE_ZERO3_FAMILIES = ("gemma4", "gemma4_unified", "shieldgemma2", "minicpm_ocr", "minicpmv4_7")
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
@@ -128,18 +132,42 @@ def assert_images_packed(report: dict, shared_prefix: bool = False) -> None:
 # DeepSpeed ZeRO-3, the reference's parameters offloaded to CPU memory
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
-def test_zero3_ref_offload_padding_free_with_images_matches_single_process_padded_trl(
-    zero3_runs, single_process_padded, model_type
-):
-    report = zero3_runs[model_type]
+def assert_zero3_ref_offload_run(report: dict, padded: dict, model_type: str) -> None:
     assert report["model_type"] == model_type
     assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
     assert report["reference"] == {"kept": True, "offloaded": True}
     assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
     assert len(report["losses"]) == STEPS
-    assert_same_training(report, single_process_padded[model_type])
+    assert_same_training(report, padded)
     assert_images_packed(report)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_zero3_ref_offload_padding_free_with_images_matches_single_process_padded_trl(
+    zero3_runs, single_process_padded, model_type
+):
+    assert_zero3_ref_offload_run(zero3_runs[model_type], single_process_padded[model_type], model_type)
+
+
+@pytest.fixture(scope="module")
+def more_zero3_runs(tmp_path_factory):
+    """MORE_ZERO3_FAMILIES saved, trained padded in one process, then padding-free in two ZeRO-3 processes (the
+    reference offloaded): (runs, padded) by family."""
+    directory = tmp_path_factory.mktemp("more_vision_models")
+    save_vision_models(directory, MORE_ZERO3_FAMILIES)
+    padded_runs = ",".join(f"{model_type}:trl" for model_type in MORE_ZERO3_FAMILIES)
+    options = ("--runs", padded_runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
+    padded = train_in_this_process(directory, tmp_path_factory.mktemp("more_single") / "report.json", *options)
+    runs = {model_type: f"{model_type}:padding_free+ref_offload" for model_type in MORE_ZERO3_FAMILIES}
+    reports = launch_runs("zero3.yaml", directory, tmp_path_factory.mktemp("more_zero3") / "report.json", runs)
+    return reports, {model_type: padded[f"{model_type}:trl"] for model_type in MORE_ZERO3_FAMILIES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", MORE_ZERO3_FAMILIES)
+def test_more_families_under_zero3_ref_offload_match_single_process_padded_trl(more_zero3_runs, model_type):
+    reports, padded = more_zero3_runs
+    assert_zero3_ref_offload_run(reports[model_type], padded[model_type], model_type)
 
 
 def test_prefix_sharing_with_images_under_zero3_ref_offload_matches_single_process_padded_trl(
