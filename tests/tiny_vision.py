@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm. Each
+smolvlm, deepseek_vl, deepseek_vl_hybrid. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -29,6 +29,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
+    deepseek_vl     pixel_values (I, 3, 32, 32)                           none
+    deepseek_vl_hybrid  as DeepSeek-VL, and high_res_pixel_values (I, 3, 64, 64)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -40,6 +42,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     internvl        image_token_id      yes                          <img> 4 x <IMG_CONTEXT> per tile </img>
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
+    deepseek_vl(_h) image_token_id      yes                          16 <image_placeholder>
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -50,14 +53,15 @@ which it expands to the soft tokens the model's `image_token_index` names. Compl
 
 Departures from the real checkpoints, so that every parameter trains: LLaVA takes the vision tower's last layer
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
-pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values.
+pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values;
+DeepSeek-VL hybrid's zero-initialised gate on its SAM tower's global features gets a small random value.
 
 Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
-processors are the stock classes and save and reload.
+`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Idefics and
+DeepSeek-VL processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
     AyaVisionProcessor,
+    DeepseekVLHybridImageProcessorPil,
+    DeepseekVLHybridProcessor,
+    DeepseekVLImageProcessorPil,
+    DeepseekVLProcessor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
     Glm4vImageProcessorPil,
@@ -108,7 +116,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm",
+    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -120,6 +128,7 @@ MOE_FAMILIES = (
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
+DEEPSEEK_VL_FAMILIES = ("deepseek_vl", "deepseek_vl_hybrid")  # the hybrid adds a SAM tower on high-resolution copies
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -143,6 +152,7 @@ INTERNVL_TOKENS = {
     "video_token": "<video>",
 }
 PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+DEEPSEEK_VL_TOKENS = {"image_token": "<image_placeholder>"}  # DeepSeek-VL's processor reads it off its tokenizer
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -162,6 +172,7 @@ IMAGE_PLACEHOLDERS = {
     "internvl": INTERNVL_TOKENS["context_image_token"],
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
+    **dict.fromkeys(DEEPSEEK_VL_FAMILIES, DEEPSEEK_VL_TOKENS["image_token"]),
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -220,6 +231,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = AYA_TOKENS
     elif model_type == "mistral3":
         tokens = PIXTRAL_TOKENS
+    elif model_type in DEEPSEEK_VL_FAMILIES:
+        tokens = tuple(DEEPSEEK_VL_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -229,6 +242,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(GEMMA_TOKENS)
     if model_type == "internvl":
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
+    if model_type in DEEPSEEK_VL_FAMILIES:
+        tokenizer._set_model_specific_special_tokens(DEEPSEEK_VL_TOKENS)
     return tokenizer
 
 
@@ -436,6 +451,20 @@ def _idefics_processor(model_type, tokenizer, template, image_size=32, image_seq
     return TinySmolVLMProcessor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
 
 
+def _deepseek_vl_processor(model_type, tokenizer, template, image_size=32, patch_size=8, high_res_size=64):
+    """Images resized to fit `image_size` and padded square, a token per `patch_size` patch; the hybrid's processor
+    also gives each image at `high_res_size` (for its SAM tower, whose features are resized to the same tokens)."""
+    size = {"height": image_size, "width": image_size}
+    tokens = (image_size // patch_size) ** 2
+    if model_type == "deepseek_vl":
+        image_processor = DeepseekVLImageProcessorPil(size=size)
+        return DeepseekVLProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
+    image_processor = DeepseekVLHybridImageProcessorPil(
+        size=size, high_res_size={"height": high_res_size, "width": high_res_size}
+    )
+    return DeepseekVLHybridProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -445,6 +474,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     "mistral3": _pixtral_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
+    **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_processor),
 }
 
 
@@ -706,6 +736,26 @@ def _idefics_config(model_type, processor):
     )
 
 
+def _deepseek_vl_config(model_type, processor):
+    """DeepSeek-VL: a SigLIP tower (no pooling head: DeepSeek-VL reads its patches), a token per patch, Llama; the
+    hybrid adds a SAM tower on the high-resolution copy, its features resized to SigLIP's grid of patches."""
+    image_processor = processor.image_processor
+    image_size = image_processor.size["height"]
+    patch_size = image_size // math.isqrt(processor.num_image_tokens)
+    vision = dict(
+        _VISION, model_type="siglip_vision_model", image_size=image_size, patch_size=patch_size, vision_use_head=False
+    )
+    values = dict(text_config=dict(_TEXT), vision_config=vision, image_token_id=processor.image_token_id)
+    if model_type == "deepseek_vl_hybrid":
+        high_res_size = image_processor.high_res_size["height"]
+        values["high_res_vision_config"] = dict(
+            _VISION, model_type="sam_vision_model", image_size=high_res_size, patch_size=high_res_size // 4,
+            output_channels=8, mlp_dim=_VISION["intermediate_size"], window_size=2, global_attn_indexes=[1],
+            num_pos_feats=16,
+        )  # fmt: skip
+    return values
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -717,6 +767,7 @@ _CONFIG_BUILDERS = {
     "mistral3": _mistral3_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
+    **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_config),
 }
 
 
@@ -749,6 +800,9 @@ def make_vision_model(
     if model_type == "gemma3":
         # Gemma 3 initialises its image projection to zero, which would cut every gradient to the vision tower
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=_INIT_STD)
+    if model_type == "deepseek_vl_hybrid":
+        # Its SAM tower's global features enter through a gate initialised to zero, which would cut their gradients
+        torch.nn.init.normal_(model.model.high_res_vision_alpha, std=_INIT_STD)
     if model_type in ("llava", "aya_vision", *ANYRES_FAMILIES):
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower

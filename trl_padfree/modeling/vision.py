@@ -61,6 +61,8 @@ FAMILIES = {
     "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),
+    "deepseek_vl": ImageFamily("images", None),  # SigLIP, a token per patch
+    "deepseek_vl_hybrid": ImageFamily("images", None),  # and each image again, high-resolution, through SAM
 }
 
 

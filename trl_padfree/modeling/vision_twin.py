@@ -18,6 +18,8 @@ TRL's vision collator lays one out, which the check then packs as training packs
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
     InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
     Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    DeepSeek-VL                 pixel_values (images)                          2 x 2 patches, a token each
+    DeepSeek-VL hybrid          pixel_values, high_res_pixel_values (images)   as DeepSeek-VL; SAM on 4 x 4 patches
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -47,6 +49,8 @@ TWIN_PATCH_GRIDS = ((4, 4), (2, 4), (4, 2))
 ANYRES = ("llava_next", "llava_next_video", "llava_onevision")
 # Tiles per image of the tiles layout (InternVL, Aya Vision)
 TWIN_TILES = (1, 3, 2)
+# Families of the images layout whose every patch is an image token (DeepSeek-VL)
+TOKEN_PER_PATCH = ("deepseek_vl", "deepseek_vl_hybrid")
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -114,6 +118,11 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             max(rows * columns for rows, columns in TWIN_PATCH_GRIDS),
             hidden,
         )
+    elif model_type in TOKEN_PER_PATCH:  # 2 x 2 patches, a token each
+        vision["image_size"] = 2 * vision["patch_size"]
+        high_res = values.get("high_res_vision_config")
+        if high_res is not None:  # SAM on 4 x 4 patches, in windows of 2 x 2, its features resized to SigLIP's grid
+            high_res.update(image_size=4 * high_res["patch_size"], window_size=2, output_channels=8)
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
 
@@ -157,7 +166,12 @@ def twin_image_inputs(
     tokens = [_fixed_tokens(config)] * images
     if family.layout == "images":
         pixels = noise(images, channels, side, side)
-        return {"pixel_values": torch.cat([pixels, pixels])}, tokens
+        inputs = {"pixel_values": torch.cat([pixels, pixels])}
+        high_res = getattr(config, "high_res_vision_config", None)
+        if high_res is not None:  # DeepSeek-VL hybrid: each image again, at its high-resolution tower's size
+            high_res_pixels = noise(images, high_res.num_channels, high_res.image_size, high_res.image_size)
+            inputs["high_res_pixel_values"] = torch.cat([high_res_pixels, high_res_pixels])
+        return inputs, tokens
     most = max(images_per_example)
     pixels = torch.zeros(len(images_per_example), most, channels, side, side, dtype=torch.float64)
     mask = torch.zeros(len(images_per_example), most, side, side, dtype=torch.bool)
@@ -207,6 +221,8 @@ def _fixed_tokens(config) -> int:
     if getattr(config, "perceiver_config", None) is not None:  # Idefics2: a resampler's latents
         return config.perceiver_config.resampler_n_latents
     vision = config.vision_config
+    if config.model_type in TOKEN_PER_PATCH:
+        return (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     # pixel shuffle: Idefics3's scale factor, Aya Vision's downsample factor, Llama 4's ratio
     factor = getattr(config, "scale_factor", None) or getattr(config, "downsample_factor", None)
     factor = factor or round(1 / vision.pixel_shuffle_ratio)
