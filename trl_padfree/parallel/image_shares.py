@@ -36,6 +36,8 @@ from .groups import RowGroup, all_gather_dim0, gather_uneven
 # tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image
 GATHERED_FIELDS = ("pooler_output", "deepstack_features")
 DROPPED_FIELDS = ("last_hidden_state", "hidden_states", "attentions")
+# DeepSeek-VL hybrid's high-resolution tower's, beside its features (in `pooler_output`)
+DROPPED_FIELDS += ("high_res_vision_last_hidden_state", "high_res_vision_hidden_states", "high_res_vision_attentions")
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
