@@ -4,7 +4,8 @@ over gloo (`accelerate launch`, tests/distributed/train_dpo.py --vision), compar
 trainer in one process on the same global batches (distributed_runs' fp32 bounds, grad_norm included).
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not (FSDP2 refuses it, the
-last test); InternVL and Aya Vision cut images into tiles. Every family gets prompts with one and with two images.
+last test); InternVL and Aya Vision cut images into tiles; DeepSeek-VL hybrid hands each image over twice, at two
+resolutions (ZeRO-3). Every family gets prompts with one and with two images.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ pytest.importorskip("deepspeed")
 from distributed_runs import assert_same_training, launch, train_in_this_process  # noqa: E402
 from tiny_vision import save_vision_models  # noqa: E402
 
-FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision")
+# DeepSeek-VL hybrid: two image inputs per image (its SAM tower's high-resolution copy), DeepSeek-VL's path and more
+FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", "deepseek_vl_hybrid")
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
@@ -42,6 +44,7 @@ ZERO3_RUNS = {
     "idefics3": "idefics3:padding_free+ref_offload",
     "internvl": "internvl:padding_free+ref_offload",
     "aya_vision": "aya_vision:padding_free+ref_offload",
+    "deepseek_vl_hybrid": "deepseek_vl_hybrid:padding_free+ref_offload",
 }
 FSDP2_GEMMA3_RUNS = {
     "gemma3": "gemma3:padding_free",
