@@ -88,6 +88,7 @@ from transformers import (
     Glm46VImageProcessorPil,
     Glm46VProcessor,
     GotOcr2ImageProcessorPil,
+    Granite4VisionProcessor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
@@ -116,7 +117,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid",
+    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -134,6 +135,7 @@ DEEPSEEK_VL_FAMILIES = ("deepseek_vl", "deepseek_vl_hybrid")  # the hybrid adds 
 QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
+GRANITE4_VISION_TOKENS = ("<image>",)
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
 GLM_TOKENS = (
@@ -173,6 +175,7 @@ IMAGE_PLACEHOLDERS = {
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, DEEPSEEK_VL_TOKENS["image_token"]),
+    "granite4_vision": GRANITE4_VISION_TOKENS[0],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -233,6 +236,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = PIXTRAL_TOKENS
     elif model_type in DEEPSEEK_VL_FAMILIES:
         tokens = tuple(DEEPSEEK_VL_TOKENS.values())
+    elif model_type == "granite4_vision":
+        tokens = GRANITE4_VISION_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -465,6 +470,20 @@ def _deepseek_vl_processor(model_type, tokenizer, template, image_size=32, patch
     return DeepseekVLHybridProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
 
 
+def _granite4_vision_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """LLaVA-NeXT's tiles (`_anyres_processor`), each tile's 4 x 4 patches queried by 2 x 2 (`downsample_rate`)."""
+    pinpoints = [[image_size * rows, image_size * columns] for rows, columns in ((1, 1), (1, 2), (2, 1), (2, 2))]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        image_grid_pinpoints=pinpoints,
+    )
+    return Granite4VisionProcessor(
+        image_processor, tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, downsample_rate="2/4", chat_template=template,
+    )  # fmt: skip
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -475,6 +494,7 @@ _PROCESSOR_BUILDERS = {
     "mistral3": _pixtral_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_processor),
+    "granite4_vision": _granite4_vision_processor,
 }
 
 
@@ -756,6 +776,32 @@ def _deepseek_vl_config(model_type, processor):
     return values
 
 
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # the Q-Former's, 0.1 by default
+
+
+def _granite4_vision_config(model_type, processor):
+    """Granite 4 Vision: a CLIP tower (CLS dropped) over LLaVA-NeXT's tiles, its patches queried by Q-Formers in
+    windows, the features added to the image tokens before several language model layers (deepstack): one layer's
+    from the tower's first layer, then four spatial offsets of its last, each before a layer of its own. The tower is
+    64 wide, as its Q-Former takes a head per 64 (Granite4VisionConfig)."""
+    image_processor = processor.image_processor
+    vision = dict(
+        _VISION, hidden_size=64, image_size=image_processor.crop_size["height"], patch_size=processor.patch_size
+    )
+    return dict(
+        text_config=dict(_TEXT, num_hidden_layers=5),
+        vision_config=vision,
+        qformer_config=dict(num_hidden_layers=1, intermediate_size=_VISION["intermediate_size"], **_NO_DROPOUT),
+        image_token_index=processor.image_token_id,
+        image_grid_pinpoints=image_processor.image_grid_pinpoints,
+        vision_feature_select_strategy=processor.vision_feature_select_strategy,
+        downsample_rate=processor.downsample_rate,
+        deepstack_layer_map=[[1, 0]],
+        spatial_target_layers=[1, 2, 3, 4],
+        projector_dropout=0.0,
+    )
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -768,6 +814,7 @@ _CONFIG_BUILDERS = {
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_config),
+    "granite4_vision": _granite4_vision_config,
 }
 
 
@@ -803,7 +850,7 @@ def make_vision_model(
     if model_type == "deepseek_vl_hybrid":
         # Its SAM tower's global features enter through a gate initialised to zero, which would cut their gradients
         torch.nn.init.normal_(model.model.high_res_vision_alpha, std=_INIT_STD)
-    if model_type in ("llava", "aya_vision", *ANYRES_FAMILIES):
+    if model_type in ("llava", "aya_vision", "granite4_vision", *ANYRES_FAMILIES):
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower
         getattr(tower, "vision_model", tower).post_layernorm.requires_grad_(False)

@@ -63,6 +63,7 @@ FAMILIES = {
     "smolvlm": ImageFamily("rows", None),
     "deepseek_vl": ImageFamily("images", None),  # SigLIP, a token per patch
     "deepseek_vl_hybrid": ImageFamily("images", None),  # and each image again, high-resolution, through SAM
+    "granite4_vision": ImageFamily("sized", None),  # LLaVA-NeXT's tiles, features added at several layers
 }
 
 

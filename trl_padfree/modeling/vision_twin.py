@@ -123,6 +123,15 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         high_res = values.get("high_res_vision_config")
         if high_res is not None:  # SAM on 4 x 4 patches, in windows of 2 x 2, its features resized to SigLIP's grid
             high_res.update(image_size=4 * high_res["patch_size"], window_size=2, output_channels=8)
+    elif model_type == "granite4_vision":  # LLaVA-NeXT's tiles of 4 x 4 patches, queried by 2 x 2
+        side = vision["image_size"] = 4 * vision["patch_size"]
+        values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
+        values["downsample_rate"] = "2/4"
+        # Its Q-Former takes a head per 64 of the tower's width (Granite4VisionConfig)
+        vision["hidden_size"] = values["qformer_config"]["hidden_size"] = 64
+        values["qformer_config"].update(encoder_hidden_size=64, num_attention_heads=1)
+        if values.get("deepstack_layer_map") is None:  # the default config names none: the tower's last layer's
+            values["deepstack_layer_map"] = [[-1, 0]]
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
 
@@ -155,7 +164,7 @@ def twin_image_inputs(
         if config.model_type == "llava_onevision":  # a prompt of several images gets their base tiles only
             inputs["batch_num_images"] = torch.tensor(images_per_example)
         with torch.no_grad():
-            features = twin.model.get_image_features(**inputs).pooler_output
+            features = _image_features(twin.model.get_image_features(**inputs))
         tokens = [len(image) for image in features]
         return {key: torch.cat([value, value]) for key, value in inputs.items()}, tokens
     side, channels = _side(vision.image_size), getattr(vision, "num_channels", 3)
@@ -179,6 +188,14 @@ def twin_image_inputs(
         pixels[row, :count] = noise(count, channels, side, side)
         mask[row, :count] = True
     return {"pixel_values": torch.cat([pixels, pixels]), "pixel_attention_mask": torch.cat([mask, mask])}, tokens
+
+
+def _image_features(output) -> list[torch.Tensor]:
+    """Each image's features from `get_image_features`: its `pooler_output`, or where it only adds features inside the
+    language model (Granite 4 Vision's deepstack, `(layer, per-image features)` pairs), the first layer's."""
+    if output.get("pooler_output") is not None:
+        return output.pooler_output
+    return output.deepstack_features[0][1]
 
 
 def _side(image_size) -> int:

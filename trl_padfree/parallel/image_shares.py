@@ -33,7 +33,8 @@ from ..packing.vision import ImageUnitSizes
 from .groups import RowGroup, all_gather_dim0, gather_uneven
 
 # What `get_image_features` returns that the model's forward reads (transformers 5.23-5.24): `pooler_output`, one
-# tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image
+# tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image (Granite 4
+# Vision's: per layer a pair of the language model layer's index, the same on every rank, and one per image)
 GATHERED_FIELDS = ("pooler_output", "deepstack_features")
 DROPPED_FIELDS = ("last_hidden_state", "hidden_states", "attentions")
 # DeepSeek-VL hybrid's high-resolution tower's, beside its features (in `pooler_output`)
@@ -199,12 +200,16 @@ def _tensors(values):
     for value in values:
         if isinstance(value, torch.Tensor):
             yield value
+        elif isinstance(value, int):  # a layer's index (Granite 4 Vision)
+            continue
         else:
             yield from _tensors(value)
 
 
 def _entries(value):
     """A field's shape as the gather needs it: a tensor's entries; per image, each one's; per layer, each layer's."""
+    if isinstance(value, int):  # a layer's index (Granite 4 Vision), kept as it is
+        return value
     if isinstance(value, torch.Tensor):
         return value.shape[0]
     if all(isinstance(part, torch.Tensor) for part in value):
@@ -213,6 +218,8 @@ def _entries(value):
 
 
 def _gathered(value, entries: list, row: RowGroup):
+    if isinstance(value, int):  # a layer's index (Granite 4 Vision), the same on every rank
+        return value
     if isinstance(value, torch.Tensor):  # images or tokens first
         return gather_uneven(value, row, entries)
     if all(isinstance(part, torch.Tensor) for part in value):  # one tensor per image: every rank's images, in order
