@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, deepseek_vl, deepseek_vl_hybrid. Each
+smolvlm, deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -31,6 +31,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
     deepseek_vl     pixel_values (I, 3, 32, 32)                           none
     deepseek_vl_hybrid  as DeepSeek-VL, and high_res_pixel_values (I, 3, 64, 64)
+    granite4_vision as LLaVA-NeXT                                         none (4 tokens per tile, and newlines)
+    ovis2           pixel_values (tiles, 3, 32, 32)                       none (a whole image, then 1-4 tiles if more)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -43,6 +45,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
     deepseek_vl(_h) image_token_id      yes                          16 <image_placeholder>
+    granite4_vision image_token_index   yes                          as LLaVA-NeXT, 4 per tile
+    ovis2           image_token_id      no: <image>, the model's is  <IMG_START> 4 x <IMG_ATOM> <IMG_GRID> then 4 per
+                                        <IMG_ATOM>                   tile between <IMG_COL> / <IMG_ROW>, <IMG_END>
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -60,8 +65,8 @@ Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneV
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Idefics and
-DeepSeek-VL processors are the stock classes and save and reload.
+`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Idefics,
+DeepSeek-VL, Granite 4 Vision and Ovis 2 processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ from transformers import (
     LlavaOnevisionImageProcessorPil,
     LlavaOnevisionProcessor,
     LlavaProcessor,
+    Ovis2ImageProcessorPil,
+    Ovis2Processor,
     PixtralImageProcessorPil,
     PreTrainedModel,
     ProcessorMixin,
@@ -117,7 +124,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision",
+    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision", "ovis2",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -136,6 +143,10 @@ QWEN_TOKENS = QWEN_VL_TOKENS
 GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 GRANITE4_VISION_TOKENS = ("<image>",)
+# Ovis 2's processor writes an image as <IMG_START>, its whole image's <IMG_ATOM> tokens, <IMG_GRID>, its tiles'
+# (between <IMG_COL> and <IMG_ROW>), <IMG_END>: the model embeds those five indicators from its visual vocabulary
+OVIS2_INDICATORS = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+OVIS2_TOKENS = ("<image>", "<IMG_ATOM>", *OVIS2_INDICATORS)
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
 GLM_TOKENS = (
@@ -176,6 +187,7 @@ IMAGE_PLACEHOLDERS = {
     "mistral3": PIXTRAL_TOKENS[0],
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, DEEPSEEK_VL_TOKENS["image_token"]),
     "granite4_vision": GRANITE4_VISION_TOKENS[0],
+    "ovis2": OVIS2_TOKENS[0],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -238,6 +250,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = tuple(DEEPSEEK_VL_TOKENS.values())
     elif model_type == "granite4_vision":
         tokens = GRANITE4_VISION_TOKENS
+    elif model_type == "ovis2":
+        tokens = OVIS2_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -484,6 +498,15 @@ def _granite4_vision_processor(model_type, tokenizer, template, image_size=32, p
     )  # fmt: skip
 
 
+def _ovis2_processor(model_type, tokenizer, template, image_size=32, max_tiles=4, image_seq_length=4):
+    """Images cut into 1 to `max_tiles` tiles of `image_size` pixels by their aspect ratio, after the whole image;
+    `image_seq_length` tokens per tile."""
+    image_processor = Ovis2ImageProcessorPil(
+        size={"height": image_size, "width": image_size}, crop_to_patches=True, max_patches=max_tiles
+    )
+    return Ovis2Processor(image_processor, tokenizer, chat_template=template, image_seq_length=image_seq_length)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -495,6 +518,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_processor),
     "granite4_vision": _granite4_vision_processor,
+    "ovis2": _ovis2_processor,
 }
 
 
@@ -802,6 +826,24 @@ def _granite4_vision_config(model_type, processor):
     )
 
 
+def _ovis2_config(model_type, processor):
+    """Ovis 2: each tile's 4 x 4 patches, 2 x 2 per token (`hidden_stride`), scored over a visual vocabulary whose
+    embeddings (a softmax-weighted sum) are the token's features; Qwen2."""
+    image_size = processor.image_processor.size["height"]
+    hidden_stride = 2
+    patch_size = image_size // (hidden_stride * math.isqrt(processor.image_seq_length))
+    vision = dict(_VISION, image_size=image_size, patch_size=patch_size, hidden_stride=hidden_stride, vocab_size=16)
+    tokenizer = processor.tokenizer
+    return dict(
+        text_config=dict(_TEXT, model_type="qwen2"),
+        vision_config=vision,
+        hidden_size=_TEXT["hidden_size"],
+        vocab_size=len(tokenizer),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        visual_indicator_token_ids=tokenizer.convert_tokens_to_ids(list(OVIS2_INDICATORS)),
+    )
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -815,6 +857,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_config),
     "granite4_vision": _granite4_vision_config,
+    "ovis2": _ovis2_config,
 }
 
 

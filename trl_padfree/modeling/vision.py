@@ -64,6 +64,7 @@ FAMILIES = {
     "deepseek_vl": ImageFamily("images", None),  # SigLIP, a token per patch
     "deepseek_vl_hybrid": ImageFamily("images", None),  # and each image again, high-resolution, through SAM
     "granite4_vision": ImageFamily("sized", None),  # LLaVA-NeXT's tiles, features added at several layers
+    "ovis2": ImageFamily("tiles", None),  # a whole image and its tiles, a visual vocabulary's embeddings per patch
 }
 
 

@@ -20,6 +20,10 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Command A Vision, Llama 4   (tiles)                                        to 4 tokens
     DeepSeek-VL                 pixel_values (images)                          2 x 2 patches, a token each
     DeepSeek-VL hybrid          pixel_values, high_res_pixel_values (images)   as DeepSeek-VL; SAM on 4 x 4 patches
+    Granite 4 Vision            as LLaVA-NeXT (sized)                          tiles of 4 x 4 patches queried by 2 x 2;
+                                                                               deepstack [[-1, 0]] where none is set
+    Ovis 2                      pixel_values of 1, 3 or 2 tiles per image      tiles of 2 x 2 tokens of hidden_stride^2
+                                (tiles)                                        patches each
 
 The families are modeling/vision.py's; another vision-language model is refused on image data, since the check
 cannot give its twin images.
@@ -132,6 +136,8 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         values["qformer_config"].update(encoder_hidden_size=64, num_attention_heads=1)
         if values.get("deepstack_layer_map") is None:  # the default config names none: the tower's last layer's
             values["deepstack_layer_map"] = [[-1, 0]]
+    elif model_type == "ovis2":  # tiles of 2 x 2 tokens of hidden_stride^2 patches each
+        vision["image_size"] = 2 * vision["hidden_stride"] * vision["patch_size"]
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
 
@@ -242,5 +248,6 @@ def _fixed_tokens(config) -> int:
         return (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     # pixel shuffle: Idefics3's scale factor, Aya Vision's downsample factor, Llama 4's ratio
     factor = getattr(config, "scale_factor", None) or getattr(config, "downsample_factor", None)
+    factor = factor or getattr(vision, "hidden_stride", None)  # Ovis 2's patches per token, on a side
     factor = factor or round(1 / vision.pixel_shuffle_ratio)
     return (_side(vision.image_size) // _side(vision.patch_size)) ** 2 // factor**2

@@ -39,6 +39,9 @@ GATHERED_FIELDS = ("pooler_output", "deepstack_features")
 DROPPED_FIELDS = ("last_hidden_state", "hidden_states", "attentions")
 # DeepSeek-VL hybrid's high-resolution tower's, beside its features (in `pooler_output`)
 DROPPED_FIELDS += ("high_res_vision_last_hidden_state", "high_res_vision_hidden_states", "high_res_vision_attentions")
+# Fields that do not depend on the images, each rank's its own: Ovis 2's visual indicators (the embeddings of the
+# tokens around its images), which every rank's forward places on the indicator tokens of the whole row
+KEPT_FIELDS = ("visual_indicator_features",)
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -145,9 +148,9 @@ def gathered_features(output, row: RowGroup):
         raise NotImplementedError(
             f"get_image_features returned a {type(output).__name__}, not a model output: set deal_images=False."
         )
-    fields = {}
+    fields, kept = {}, {key: output[key] for key in KEPT_FIELDS if output.get(key) is not None}
     for key in output.keys():
-        if key in DROPPED_FIELDS:
+        if key in DROPPED_FIELDS or key in kept:
             continue
         if key not in GATHERED_FIELDS:
             raise NotImplementedError(
@@ -159,7 +162,7 @@ def gathered_features(output, row: RowGroup):
     mine = [_entries(value) for value in fields.values()]
     device = next(iter(_tensors(fields.values())), torch.empty(0)).device
     everyone = exchanged_entries(mine, row, device)
-    return type(output)(**{
+    return type(output)(**kept, **{
         key: _gathered(value, [ranks[index] for ranks in everyone], row)
         for index, (key, value) in enumerate(fields.items())
     })  # fmt: skip
