@@ -6,7 +6,7 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2. Each
+smolvlm, deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2, janus. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -33,6 +33,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     deepseek_vl_hybrid  as DeepSeek-VL, and high_res_pixel_values (I, 3, 64, 64)
     granite4_vision as LLaVA-NeXT                                         none (4 tokens per tile, and newlines)
     ovis2           pixel_values (tiles, 3, 32, 32)                       none (a whole image, then 1-4 tiles if more)
+    janus           pixel_values (I, 3, 32, 32)                           none
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -48,6 +49,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     granite4_vision image_token_index   yes                          as LLaVA-NeXT, 4 per tile
     ovis2           image_token_id      no: <image>, the model's is  <IMG_START> 4 x <IMG_ATOM> <IMG_GRID> then 4 per
                                         <IMG_ATOM>                   tile between <IMG_COL> / <IMG_ROW>, <IMG_END>
+    janus           image_token_id      its tokenizer's (none on it) <begin_of_image> 16 <image_placeholder>
+                                                                 <end_of_image>
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -59,14 +62,15 @@ which it expands to the soft tokens the model's `image_token_index` names. Compl
 Departures from the real checkpoints, so that every parameter trains: LLaVA takes the vision tower's last layer
 (`vision_feature_layer=-1`, not -2) and freezes CLIP's post-layernorm, which LLaVA never uses; Gemma 3's tower has no
 pooling head (`vision_use_head=False`) and its zero-initialised image projection gets small random values;
-DeepSeek-VL hybrid's zero-initialised gate on its SAM tower's global features gets a small random value.
+DeepSeek-VL hybrid's zero-initialised gate on its SAM tower's global features gets a small random value; Janus's image
+generator (VQ-VAE, generation embeddings, aligner and head), which understanding never runs, is frozen.
 
 Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneVision, InternVL and SmolVLM processors
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
 `StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Idefics,
-DeepSeek-VL, Granite 4 Vision and Ovis 2 processors are the stock classes and save and reload.
+DeepSeek-VL, Granite 4 Vision, Ovis 2 and Janus processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ from transformers import (
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     InternVLProcessor,
+    JanusImageProcessorPil,
+    JanusProcessor,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
     LlavaNextProcessor,
@@ -124,7 +130,7 @@ from trl_padfree.data import load_demo_tokenizer
 VISION_FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe", "glm46v", "gemma3", "llava",
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
-    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision", "ovis2",
+    "idefics3", "smolvlm", "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision", "ovis2", "janus",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -147,6 +153,8 @@ GRANITE4_VISION_TOKENS = ("<image>",)
 # (between <IMG_COL> and <IMG_ROW>), <IMG_END>: the model embeds those five indicators from its visual vocabulary
 OVIS2_INDICATORS = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
 OVIS2_TOKENS = ("<image>", "<IMG_ATOM>", *OVIS2_INDICATORS)
+# Janus's processor reads these names off its tokenizer
+JANUS_TOKENS = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v")
 GLM_TOKENS = (
@@ -188,6 +196,7 @@ IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, DEEPSEEK_VL_TOKENS["image_token"]),
     "granite4_vision": GRANITE4_VISION_TOKENS[0],
     "ovis2": OVIS2_TOKENS[0],
+    "janus": JANUS_TOKENS["image_token"],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -252,6 +261,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = GRANITE4_VISION_TOKENS
     elif model_type == "ovis2":
         tokens = OVIS2_TOKENS
+    elif model_type == "janus":
+        tokens = tuple(JANUS_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -263,6 +274,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(INTERNVL_TOKENS)
     if model_type in DEEPSEEK_VL_FAMILIES:
         tokenizer._set_model_specific_special_tokens(DEEPSEEK_VL_TOKENS)
+    if model_type == "janus":
+        tokenizer._set_model_specific_special_tokens(JANUS_TOKENS)
     return tokenizer
 
 
@@ -507,6 +520,14 @@ def _ovis2_processor(model_type, tokenizer, template, image_size=32, max_tiles=4
     return Ovis2Processor(image_processor, tokenizer, chat_template=template, image_seq_length=image_seq_length)
 
 
+def _janus_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """Images resized to fit `image_size` and padded square, a token per `patch_size` patch between begin and end of
+    image tokens."""
+    image_processor = JanusImageProcessorPil(size={"height": image_size, "width": image_size})
+    tokens = (image_size // patch_size) ** 2
+    return JanusProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -519,6 +540,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_processor),
     "granite4_vision": _granite4_vision_processor,
     "ovis2": _ovis2_processor,
+    "janus": _janus_processor,
 }
 
 
@@ -844,6 +866,28 @@ def _ovis2_config(model_type, processor):
     )
 
 
+def _janus_config(model_type, processor):
+    """Janus: its own SigLIP-like tower, a token per patch, Llama; and an image generator (a VQ-VAE with its own
+    embeddings, aligner and head) that understanding never runs, here as small as it builds (GroupNorm of 32)."""
+    image_size = processor.image_processor.size["height"]
+    patch_size = image_size // math.isqrt(processor.num_image_tokens)
+    hidden = _TEXT["hidden_size"]
+    vision = dict(
+        _VISION, image_size=image_size, patch_size=patch_size, num_image_tokens=processor.num_image_tokens,
+        projection_dim=hidden, mlp_ratio=2.0,
+    )  # fmt: skip
+    vq = dict(
+        embed_dim=8, num_embeddings=16, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
+        num_res_blocks=1, projection_dim=hidden, image_token_embed_dim=hidden,
+    )  # fmt: skip
+    return dict(
+        text_config=dict(_TEXT),
+        vision_config=vision,
+        vq_config=vq,
+        image_token_id=processor.tokenizer.image_token_id,
+    )
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -858,6 +902,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_config),
     "granite4_vision": _granite4_vision_config,
     "ovis2": _ovis2_config,
+    "janus": _janus_config,
 }
 
 
@@ -893,6 +938,10 @@ def make_vision_model(
     if model_type == "deepseek_vl_hybrid":
         # Its SAM tower's global features enter through a gate initialised to zero, which would cut their gradients
         torch.nn.init.normal_(model.model.high_res_vision_alpha, std=_INIT_STD)
+    if model_type == "janus":  # its image generator, which understanding never runs
+        for module in (model.model.vqmodel, model.model.generation_embeddings, model.model.generation_aligner,
+                       model.model.generation_head):  # fmt: skip
+            module.requires_grad_(False)
     if model_type in ("llava", "aya_vision", "granite4_vision", *ANYRES_FAMILIES):
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower

@@ -65,6 +65,7 @@ FAMILIES = {
     "deepseek_vl_hybrid": ImageFamily("images", None),  # and each image again, high-resolution, through SAM
     "granite4_vision": ImageFamily("sized", None),  # LLaVA-NeXT's tiles, features added at several layers
     "ovis2": ImageFamily("tiles", None),  # a whole image and its tiles, a visual vocabulary's embeddings per patch
+    "janus": ImageFamily("images", None),  # SigLIP-like, a token per patch (its VQ model only generates images)
 }
 
 

@@ -18,7 +18,8 @@ TRL's vision collator lays one out, which the check then packs as training packs
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
     InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
     Command A Vision, Llama 4   (tiles)                                        to 4 tokens
-    DeepSeek-VL                 pixel_values (images)                          2 x 2 patches, a token each
+    DeepSeek-VL, Janus          pixel_values (images)                          2 x 2 patches, a token each; Janus's
+                                                                               VQ-VAE (image generation) narrowed
     DeepSeek-VL hybrid          pixel_values, high_res_pixel_values (images)   as DeepSeek-VL; SAM on 4 x 4 patches
     Granite 4 Vision            as LLaVA-NeXT (sized)                          tiles of 4 x 4 patches queried by 2 x 2;
                                                                                deepstack [[-1, 0]] where none is set
@@ -54,7 +55,7 @@ ANYRES = ("llava_next", "llava_next_video", "llava_onevision")
 # Tiles per image of the tiles layout (InternVL, Aya Vision)
 TWIN_TILES = (1, 3, 2)
 # Families of the images layout whose every patch is an image token (DeepSeek-VL)
-TOKEN_PER_PATCH = ("deepseek_vl", "deepseek_vl_hybrid")
+TOKEN_PER_PATCH = ("deepseek_vl", "deepseek_vl_hybrid", "janus")
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -127,6 +128,12 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         high_res = values.get("high_res_vision_config")
         if high_res is not None:  # SAM on 4 x 4 patches, in windows of 2 x 2, its features resized to SigLIP's grid
             high_res.update(image_size=4 * high_res["patch_size"], window_size=2, output_channels=8)
+        if model_type == "janus":  # its aligner and its image generator's (a VQ-VAE, unused here) as wide as the text
+            vision.update(num_image_tokens=4, projection_dim=hidden)
+            values["vq_config"].update(
+                projection_dim=hidden, image_token_embed_dim=hidden, num_embeddings=16, base_channels=32,
+                latent_channels=32,
+            )  # fmt: skip
     elif model_type == "granite4_vision":  # LLaVA-NeXT's tiles of 4 x 4 patches, queried by 2 x 2
         side = vision["image_size"] = 4 * vision["patch_size"]
         values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
