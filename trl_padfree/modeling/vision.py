@@ -66,6 +66,8 @@ FAMILIES = {
     "granite4_vision": ImageFamily("sized", None),  # LLaVA-NeXT's tiles, features added at several layers
     "ovis2": ImageFamily("tiles", None),  # a whole image and its tiles, a visual vocabulary's embeddings per patch
     "janus": ImageFamily("images", None),  # SigLIP-like, a token per patch (its VQ model only generates images)
+    "got_ocr2": ImageFamily("tiles", None),  # SAM, 4 x 4 patches a token; images whole, or cut into tiles
+    "pp_chart2table": ImageFamily("tiles", None),  # GOT-OCR2's model
 }
 
 

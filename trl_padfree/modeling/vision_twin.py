@@ -23,6 +23,8 @@ TRL's vision collator lays one out, which the check then packs as training packs
     DeepSeek-VL hybrid          pixel_values, high_res_pixel_values (images)   as DeepSeek-VL; SAM on 4 x 4 patches
     Granite 4 Vision            as LLaVA-NeXT (sized)                          tiles of 4 x 4 patches queried by 2 x 2;
                                                                                deepstack [[-1, 0]] where none is set
+    GOT-OCR2, PP-Chart2Table    pixel_values of 1, 3 or 2 tiles per image      SAM on 8 x 8 patches, convolved to 4
+                                (tiles)                                        tokens
     Ovis 2                      pixel_values of 1, 3 or 2 tiles per image      tiles of 2 x 2 tokens of hidden_stride^2
                                 (tiles)                                        patches each
 
@@ -143,6 +145,9 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         values["qformer_config"].update(encoder_hidden_size=64, num_attention_heads=1)
         if values.get("deepstack_layer_map") is None:  # the default config names none: the tower's last layer's
             values["deepstack_layer_map"] = [[-1, 0]]
+    elif model_type in ("got_ocr2", "pp_chart2table"):  # SAM on 8 x 8 patches (windows of 2 x 2), 4 x 4 per token
+        vision.update(image_size=8 * vision["patch_size"], window_size=2, output_channels=8)
+        values["image_seq_length"] = 4
     elif model_type == "ovis2":  # tiles of 2 x 2 tokens of hidden_stride^2 patches each
         vision["image_size"] = 2 * vision["hidden_stride"] * vision["patch_size"]
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
