@@ -68,6 +68,7 @@ FAMILIES = {
     "janus": ImageFamily("images", None),  # SigLIP-like, a token per patch (its VQ model only generates images)
     "got_ocr2": ImageFamily("tiles", None),  # SAM, 4 x 4 patches a token; images whole, or cut into tiles
     "pp_chart2table": ImageFamily("tiles", None),  # GOT-OCR2's model
+    "aria": ImageFamily("images", None),  # Idefics3's tower, its patches cross-attended by a fixed number of queries
 }
 
 

@@ -23,6 +23,8 @@ TRL's vision collator lays one out, which the check then packs as training packs
     DeepSeek-VL hybrid          pixel_values, high_res_pixel_values (images)   as DeepSeek-VL; SAM on 4 x 4 patches
     Granite 4 Vision            as LLaVA-NeXT (sized)                          tiles of 4 x 4 patches queried by 2 x 2;
                                                                                deepstack [[-1, 0]] where none is set
+    Aria                        pixel_values (images; pixel_mask unset)        2 x 2 patches queried by 4; its image
+                                                                               token (9) moved to the vocabulary's end
     GOT-OCR2, PP-Chart2Table    pixel_values of 1, 3 or 2 tiles per image      SAM on 8 x 8 patches, convolved to 4
                                 (tiles)                                        tokens
     Ovis 2                      pixel_values of 1, 3 or 2 tiles per image      tiles of 2 x 2 tokens of hidden_stride^2
@@ -148,6 +150,11 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
     elif model_type in ("got_ocr2", "pp_chart2table"):  # SAM on 8 x 8 patches (windows of 2 x 2), 4 x 4 per token
         vision.update(image_size=8 * vision["patch_size"], window_size=2, output_channels=8)
         values["image_seq_length"] = 4
+    elif model_type == "aria":  # 2 x 2 patches, queried by 4
+        vision["image_size"] = 2 * vision["patch_size"]
+        values["projector_patch_to_query_dict"] = {4: 4}
+        # its image token (9) is a low id, among the check's random text: past the vocabulary, remapped to its end
+        values["image_token_index"] = text["vocab_size"]
     elif model_type == "ovis2":  # tiles of 2 x 2 tokens of hidden_stride^2 patches each
         vision["image_size"] = 2 * vision["hidden_stride"] * vision["patch_size"]
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
@@ -253,6 +260,9 @@ def _fixed_tokens(config) -> int:
     for name in ("mm_tokens_per_image", "image_seq_length"):
         if isinstance(getattr(config, name, None), int):
             return getattr(config, name)
+    if getattr(config, "projector_patch_to_query_dict", None):  # Aria: the queries for the image's patches
+        patches = (_side(config.vision_config.image_size) // _side(config.vision_config.patch_size)) ** 2
+        return config.projector_patch_to_query_dict[patches]
     if getattr(config, "perceiver_config", None) is not None:  # Idefics2: a resampler's latents
         return config.perceiver_config.resampler_n_latents
     vision = config.vision_config
