@@ -12,7 +12,7 @@ from tiny_vision import VISION_FAMILIES, make_vision_model, make_vision_processo
 
 from trl_padfree.modeling.vision import image_token_id
 from trl_padfree.packing.vision import IMAGE_INPUTS, IMAGE_UNITS, ImageUnitSizes, PaddingFreeVisionPreferenceCollator
-from trl_padfree.parallel.image_shares import DROPPED_FIELDS, GATHERED_FIELDS, deal_units, image_encoder
+from trl_padfree.parallel.image_shares import DROPPED_FIELDS, GATHERED_FIELDS, KEPT_FIELDS, deal_units, image_encoder
 
 
 def brute_force_largest(image_tokens: tuple[int, ...], ranks: int) -> int:
@@ -82,6 +82,8 @@ def features_of(encoder, inputs: dict, forward_arguments: tuple[str, ...]):
 
 
 def flat(value) -> list[torch.Tensor]:
+    if isinstance(value, int):  # a language model layer's index (Granite 4 Vision's deepstack pairs)
+        return []
     if isinstance(value, torch.Tensor):
         return [value]
     return [tensor for part in value for tensor in flat(part)]
@@ -116,8 +118,14 @@ def test_every_share_encoded_alone_gives_the_whole_rows_features(model_type, pre
         elif all(isinstance(part, torch.Tensor) for part in whole[key]):
             got = [tensor for share in shares for tensor in share[key]]
         else:  # per layer, per image
-            got = [tensor for layer in range(len(whole[key])) for share in shares for tensor in share[key][layer]]
+            got = [
+                tensor for layer in range(len(whole[key])) for share in shares for tensor in flat(share[key][layer])
+            ]
         assert len(got) == len(expected), key
         for tensor, expected_tensor in zip(got, expected, strict=True):
             torch.testing.assert_close(tensor, expected_tensor, atol=1e-6, rtol=1e-5)
-    assert set(whole.keys()) <= {*GATHERED_FIELDS, *DROPPED_FIELDS}, "a field the gather would refuse"
+    for key in KEPT_FIELDS:  # the same on every share: each rank keeps its own
+        if whole.get(key) is not None:
+            for share in shares:
+                torch.testing.assert_close(share[key], whole[key], atol=0, rtol=0)
+    assert set(whole.keys()) <= {*GATHERED_FIELDS, *DROPPED_FIELDS, *KEPT_FIELDS}, "a field the gather would refuse"

@@ -360,3 +360,24 @@ def test_families_refused_on_image_data_say_why_and_what_to_do(model_type):
     verdict = check_architecture(model_class, AutoConfig.for_model(model_type), "padfree_varlen", images=True)
     assert not verdict.exact
     assert "padded" in verdict.reason and ("position function" in verdict.reason or "collator" in verdict.reason)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_granite4_visions_deepstack_features_are_cut_to_the_chunks_image_tokens(rank):
+    # Granite 4 Vision hands its language model a (1, T, 1) mask of the image tokens and, per layer, their features
+    from trl_padfree.parallel.groups import RowGroup
+    from trl_padfree.parallel.row_split import chunked_language_model_inputs
+
+    row_length, ranks = 12, 3
+    image_tokens = torch.tensor([[0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0]], dtype=torch.bool)
+    features = torch.arange(int(image_tokens.sum()))[:, None].float().expand(-1, 4)
+    kwargs = {"vision_mask": image_tokens[..., None], "deepstack_features": {0: features, 3: 2 * features}}
+
+    chunk = chunked_language_model_inputs(kwargs, RowGroup(None, rank, ranks), row_length)
+
+    mine = slice(4 * rank, 4 * rank + 4)
+    assert torch.equal(chunk["vision_mask"], kwargs["vision_mask"][:, mine])
+    before, count = int(image_tokens[0, : mine.start].sum()), int(image_tokens[0, mine].sum())
+    assert chunk["deepstack_features"].keys() == {0, 3}
+    for layer, scale in ((0, 1), (3, 2)):
+        torch.testing.assert_close(chunk["deepstack_features"][layer], scale * features[before : before + count])

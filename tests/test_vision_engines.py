@@ -6,7 +6,8 @@ trainer in one process on the same global batches (distributed_runs' fp32 bounds
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not (FSDP2 refuses it, the
 last test); InternVL and Aya Vision cut images into tiles; MiniCPM-V 4.6 (untied, ZeRO-3 only) packs its crops along
 one pixel axis. Every family gets prompts with one and with two images. Cosmos3-Omni, HyperCLOVAX-Vision-V2,
-Video-LLaVA and Qianfan-OCR run under ZeRO-3 in the same launch.
+Video-LLaVA and Qianfan-OCR run under ZeRO-3 in the same launch, as does
+DeepSeek-VL hybrid, which hands each image over twice, at two resolutions.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from tiny_vision import save_vision_models  # noqa: E402
 # collective mismatch between the two processes (received 1024 bytes for 288), not yet diagnosed; its short
 # convolutions run once per sequence on CPU (modeling/mixers.py) and its tower's once per image, calls whose count
 # differs between ranks
-ZERO3_ONLY = ("cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr")
+# DeepSeek-VL hybrid: two image inputs per image (its SAM tower's high-resolution copy), DeepSeek-VL's path and more
+ZERO3_ONLY = ("cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "deepseek_vl_hybrid")
 
 FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", "minicpmv4_6", *ZERO3_ONLY)
 # In a launch of their own (-m slow: the default suite's time): Gemma 4 and Gemma 4 Unified (images of any size with

@@ -30,9 +30,10 @@ from tiny_vision import MINICPM_FAMILIES, MOE_FAMILIES, VISION_FAMILIES, save_vi
 # HyperCLOVAX-Vision-V2: Qwen-VL's patches on plain positions (no get_rope_index)
 PLAIN_POSITIONS = ("hyperclovax_vision_v2",)
 # Qwen2.5-VL: mRoPE positions from the whole row; Qwen3-VL: deepstack features added inside the language model;
-# LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3", *PLAIN_POSITIONS)
-CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", *PLAIN_POSITIONS)
+# LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only);
+# DeepSeek-VL hybrid: two image inputs, each image at two resolutions, dealt together
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3", "deepseek_vl_hybrid", *PLAIN_POSITIONS)
+CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "deepseek_vl_hybrid", *PLAIN_POSITIONS)
 VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 WHOLE_IMAGES = "qwen3_vl"  # deal_images=False: every rank runs the vision tower on all of the row's images

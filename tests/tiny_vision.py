@@ -7,7 +7,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
 smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2,
-minicpmv4_6, minicpm_ocr, minicpmv4_7, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava, qianfan_ocr. Each
+minicpmv4_6, minicpm_ocr, minicpmv4_7, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava, qianfan_ocr,
+deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2, janus. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -42,6 +43,11 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     gemma4_unified  pixel_values (I, 70, 192), image_position_ids         mm_token_type_ids (soft tokens)
                       (I, 70, 2)                                          (2 x 2 patches merged into one, a token each)
     minicpm*        pixel_values (1, 3, 14, L), target_sizes (crops, 2)   mm_token_type_ids, 4.7 only (image tokens)
+    deepseek_vl     pixel_values (I, 3, 32, 32)                           none
+    deepseek_vl_hybrid  as DeepSeek-VL, and high_res_pixel_values (I, 3, 64, 64)
+    granite4_vision as LLaVA-NeXT                                         none (4 tokens per tile, and newlines)
+    ovis2           pixel_values (tiles, 3, 32, 32)                       none (a whole image, then 1-4 tiles if more)
+    janus           pixel_values (I, 3, 32, 32)                           none
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -62,6 +68,12 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     minicpm*        image_token_id      yes                          <image_id>k</image_id><image> n x <image_pad>
                                                                      </image>, then <slice>...</slice> per slice;
                                                                      n = patches / 16 (OCR: / 4) per crop
+    deepseek_vl(_h) image_token_id      yes                          16 <image_placeholder>
+    granite4_vision image_token_index   yes                          as LLaVA-NeXT, 4 per tile
+    ovis2           image_token_id      no: <image>, the model's is  <IMG_START> 4 x <IMG_ATOM> <IMG_GRID> then 4 per
+                                        <IMG_ATOM>                   tile between <IMG_COL> / <IMG_ROW>, <IMG_END>
+    janus           image_token_id      its tokenizer's (none on it) <begin_of_image> 16 <image_placeholder>
+                                                                 <end_of_image>
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -77,6 +89,8 @@ Video-LLaVA freezes its image tower's post-layernorm as LLaVA does, and its vide
 LFM3-VL's language model has 3 layers (a short convolution, a sliding-window and a full attention layer), its
 tower 2 (a convolution, then attention), so that each kind of layer runs. Qianfan-OCR's tower drops no path
 (`drop_path_rate=0`, the checkpoints' 0.1 would drop different layers in the padded and the packed step).
+DeepSeek-VL hybrid's zero-initialised gate on its SAM tower's global features gets a small random value; Janus's image
+generator (VQ-VAE, generation embeddings, aligner and head), which understanding never runs, is frozen.
 
 Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL,
 Video-LLaVA, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4 processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
@@ -85,8 +99,8 @@ the missing video processor); train with `save_strategy="no"`. Pixtral's process
 `StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
 `StandInGemma4UnifiedImageProcessor` returns its merged patches. MiniCPM-V's processors are subclasses without a video
 processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
-4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR
-and Idefics processors are the stock classes and save and reload.
+4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR,
+Idefics, DeepSeek-VL, Granite 4 Vision, Ovis 2 and Janus processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -102,6 +116,10 @@ from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
     AyaVisionProcessor,
+    DeepseekVLHybridImageProcessorPil,
+    DeepseekVLHybridProcessor,
+    DeepseekVLImageProcessorPil,
+    DeepseekVLProcessor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
     Gemma4AudioFeatureExtractor,
@@ -113,12 +131,15 @@ from transformers import (
     Glm46VImageProcessorPil,
     Glm46VProcessor,
     GotOcr2ImageProcessorPil,
+    Granite4VisionProcessor,
     HyperCLOVAXVisionV2Processor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     InternVLProcessor,
+    JanusImageProcessorPil,
+    JanusProcessor,
     Lfm3VlProcessor,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
@@ -130,6 +151,8 @@ from transformers import (
     MiniCPMV4_6ImageProcessorPil,
     MiniCPMV4_6Processor,
     MiniCPMV4_7Processor,
+    Ovis2ImageProcessorPil,
+    Ovis2Processor,
     PaddleOCRVLImageProcessorPil,
     PaddleOCRVLProcessor,
     PixtralImageProcessorPil,
@@ -155,6 +178,7 @@ VISION_FAMILIES = (
     "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl", "gemma4", "gemma4_unified", "shieldgemma2", "minicpmv4_6",
     "minicpm_ocr", "minicpmv4_7",
     "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl", "video_llava", "qianfan_ocr",
+    "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision", "ovis2", "janus",
 )  # fmt: skip
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
@@ -170,6 +194,7 @@ TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed n
 MINICPM_FAMILIES = ("minicpmv4_6", "minicpm_ocr", "minicpmv4_7")
 # Qwen-VL's image layout and tokens before a language model on plain 1-D positions (no get_rope_index)
 PLAIN_POSITION_FAMILIES = ("hyperclovax_vision_v2", "lfm3_vl")
+DEEPSEEK_VL_FAMILIES = ("deepseek_vl", "deepseek_vl_hybrid")  # the hybrid adds a SAM tower on high-resolution copies
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -187,6 +212,13 @@ GEMMA4_TOKENS = {
     "eoa_token": "<end_of_audio>",
 }
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
+GRANITE4_VISION_TOKENS = ("<image>",)
+# Ovis 2's processor writes an image as <IMG_START>, its whole image's <IMG_ATOM> tokens, <IMG_GRID>, its tiles'
+# (between <IMG_COL> and <IMG_ROW>), <IMG_END>: the model embeds those five indicators from its visual vocabulary
+OVIS2_INDICATORS = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+OVIS2_TOKENS = ("<image>", "<IMG_ATOM>", *OVIS2_INDICATORS)
+# Janus's processor reads these names off its tokenizer
+JANUS_TOKENS = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v", "glm_ocr")
 GLM_TOKENS = (
@@ -222,6 +254,7 @@ MINICPM_TOKENS = {
     "image_id_start_token": "<image_id>",
     "image_id_end_token": "</image_id>",
 }
+DEEPSEEK_VL_TOKENS = {"image_token": "<image_placeholder>"}  # DeepSeek-VL's processor reads it off its tokenizer
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -247,6 +280,10 @@ IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(("cosmos3_omni", *PLAIN_POSITION_FAMILIES), "<|vision_start|><|image_pad|><|vision_end|>"),
     "video_llava": "<image>",
     "qianfan_ocr": "<image>",  # its processor's `image_placeholder_token`, expanded to InternVL's tokens
+    **dict.fromkeys(DEEPSEEK_VL_FAMILIES, DEEPSEEK_VL_TOKENS["image_token"]),
+    "granite4_vision": GRANITE4_VISION_TOKENS[0],
+    "ovis2": OVIS2_TOKENS[0],
+    "janus": JANUS_TOKENS["image_token"],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -317,6 +354,14 @@ def make_vision_tokenizer(model_type: str):
         tokens = LLAVA_TOKENS
     elif model_type == "qianfan_ocr":
         tokens = tuple(INTERNVL_TOKENS.values())
+    elif model_type in DEEPSEEK_VL_FAMILIES:
+        tokens = tuple(DEEPSEEK_VL_TOKENS.values())
+    elif model_type == "granite4_vision":
+        tokens = GRANITE4_VISION_TOKENS
+    elif model_type == "ovis2":
+        tokens = OVIS2_TOKENS
+    elif model_type == "janus":
+        tokens = tuple(JANUS_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -332,6 +377,10 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens({"image_token": PADDLEOCR_TOKENS["image_token"]})
     if model_type in MINICPM_FAMILIES:
         tokenizer._set_model_specific_special_tokens(MINICPM_TOKENS)
+    if model_type in DEEPSEEK_VL_FAMILIES:
+        tokenizer._set_model_specific_special_tokens(DEEPSEEK_VL_TOKENS)
+    if model_type == "janus":
+        tokenizer._set_model_specific_special_tokens(JANUS_TOKENS)
     return tokenizer
 
 
@@ -687,6 +736,51 @@ def _minicpm_processor(model_type, tokenizer, template, scale_resolution=56, max
     return _MINICPM_PROCESSORS[model_type](image_processor, None, tokenizer, chat_template=template)
 
 
+def _deepseek_vl_processor(model_type, tokenizer, template, image_size=32, patch_size=8, high_res_size=64):
+    """Images resized to fit `image_size` and padded square, a token per `patch_size` patch; the hybrid's processor
+    also gives each image at `high_res_size` (for its SAM tower, whose features are resized to the same tokens)."""
+    size = {"height": image_size, "width": image_size}
+    tokens = (image_size // patch_size) ** 2
+    if model_type == "deepseek_vl":
+        image_processor = DeepseekVLImageProcessorPil(size=size)
+        return DeepseekVLProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
+    image_processor = DeepseekVLHybridImageProcessorPil(
+        size=size, high_res_size={"height": high_res_size, "width": high_res_size}
+    )
+    return DeepseekVLHybridProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
+
+
+def _granite4_vision_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """LLaVA-NeXT's tiles (`_anyres_processor`), each tile's 4 x 4 patches queried by 2 x 2 (`downsample_rate`)."""
+    pinpoints = [[image_size * rows, image_size * columns] for rows, columns in ((1, 1), (1, 2), (2, 1), (2, 2))]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        image_grid_pinpoints=pinpoints,
+    )
+    return Granite4VisionProcessor(
+        image_processor, tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, downsample_rate="2/4", chat_template=template,
+    )  # fmt: skip
+
+
+def _ovis2_processor(model_type, tokenizer, template, image_size=32, max_tiles=4, image_seq_length=4):
+    """Images cut into 1 to `max_tiles` tiles of `image_size` pixels by their aspect ratio, after the whole image;
+    `image_seq_length` tokens per tile."""
+    image_processor = Ovis2ImageProcessorPil(
+        size={"height": image_size, "width": image_size}, crop_to_patches=True, max_patches=max_tiles
+    )
+    return Ovis2Processor(image_processor, tokenizer, chat_template=template, image_seq_length=image_seq_length)
+
+
+def _janus_processor(model_type, tokenizer, template, image_size=32, patch_size=8):
+    """Images resized to fit `image_size` and padded square, a token per `patch_size` patch between begin and end of
+    image tokens."""
+    image_processor = JanusImageProcessorPil(size={"height": image_size, "width": image_size})
+    tokens = (image_size // patch_size) ** 2
+    return JanusProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -703,6 +797,10 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_processor),
     "video_llava": _video_llava_processor,
     "qianfan_ocr": _qianfan_ocr_processor,
+    **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_processor),
+    "granite4_vision": _granite4_vision_processor,
+    "ovis2": _ovis2_processor,
+    "janus": _janus_processor,
 }
 
 
@@ -1122,6 +1220,92 @@ def _minicpm_config(model_type, processor):
     return values
 
 
+def _deepseek_vl_config(model_type, processor):
+    """DeepSeek-VL: a SigLIP tower (no pooling head: DeepSeek-VL reads its patches), a token per patch, Llama; the
+    hybrid adds a SAM tower on the high-resolution copy, its features resized to SigLIP's grid of patches."""
+    image_processor = processor.image_processor
+    image_size = image_processor.size["height"]
+    patch_size = image_size // math.isqrt(processor.num_image_tokens)
+    vision = dict(
+        _VISION, model_type="siglip_vision_model", image_size=image_size, patch_size=patch_size, vision_use_head=False
+    )
+    values = dict(text_config=dict(_TEXT), vision_config=vision, image_token_id=processor.image_token_id)
+    if model_type == "deepseek_vl_hybrid":
+        high_res_size = image_processor.high_res_size["height"]
+        values["high_res_vision_config"] = dict(
+            _VISION, model_type="sam_vision_model", image_size=high_res_size, patch_size=high_res_size // 4,
+            output_channels=8, mlp_dim=_VISION["intermediate_size"], window_size=2, global_attn_indexes=[1],
+            num_pos_feats=16,
+        )  # fmt: skip
+    return values
+
+
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # the Q-Former's, 0.1 by default
+
+
+def _granite4_vision_config(model_type, processor):
+    """Granite 4 Vision: a CLIP tower (CLS dropped) over LLaVA-NeXT's tiles, its patches queried by Q-Formers in
+    windows, the features added to the image tokens before several language model layers (deepstack): one layer's
+    from the tower's first layer, then four spatial offsets of its last, each before a layer of its own. The tower is
+    64 wide, as its Q-Former takes a head per 64 (Granite4VisionConfig)."""
+    image_processor = processor.image_processor
+    vision = dict(
+        _VISION, hidden_size=64, image_size=image_processor.crop_size["height"], patch_size=processor.patch_size
+    )
+    return dict(
+        text_config=dict(_TEXT, num_hidden_layers=5),
+        vision_config=vision,
+        qformer_config=dict(num_hidden_layers=1, intermediate_size=_VISION["intermediate_size"], **_NO_DROPOUT),
+        image_token_index=processor.image_token_id,
+        image_grid_pinpoints=image_processor.image_grid_pinpoints,
+        vision_feature_select_strategy=processor.vision_feature_select_strategy,
+        downsample_rate=processor.downsample_rate,
+        deepstack_layer_map=[[1, 0]],
+        spatial_target_layers=[1, 2, 3, 4],
+        projector_dropout=0.0,
+    )
+
+
+def _ovis2_config(model_type, processor):
+    """Ovis 2: each tile's 4 x 4 patches, 2 x 2 per token (`hidden_stride`), scored over a visual vocabulary whose
+    embeddings (a softmax-weighted sum) are the token's features; Qwen2."""
+    image_size = processor.image_processor.size["height"]
+    hidden_stride = 2
+    patch_size = image_size // (hidden_stride * math.isqrt(processor.image_seq_length))
+    vision = dict(_VISION, image_size=image_size, patch_size=patch_size, hidden_stride=hidden_stride, vocab_size=16)
+    tokenizer = processor.tokenizer
+    return dict(
+        text_config=dict(_TEXT, model_type="qwen2"),
+        vision_config=vision,
+        hidden_size=_TEXT["hidden_size"],
+        vocab_size=len(tokenizer),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        visual_indicator_token_ids=tokenizer.convert_tokens_to_ids(list(OVIS2_INDICATORS)),
+    )
+
+
+def _janus_config(model_type, processor):
+    """Janus: its own SigLIP-like tower, a token per patch, Llama; and an image generator (a VQ-VAE with its own
+    embeddings, aligner and head) that understanding never runs, here as small as it builds (GroupNorm of 32)."""
+    image_size = processor.image_processor.size["height"]
+    patch_size = image_size // math.isqrt(processor.num_image_tokens)
+    hidden = _TEXT["hidden_size"]
+    vision = dict(
+        _VISION, image_size=image_size, patch_size=patch_size, num_image_tokens=processor.num_image_tokens,
+        projection_dim=hidden, mlp_ratio=2.0,
+    )  # fmt: skip
+    vq = dict(
+        embed_dim=8, num_embeddings=16, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
+        num_res_blocks=1, projection_dim=hidden, image_token_embed_dim=hidden,
+    )  # fmt: skip
+    return dict(
+        text_config=dict(_TEXT),
+        vision_config=vision,
+        vq_config=vq,
+        image_token_id=processor.tokenizer.image_token_id,
+    )
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -1140,6 +1324,10 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(PLAIN_POSITION_FAMILIES, _plain_position_config),
     "video_llava": _video_llava_config,
     "qianfan_ocr": _qianfan_ocr_config,
+    **dict.fromkeys(DEEPSEEK_VL_FAMILIES, _deepseek_vl_config),
+    "granite4_vision": _granite4_vision_config,
+    "ovis2": _ovis2_config,
+    "janus": _janus_config,
 }
 
 
@@ -1172,7 +1360,14 @@ def make_vision_model(
     if model_type in GEMMA3_FAMILIES:
         # Gemma 3 initialises its image projection to zero, which would cut every gradient to the vision tower
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=_INIT_STD)
-    if model_type in ("llava", "aya_vision", *ANYRES_FAMILIES):
+    if model_type == "deepseek_vl_hybrid":
+        # Its SAM tower's global features enter through a gate initialised to zero, which would cut their gradients
+        torch.nn.init.normal_(model.model.high_res_vision_alpha, std=_INIT_STD)
+    if model_type == "janus":  # its image generator, which understanding never runs
+        for module in (model.model.vqmodel, model.model.generation_embeddings, model.model.generation_aligner,
+                       model.model.generation_head):  # fmt: skip
+            module.requires_grad_(False)
+    if model_type in ("llava", "aya_vision", "granite4_vision", *ANYRES_FAMILIES):
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower
         getattr(tower, "vision_model", tower).post_layernorm.requires_grad_(False)

@@ -90,6 +90,14 @@ FAMILIES = {
     "lfm3_vl": ImageFamily("patches", None),  # Qwen3-VL's tower, plain 1-D text positions
     "video_llava": ImageFamily("images", None),  # LLaVA's images, from its image tower
     "qianfan_ocr": ImageFamily("tiles", None),  # InternVL's tiles, before Qwen3
+    "deepseek_vl": ImageFamily("images", None),  # SigLIP, a token per patch
+    "deepseek_vl_hybrid": ImageFamily("images", None),  # and each image again, high-resolution, through SAM
+    "granite4_vision": ImageFamily("sized", None),  # LLaVA-NeXT's tiles, features added at several layers
+    "ovis2": ImageFamily("tiles", None),  # a whole image and its tiles, a visual vocabulary's embeddings per patch
+    "janus": ImageFamily("images", None),  # SigLIP-like, a token per patch (its VQ model only generates images)
+    "got_ocr2": ImageFamily("tiles", None),  # SAM, 4 x 4 patches a token; images whole, or cut into tiles
+    "pp_chart2table": ImageFamily("tiles", None),  # GOT-OCR2's model
+    "aria": ImageFamily("images", None),  # Idefics3's tower, its patches cross-attended by a fixed number of queries
 }
 
 

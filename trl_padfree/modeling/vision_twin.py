@@ -24,9 +24,19 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Mistral 3, Mistral Large 3, pixel_values padded to the largest image,      up to 8 x 8 patches merged 2 x 2; tokens
     LightOnOCR (Pixtral)        image_sizes (sized)                            from get_image_features
     LFM2-VL (SigLIP2 NaFlex)    flattened patches, their mask, spatial_shapes  4 x 4, 2 x 4, 4 x 2 patches
-    InternVL, Qianfan-OCR,      pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
-    Aya Vision, Command A       (tiles)                                        to 4 tokens
-    Vision, Llama 4
+    InternVL, Aya Vision,       pixel_values of 1, 3 or 2 tiles per image      tiles of 4 x 4 patches, pixel-shuffled
+    Command A Vision, Llama 4   (tiles)                                        to 4 tokens
+    DeepSeek-VL, Janus          pixel_values (images)                          2 x 2 patches, a token each; Janus's
+                                                                               VQ-VAE (image generation) narrowed
+    DeepSeek-VL hybrid          pixel_values, high_res_pixel_values (images)   as DeepSeek-VL; SAM on 4 x 4 patches
+    Granite 4 Vision            as LLaVA-NeXT (sized)                          tiles of 4 x 4 patches queried by 2 x 2;
+                                                                               deepstack [[-1, 0]] where none is set
+    Aria                        pixel_values (images; pixel_mask unset)        2 x 2 patches queried by 4; its image
+                                                                               token (9) moved to the vocabulary's end
+    GOT-OCR2, PP-Chart2Table    pixel_values of 1, 3 or 2 tiles per image      SAM on 8 x 8 patches, convolved to 4
+                                (tiles)                                        tokens
+    Ovis 2                      pixel_values of 1, 3 or 2 tiles per image      tiles of 2 x 2 tokens of hidden_stride^2
+                                (tiles)                                        patches each
     Gemma 4                     each image's patches padded to the most,       2 x 2, 1 x 2, 2 x 1 tokens of k x k
                                 image_position_ids (x, y; -1 on padding)       2-pixel patches (k: pooling_kernel_size)
                                 (sized)
@@ -83,6 +93,8 @@ TWIN_TILES = (1, 3, 2)
 GEMMA4 = ("gemma4", "gemma4_unified")
 # Gemma 4 Unified has no vision tower: its processor merges each k x k patches into one, a token each
 MERGED_PATCHES = ("gemma4_unified",)
+# Families of the images layout whose every patch is an image token (DeepSeek-VL)
+TOKEN_PER_PATCH = ("deepseek_vl", "deepseek_vl_hybrid", "janus")
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -168,6 +180,36 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         if model_type in MERGED_PATCHES:  # its patch embedding as wide as the language model, positions per token
             vision["mm_embed_dim"] = vision["output_proj_dims"] = hidden
             vision["mm_posemb_size"] = 3
+    elif model_type in TOKEN_PER_PATCH:  # 2 x 2 patches, a token each
+        vision["image_size"] = 2 * vision["patch_size"]
+        high_res = values.get("high_res_vision_config")
+        if high_res is not None:  # SAM on 4 x 4 patches, in windows of 2 x 2, its features resized to SigLIP's grid
+            high_res.update(image_size=4 * high_res["patch_size"], window_size=2, output_channels=8)
+        if model_type == "janus":  # its aligner and its image generator's (a VQ-VAE, unused here) as wide as the text
+            vision.update(num_image_tokens=4, projection_dim=hidden)
+            values["vq_config"].update(
+                projection_dim=hidden, image_token_embed_dim=hidden, num_embeddings=16, base_channels=32,
+                latent_channels=32,
+            )  # fmt: skip
+    elif model_type == "granite4_vision":  # LLaVA-NeXT's tiles of 4 x 4 patches, queried by 2 x 2
+        side = vision["image_size"] = 4 * vision["patch_size"]
+        values["image_grid_pinpoints"] = [[side * rows, side * columns] for rows, columns in TWIN_TILE_GRIDS]
+        values["downsample_rate"] = "2/4"
+        # Its Q-Former takes a head per 64 of the tower's width (Granite4VisionConfig)
+        vision["hidden_size"] = values["qformer_config"]["hidden_size"] = 64
+        values["qformer_config"].update(encoder_hidden_size=64, num_attention_heads=1)
+        if values.get("deepstack_layer_map") is None:  # the default config names none: the tower's last layer's
+            values["deepstack_layer_map"] = [[-1, 0]]
+    elif model_type in ("got_ocr2", "pp_chart2table"):  # SAM on 8 x 8 patches (windows of 2 x 2), 4 x 4 per token
+        vision.update(image_size=8 * vision["patch_size"], window_size=2, output_channels=8)
+        values["image_seq_length"] = 4
+    elif model_type == "aria":  # 2 x 2 patches, queried by 4
+        vision["image_size"] = 2 * vision["patch_size"]
+        values["projector_patch_to_query_dict"] = {4: 4}
+        # its image token (9) is a low id, among the check's random text: past the vocabulary, remapped to its end
+        values["image_token_index"] = text["vocab_size"]
+    elif model_type == "ovis2":  # tiles of 2 x 2 tokens of hidden_stride^2 patches each
+        vision["image_size"] = 2 * vision["hidden_stride"] * vision["patch_size"]
     elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
         vision["image_size"] = 8 * vision["patch_size"]
     elif FAMILIES[model_type].layout == "navit":  # MiniCPM-V: crops of up to 8 x 8 patches
@@ -221,7 +263,7 @@ def twin_image_inputs(
         if config.model_type == "llava_onevision":  # a prompt of several images gets their base tiles only
             inputs["batch_num_images"] = torch.tensor(images_per_example)
         with torch.no_grad():
-            features = twin.model.get_image_features(**inputs).pooler_output
+            features = _image_features(twin.model.get_image_features(**inputs))
         tokens = [len(image) for image in features]
         return {key: torch.cat([value, value]) for key, value in inputs.items()}, tokens
     side, channels = _side(vision.image_size), getattr(vision, "num_channels", 3)
@@ -232,7 +274,12 @@ def twin_image_inputs(
     tokens = [_fixed_tokens(config)] * images
     if family.layout == "images":
         pixels = noise(images, channels, side, side)
-        return {"pixel_values": torch.cat([pixels, pixels])}, tokens
+        inputs = {"pixel_values": torch.cat([pixels, pixels])}
+        high_res = getattr(config, "high_res_vision_config", None)
+        if high_res is not None:  # DeepSeek-VL hybrid: each image again, at its high-resolution tower's size
+            high_res_pixels = noise(images, high_res.num_channels, high_res.image_size, high_res.image_size)
+            inputs["high_res_pixel_values"] = torch.cat([high_res_pixels, high_res_pixels])
+        return inputs, tokens
     most = max(images_per_example)
     pixels = torch.zeros(len(images_per_example), most, channels, side, side, dtype=torch.float64)
     mask = torch.zeros(len(images_per_example), most, side, side, dtype=torch.bool)
@@ -256,6 +303,14 @@ def _patch_pixels(model_type: str, vision) -> tuple[int, ...]:
     if model_type in UNFLATTENED_PATCHES:
         return channels, vision.patch_size, vision.patch_size
     return (channels * vision.patch_size**2,)
+
+
+def _image_features(output) -> list[torch.Tensor]:
+    """Each image's features from `get_image_features`: its `pooler_output`, or where it only adds features inside the
+    language model (Granite 4 Vision's deepstack, `(layer, per-image features)` pairs), the first layer's."""
+    if output.get("pooler_output") is not None:
+        return output.pooler_output
+    return output.deepstack_features[0][1]
 
 
 def _side(image_size) -> int:
@@ -309,10 +364,16 @@ def _fixed_tokens(config) -> int:
     for name in ("mm_tokens_per_image", "image_seq_length"):
         if isinstance(getattr(config, name, None), int):
             return getattr(config, name)
+    if getattr(config, "projector_patch_to_query_dict", None):  # Aria: the queries for the image's patches
+        patches = (_side(config.vision_config.image_size) // _side(config.vision_config.patch_size)) ** 2
+        return config.projector_patch_to_query_dict[patches]
     if getattr(config, "perceiver_config", None) is not None:  # Idefics2: a resampler's latents
         return config.perceiver_config.resampler_n_latents
     vision = config.vision_config
+    if config.model_type in TOKEN_PER_PATCH:
+        return (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     # pixel shuffle: Idefics3's scale factor, Aya Vision's downsample factor, Llama 4's ratio
     factor = getattr(config, "scale_factor", None) or getattr(config, "downsample_factor", None)
+    factor = factor or getattr(vision, "hidden_stride", None)  # Ovis 2's patches per token, on a side
     factor = factor or round(1 / vision.pixel_shuffle_ratio)
     return (_side(vision.image_size) // _side(vision.patch_size)) ** 2 // factor**2

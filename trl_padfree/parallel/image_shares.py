@@ -33,9 +33,15 @@ from ..packing.vision import ImageUnitSizes
 from .groups import RowGroup, all_gather_dim0, gather_uneven
 
 # What `get_image_features` returns that the model's forward reads (transformers 5.23-5.24): `pooler_output`, one
-# tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image
+# tensor (images or tokens first) or one per image; Qwen3-VL's `deepstack_features`, per layer one per image (Granite 4
+# Vision's: per layer a pair of the language model layer's index, the same on every rank, and one per image)
 GATHERED_FIELDS = ("pooler_output", "deepstack_features")
 DROPPED_FIELDS = ("last_hidden_state", "hidden_states", "attentions")
+# DeepSeek-VL hybrid's high-resolution tower's, beside its features (in `pooler_output`)
+DROPPED_FIELDS += ("high_res_vision_last_hidden_state", "high_res_vision_hidden_states", "high_res_vision_attentions")
+# Fields that do not depend on the images, each rank's its own: Ovis 2's visual indicators (the embeddings of the
+# tokens around its images), which every rank's forward places on the indicator tokens of the whole row
+KEPT_FIELDS = ("visual_indicator_features",)
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -142,9 +148,9 @@ def gathered_features(output, row: RowGroup):
         raise NotImplementedError(
             f"get_image_features returned a {type(output).__name__}, not a model output: set deal_images=False."
         )
-    fields = {}
+    fields, kept = {}, {key: output[key] for key in KEPT_FIELDS if output.get(key) is not None}
     for key in output.keys():
-        if key in DROPPED_FIELDS:
+        if key in DROPPED_FIELDS or key in kept:
             continue
         if key not in GATHERED_FIELDS:
             raise NotImplementedError(
@@ -156,7 +162,7 @@ def gathered_features(output, row: RowGroup):
     mine = [_entries(value) for value in fields.values()]
     device = next(iter(_tensors(fields.values())), torch.empty(0)).device
     everyone = exchanged_entries(mine, row, device)
-    return type(output)(**{
+    return type(output)(**kept, **{
         key: _gathered(value, [ranks[index] for ranks in everyone], row)
         for index, (key, value) in enumerate(fields.items())
     })  # fmt: skip
@@ -197,12 +203,16 @@ def _tensors(values):
     for value in values:
         if isinstance(value, torch.Tensor):
             yield value
+        elif isinstance(value, int):  # a layer's index (Granite 4 Vision)
+            continue
         else:
             yield from _tensors(value)
 
 
 def _entries(value):
     """A field's shape as the gather needs it: a tensor's entries; per image, each one's; per layer, each layer's."""
+    if isinstance(value, int):  # a layer's index (Granite 4 Vision), kept as it is
+        return value
     if isinstance(value, torch.Tensor):
         return value.shape[0]
     if all(isinstance(part, torch.Tensor) for part in value):
@@ -211,6 +221,8 @@ def _entries(value):
 
 
 def _gathered(value, entries: list, row: RowGroup):
+    if isinstance(value, int):  # a layer's index (Granite 4 Vision), the same on every rank
+        return value
     if isinstance(value, torch.Tensor):  # images or tokens first
         return gather_uneven(value, row, entries)
     if all(isinstance(part, torch.Tensor) for part in value):  # one tensor per image: every rank's images, in order

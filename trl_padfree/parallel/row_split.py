@@ -129,14 +129,22 @@ def chunked_language_model_inputs(kwargs: dict, row: RowGroup, row_length: int) 
         if key == "position_ids":  # (1, T), or (sections, 1, T) with a position function
             chunked[key] = row.chunk(value.movedim(-1, 1)).movedim(1, -1)
         elif key == "deepstack_visual_embeds" and value is not None:  # Qwen3-VL: features of the row's image tokens
-            image_tokens = kwargs["visual_pos_masks"][0]
-            length = row_length // row.size
-            mine = torch.zeros_like(image_tokens)
-            mine[row.rank * length : (row.rank + 1) * length] = True
-            chunked[key] = [features[mine[image_tokens]] for features in value]
+            mine = _chunk_image_tokens(kwargs["visual_pos_masks"][0], row, row_length)
+            chunked[key] = [features[mine] for features in value]
+        elif key == "deepstack_features" and value is not None:  # Granite 4 Vision: per layer, as Qwen3-VL's
+            mine = _chunk_image_tokens(kwargs["vision_mask"][0, :, 0], row, row_length)
+            chunked[key] = {layer: features[mine] for layer, features in value.items()}
         elif isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (1, row_length):
             chunked[key] = row.chunk(value)
     return chunked
+
+
+def _chunk_image_tokens(image_tokens: torch.Tensor, row: RowGroup, row_length: int) -> torch.Tensor:
+    """Which of the row's image tokens (`image_tokens`, the row's mask of them) lie in `row`'s chunk."""
+    length = row_length // row.size
+    mine = torch.zeros_like(image_tokens)
+    mine[row.rank * length : (row.rank + 1) * length] = True
+    return mine[image_tokens]
 
 
 def _gathered_outputs(outputs, group: RowGroup, row_length: int):
