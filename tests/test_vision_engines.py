@@ -33,7 +33,7 @@ FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", "minicpmv4_6", *ZERO
 # In a launch of their own (-m slow: the default suite's time): Gemma 4 and Gemma 4 Unified (images of any size with
 # per-patch positions; Unified's attended both ways), ShieldGemma 2 (Gemma 3's classes), MiniCPM-OCR and MiniCPM-V 4.7
 # (NaViT crops; 4.7's own position function)
-MORE_ZERO3_FAMILIES = ("gemma4", "gemma4_unified", "shieldgemma2", "minicpm_ocr", "minicpmv4_7")
+MORE_ZERO3_FAMILIES = ("gemma4", "shieldgemma2", "minicpm_ocr", "minicpmv4_7", "gemma4_unified")
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
