@@ -6,7 +6,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl. Each
+smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, kimi_k25 (DeepSeek-V3's language model).
+Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -30,6 +31,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     aya_vision      pixel_values (tiles, 3, 32, 32)                       none (as InternVL)
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
     paddleocr_vl    pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    mm_token_type_ids (<|IMAGE_PLACEHOLDER|>)
+    kimi_k25        pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    none (plain positions)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -42,6 +44,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     aya_vision      image_token_index   yes                          TILE_k 4 x <|IMG_PATCH|> per tile, in START/END
     mistral3        image_token_index   yes                          a [IMG] per merged patch, rows ended by [IMG_BREAK]
     paddleocr_vl    image_token_id      yes                          1-12 <|IMAGE_PLACEHOLDER|> in <|IMAGE_START|> ... END
+    kimi_k25        image_token_id      yes                          1-16 <|media_pad|> in <|media_begin|>image...end
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -58,7 +61,9 @@ Without torchvision there is no video processor: the Qwen-VL, GLM-4V, LLaVA-OneV
 here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement, which only video prompts need). They
 handle images and text only, and their `save_pretrained` fails (AttributeError on the missing video processor); train
 with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
-`StandInPixtralProcessor` writes its tokens where it is absent. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
+`StandInPixtralProcessor` writes its tokens where it is absent; Kimi K2.5's image processor has only a torchvision
+backend: `StandInKimiK25ImageProcessor` makes its patches with PIL (its processor, without a video processor, is the
+stock class). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision and Idefics
 processors are the stock classes and save and reload.
 """
 
@@ -87,6 +92,7 @@ from transformers import (
     Idefics3ImageProcessorPil,
     Idefics3Processor,
     InternVLProcessor,
+    Kimi_K25Processor,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
     LlavaNextProcessor,
@@ -105,6 +111,10 @@ from transformers import (
     SmolVLMImageProcessorPil,
     SmolVLMProcessor,
 )
+from transformers.image_processing_backends import PilBackend
+from transformers.image_processing_utils import BatchFeature
+from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+from transformers.processing_utils import ImagesKwargs
 
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
@@ -114,6 +124,7 @@ VISION_FAMILIES = (
     "vipllava", "llava_next", "llava_onevision", "internvl", "aya_vision", "mistral3", "idefics2",
     "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl",
 )  # fmt: skip
+VISION_FAMILIES += ("kimi_k25",)
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -153,6 +164,15 @@ PADDLEOCR_TOKENS = {
     "image_token": "<|IMAGE_PLACEHOLDER|>",
     "image_end": "<|IMAGE_END|>",
 }
+# Kimi K2.5's image span (the word `image` between its begin and content tokens); its processor also looks its video
+# placeholder up
+KIMI_TOKENS = (
+    "<|media_begin|>",
+    "<|media_content|>",
+    "<|media_end|>",
+    "<|media_pad|>",
+    "<|kimi_k25_video_placeholder|>",
+)
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -173,6 +193,7 @@ IMAGE_PLACEHOLDERS = {
     "aya_vision": "<image>",
     "mistral3": PIXTRAL_TOKENS[0],
     "paddleocr_vl": "".join(PADDLEOCR_TOKENS.values()),
+    "kimi_k25": "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -233,6 +254,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = PIXTRAL_TOKENS
     elif model_type == "paddleocr_vl":
         tokens = tuple(PADDLEOCR_TOKENS.values())
+    elif model_type == "kimi_k25":
+        tokens = KIMI_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -344,6 +367,73 @@ def _paddleocr_processor(model_type, tokenizer, template):
         patch_size=14, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels
     )
     return PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=template)
+
+
+class StandInKimiK25ImageProcessorKwargs(ImagesKwargs, total=False):
+    max_patches: int
+    patch_size: int
+    merge_size: int
+
+
+class StandInKimiK25ImageProcessor(PilBackend):
+    """What `Kimi_K25ImageProcessor` makes, where it cannot be imported: it has only a torchvision backend, absent
+    here. The same steps (transformers 5.24's image_processing_kimi_k25.py): each image shrunk, never enlarged, to at
+    most `max_patches` patches and `size["max_height"]` patches a side, padded with zeros at its bottom and right to
+    whole merged patches, rescaled and normalised; `pixel_values` every image's patches, each `(3, patch, patch)`, row
+    by row, and `image_grid_thw` `(1, rows, columns)` in patches."""
+
+    resample = PILImageResampling.BICUBIC
+    size = {"max_height": 512, "max_width": 512}
+    max_patches = 16384
+    patch_size = 14
+    merge_size = 2
+    do_resize = do_rescale = do_normalize = do_convert_rgb = True
+    image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
+    valid_kwargs = StandInKimiK25ImageProcessorKwargs
+    model_input_names = ["pixel_values", "image_grid_thw"]
+
+    def _preprocess(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize, image_mean,
+                    image_std, patch_size, merge_size, max_patches, return_tensors, **kwargs):  # fmt: skip
+        patches, grids = [], []
+        for image in images:
+            if do_resize:
+                shrunk, padded = _kimi_sizes(*image.shape[-2:], patch_size, merge_size, max_patches, size.max_height)
+                image = self.resize(image, SizeDict(height=shrunk[0], width=shrunk[1]), resample=resample)
+                image = self.pad([image], pad_size=SizeDict(height=padded[0], width=padded[1]))[0]
+            if do_rescale:
+                image = self.rescale(image, rescale_factor)
+            if do_normalize:
+                image = self.normalize(image, image_mean, image_std)
+            channels, height, width = image.shape
+            rows, columns = height // patch_size, width // patch_size
+            grid = image.reshape(channels, rows, patch_size, columns, patch_size).transpose(1, 3, 0, 2, 4)
+            patches.append(grid.reshape(rows * columns, channels, patch_size, patch_size))
+            grids.append([1, rows, columns])
+        data = {"pixel_values": np.concatenate(patches), "image_grid_thw": np.array(grids, dtype=np.int64)}
+        return BatchFeature(data=data, tensor_type=return_tensors)
+
+
+def _kimi_sizes(height, width, patch_size, merge_size, max_patches, max_patches_per_side):
+    """Kimi K2.5's `navit_resize`: the shrunk size of an image, and that size padded to whole merged patches."""
+    patches = max(1, height // patch_size) * max(1, width // patch_size)
+    side = max_patches_per_side * patch_size
+    scale = min(1.0, math.sqrt(max_patches / patches), side / height, side / width)
+    shrunk = [min(max(1, int(length * scale)), side) for length in (height, width)]
+    factor = merge_size * patch_size
+    return shrunk, [length + (factor - length % factor) % factor for length in shrunk]
+
+
+class TinyKimiK25Processor(WithoutVideoProcessor, Kimi_K25Processor):
+    """`Kimi_K25Processor` without a video processor."""
+
+
+def _kimi_processor(model_type, tokenizer, template, max_patches=48):
+    """Images shrunk to at most `max_patches` patches of 14 pixels (12 merged 2 x 2), padded to whole merged patches:
+    up to 16 image tokens; the stand-in image processor (`StandInKimiK25ImageProcessor`) without torchvision."""
+    image_processor = StandInKimiK25ImageProcessor(
+        patch_size=14, merge_size=2, max_patches=max_patches, size={"max_height": 12, "max_width": 12}
+    )
+    return TinyKimiK25Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
 def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_length=4):
@@ -470,6 +560,7 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     "mistral3": _pixtral_processor,
     "paddleocr_vl": _paddleocr_processor,
+    "kimi_k25": _kimi_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -594,6 +685,33 @@ def _paddleocr_config(model_type, processor):
         vision_config=vision,
         image_token_id=image_id,
         vision_start_token_id=start_id,
+        vision_end_token_id=end_id,
+    )
+
+
+def _kimi_config(model_type, processor):
+    """Kimi K2.5: MoonViT over the processor's patches (learned positions resampled to each image's grid, 2-D rotary),
+    merged 2 x 2 by its projector; DeepSeek-V3's language model (latent attention, a dense first layer, then 4 routed
+    experts and a shared one), plain text positions."""
+    tokenizer = processor.tokenizer
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, model_type="deepseek_v3", num_key_value_heads=_TEXT["num_attention_heads"], kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+        v_head_dim=8, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1,
+    )  # fmt: skip
+    vision = dict(
+        _VISION, patch_size=image_processor.patch_size, merge_kernel_size=[image_processor.merge_size] * 2,
+        pos_emb_height=8, pos_emb_width=8,
+    )  # fmt: skip
+    begin_id, _, end_id, image_id, video_id = tokenizer.convert_tokens_to_ids(list(KIMI_TOKENS))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        projection_hidden_size=_VISION["hidden_size"],  # the projector's norm, over the tower's features
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=begin_id,
         vision_end_token_id=end_id,
     )
 
@@ -764,6 +882,7 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_config),
     "mistral3": _mistral3_config,
     "paddleocr_vl": _paddleocr_config,
+    "kimi_k25": _kimi_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }
