@@ -315,3 +315,14 @@ def test_families_refused_on_image_data_say_why_and_what_to_do(model_type):
     verdict = check_architecture(model_class, AutoConfig.for_model(model_type), "padfree_varlen", images=True)
     assert not verdict.exact
     assert "padded" in verdict.reason and ("position function" in verdict.reason or "collator" in verdict.reason)
+
+
+def test_images_without_the_token_types_their_positions_need_are_refused_with_the_processor_switch(monkeypatch):
+    # Cosmos3 Edge's processor (transformers 5.24) returns no mm_token_type_ids unless asked; the model's own forward
+    # then raises, and padding-free must not train it on plain positions instead
+    import tiny_vision
+
+    monkeypatch.setattr(tiny_vision.TinyCosmos3EdgeProcessor, "return_mm_token_type_ids", False)
+    trainer = make_vision_trainer("cosmos3_edge", True, rows("cosmos3_edge"))
+    with pytest.raises(ValueError, match="return_mm_token_type_ids = True"):
+        one_step(trainer)

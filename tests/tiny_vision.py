@@ -80,12 +80,15 @@ from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
     AyaVisionProcessor,
+    Cosmos3EdgeImageProcessorPil,
+    Cosmos3EdgeProcessor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
     Glm4vImageProcessorPil,
     Glm4vProcessor,
     Glm46VImageProcessorPil,
     Glm46VProcessor,
+    GlmgaImageProcessorPil,
     GotOcr2ImageProcessorPil,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
@@ -125,6 +128,7 @@ VISION_FAMILIES = (
     "idefics3", "smolvlm", "glm_ocr", "paddleocr_vl",
 )  # fmt: skip
 VISION_FAMILIES += ("kimi_k25",)
+VISION_FAMILIES += ("glmga", "cosmos3_edge")
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -142,6 +146,7 @@ GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_tok
 LLAVA_TOKENS = ("<image>", "<video>")  # LLaVA-OneVision's processor also looks its video token up
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v", "glm_ocr")
+GLM_FAMILIES += ("glmga",)  # GLM-4.6V's class and processor under another model type
 GLM_TOKENS = (
     "<|begin_of_image|>",
     "<|image|>",
@@ -194,6 +199,7 @@ IMAGE_PLACEHOLDERS = {
     "mistral3": PIXTRAL_TOKENS[0],
     "paddleocr_vl": "".join(PADDLEOCR_TOKENS.values()),
     "kimi_k25": "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>",
+    "cosmos3_edge": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -256,6 +262,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = tuple(PADDLEOCR_TOKENS.values())
     elif model_type == "kimi_k25":
         tokens = KIMI_TOKENS
+    elif model_type == "cosmos3_edge":
+        tokens = QWEN_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -360,6 +368,17 @@ def _glm4v_processor(model_type, tokenizer, template):
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
+def _glmga_processor(model_type, tokenizer, template):
+    """GLM-4.6V's processor over GLMGA's image processor (GLM-4.6V's, its sides also multiples of
+    `patch_expand_factor`, 1 by default): images resized to 1 to 12 merged patches, as `_glm4v_processor`'s."""
+    token_pixels = (2 * 14) ** 2
+    image_processor = GlmgaImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=2,
+        size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
+    )  # fmt: skip
+    return TinyGlm46VProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
 def _paddleocr_processor(model_type, tokenizer, template):
     """Images resized to 1 to 12 merged patches (image tokens) of 14-pixel patches, each patch (3, 14, 14)."""
     token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches, merged
@@ -425,6 +444,23 @@ def _kimi_sizes(height, width, patch_size, merge_size, max_patches, max_patches_
 
 class TinyKimiK25Processor(WithoutVideoProcessor, Kimi_K25Processor):
     """`Kimi_K25Processor` without a video processor."""
+
+
+class TinyCosmos3EdgeProcessor(WithoutVideoProcessor, Cosmos3EdgeProcessor):
+    """`Cosmos3EdgeProcessor` without a video processor, returning `mm_token_type_ids`: transformers 5.24's leaves them
+    off (its model then raises on images), so a user sets `processor.return_mm_token_type_ids = True`."""
+
+    return_mm_token_type_ids = True
+
+
+def _cosmos3_edge_processor(model_type, tokenizer, template):
+    """Images resized to 1 to 12 merged patches (image tokens) of 16-pixel patches, one frame each."""
+    token_pixels = (2 * 16) ** 2  # one image token: 2 x 2 patches, merged
+    image_processor = Cosmos3EdgeImageProcessorPil(
+        patch_size=16, merge_size=2, temporal_patch_size=1,
+        size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
+    )  # fmt: skip
+    return TinyCosmos3EdgeProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
 def _kimi_processor(model_type, tokenizer, template, max_patches=48):
@@ -561,6 +597,8 @@ _PROCESSOR_BUILDERS = {
     "mistral3": _pixtral_processor,
     "paddleocr_vl": _paddleocr_processor,
     "kimi_k25": _kimi_processor,
+    "glmga": _glmga_processor,
+    "cosmos3_edge": _cosmos3_edge_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -712,6 +750,30 @@ def _kimi_config(model_type, processor):
         image_token_id=image_id,
         video_token_id=video_id,
         vision_start_token_id=begin_id,
+        vision_end_token_id=end_id,
+    )
+
+
+def _cosmos3_edge_config(model_type, processor):
+    """Cosmos3 Edge: a SigLIP-like tower over the processor's patches (a 4 x 4 grid of learned positions resampled to
+    each image's), merged 2 x 2 by its projector; a language model with 3-section mRoPE."""
+    tokenizer = processor.tokenizer
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, head_dim=_HEAD_DIM,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(
+        _VISION, patch_size=image_processor.patch_size, spatial_merge_size=image_processor.merge_size, num_patches=16
+    )
+    start_id, end_id, image_id, video_id = tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        projector_hidden_size=64,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=start_id,
         vision_end_token_id=end_id,
     )
 
@@ -883,6 +945,7 @@ _CONFIG_BUILDERS = {
     "mistral3": _mistral3_config,
     "paddleocr_vl": _paddleocr_config,
     "kimi_k25": _kimi_config,
+    "cosmos3_edge": _cosmos3_edge_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }

@@ -8,7 +8,9 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
     Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
     GLM-4V (MoE), GLM-4.6V,     as Qwen2-VL (patches)                          as Qwen2-VL
-    GLM-OCR
+    GLM-OCR, GLMGA
+    Cosmos3 Edge                as Qwen2-VL, one frame a patch (patches)       as Qwen2-VL; its processor returns
+                                                                               mm_token_type_ids only if asked
     PaddleOCR-VL, Kimi K2.5     pixel_values of every image's patches, each    patch and merge sizes; (Kimi: plain
                                 (3, patch, patch), image_grid_thw (patches)    positions, no mRoPE)
     Gemma 3                     pixel_values (images)                          4 x 4 patches pooled to 4 tokens
