@@ -6,8 +6,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
-smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, kimi_k25 (DeepSeek-V3's language model).
-Each
+smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, kimi_k25 (DeepSeek-V3's language model),
+glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5. Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -32,6 +32,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     mistral3        pixel_values (I, 3, 64, 64), image_sizes (I, 2)       none (padded to the largest image)
     paddleocr_vl    pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    mm_token_type_ids (<|IMAGE_PLACEHOLDER|>)
     kimi_k25        pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    none (plain positions)
+    cosmos3_edge    pixel_values (P, 768), image_grid_thw (4, 3)          mm_token_type_ids (<|image_pad|>)
+    exaone4_5       pixel_values (P, 1176), image_grid_thw (4, 3)         none (plain positions)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -82,6 +84,7 @@ from transformers import (
     AyaVisionProcessor,
     Cosmos3EdgeImageProcessorPil,
     Cosmos3EdgeProcessor,
+    Exaone4_5_Processor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
     Glm4vImageProcessorPil,
@@ -129,6 +132,7 @@ VISION_FAMILIES = (
 )  # fmt: skip
 VISION_FAMILIES += ("kimi_k25",)
 VISION_FAMILIES += ("glmga", "cosmos3_edge")
+VISION_FAMILIES += ("exaone4_5",)
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -200,6 +204,7 @@ IMAGE_PLACEHOLDERS = {
     "paddleocr_vl": "".join(PADDLEOCR_TOKENS.values()),
     "kimi_k25": "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>",
     "cosmos3_edge": "<|vision_start|><|image_pad|><|vision_end|>",
+    "exaone4_5": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -263,6 +268,8 @@ def make_vision_tokenizer(model_type: str):
     elif model_type == "kimi_k25":
         tokens = KIMI_TOKENS
     elif model_type == "cosmos3_edge":
+        tokens = QWEN_TOKENS
+    elif model_type == "exaone4_5":
         tokens = QWEN_TOKENS
     else:
         tokens = IDEFICS_TOKENS
@@ -463,6 +470,19 @@ def _cosmos3_edge_processor(model_type, tokenizer, template):
     return TinyCosmos3EdgeProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
+class TinyExaone4_5_Processor(WithoutVideoProcessor, Exaone4_5_Processor):
+    """`Exaone4_5_Processor` without a video processor."""
+
+
+def _exaone4_5_processor(model_type, tokenizer, template):
+    """Qwen2-VL's image processor (EXAONE 4.5's checkpoints ship it): images resized to 1 to 12 merged patches."""
+    token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches of 14 pixels, merged
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return TinyExaone4_5_Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
 def _kimi_processor(model_type, tokenizer, template, max_patches=48):
     """Images shrunk to at most `max_patches` patches of 14 pixels (12 merged 2 x 2), padded to whole merged patches:
     up to 16 image tokens; the stand-in image processor (`StandInKimiK25ImageProcessor`) without torchvision."""
@@ -599,6 +619,7 @@ _PROCESSOR_BUILDERS = {
     "kimi_k25": _kimi_processor,
     "glmga": _glmga_processor,
     "cosmos3_edge": _cosmos3_edge_processor,
+    "exaone4_5": _exaone4_5_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -778,6 +799,32 @@ def _cosmos3_edge_config(model_type, processor):
     )
 
 
+def _exaone4_5_config(model_type, processor):
+    """EXAONE 4.5: Qwen2.5-VL's tower (windows of 2 x 2 merged patches in block 0, full attention in block 1, grouped
+    key-value heads) over the processor's patches; EXAONE 4's language model (a sliding-window layer, then a full one),
+    plain text positions."""
+    image_processor = processor.image_processor
+    _, vision = _patch_model(image_processor)
+    vision.update(
+        hidden_size=_VISION["hidden_size"], intermediate_size=_VISION["intermediate_size"], num_key_value_heads=1,
+        out_hidden_size=_TEXT["hidden_size"], window_size=2 * image_processor.merge_size * image_processor.patch_size,
+        fullatt_block_indexes=[1],
+    )  # fmt: skip
+    _, _, image_id, video_id = processor.tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(
+        text_config=dict(
+            _TEXT,
+            model_type="exaone4",
+            head_dim=_HEAD_DIM,
+            sliding_window=_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),  # fmt: skip
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+    )
+
+
 def _gemma3_config(model_type, processor):
     """Gemma 3: a SigLIP tower without its pooling head (unused by Gemma 3), average-pooled to the processor's
     `image_seq_length` tokens by a 2 x 2 kernel."""
@@ -946,6 +993,7 @@ _CONFIG_BUILDERS = {
     "paddleocr_vl": _paddleocr_config,
     "kimi_k25": _kimi_config,
     "cosmos3_edge": _cosmos3_edge_config,
+    "exaone4_5": _exaone4_5_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }

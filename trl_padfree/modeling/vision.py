@@ -52,6 +52,8 @@ FAMILIES = {
     "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
     "glmga": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4.6V's class under another model type
     "cosmos3_edge": ImageFamily("patches", "mm_token_type_ids"),  # Qwen-VL's layout, its own position function
+    "hy_v4_vl": ImageFamily("patches", "mm_token_type_ids"),  # a newline token after each merged row of an image
+    "exaone4_5": ImageFamily("patches", None),  # plain positions: no position function
     # Qwen2-VL's layout, its own position function, image tokens through image experts; its twin packs exactly, but
     # TRL's padded batch fails its forward (vision_unsupported.REFUSED)
     "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),

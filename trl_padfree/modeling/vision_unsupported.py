@@ -93,10 +93,7 @@ NOT_YET_CHECKED = {
     "tokenized beforehand, the row is plain text",
     "qwen2_5_omni_thinker": "Qwen2.5-VL image patches beside an audio tower, its position function interleaving audio and video: a twin branch",
     "qwen3_omni_moe_thinker": "Qwen3-VL image patches beside an audio tower, and a router loss: a twin branch",
-    "exaone4_5": "image patches (image_grid_thw) with plain text positions: its FAMILIES entry and a tiny processor",
     "qwen4_exp": "Qwen-VL-style image patches with its own position function and experts: a twin branch",
-    "hy_v4_vl": "Qwen-VL-style image patches, but each merged row of an image ends with a newline token ((w + 1) x h "
-    "tokens), and mRoPE on a latent-attention head's rope part: a twin branch",
     "glm5_next": "image patches with mm_token_type_ids, experts and plain text positions: a twin branch",
     "cohere_compass": "image patches with DeepStack features and its own position function: a twin branch",
     "gemma4": "variable-resolution image patches with per-patch positions (image_position_ids), images attended both ways: a twin branch",
