@@ -5,6 +5,8 @@ trainer in one process on the same global batches (distributed_runs' fp32 bounds
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not (FSDP2 refuses it, the
 last test); InternVL and Aya Vision cut images into tiles. Every family gets prompts with one and with two images.
+With `-m slow`, GLM-OCR under ZeRO-3 and PaddleOCR-VL under FSDP2 (image patches; why not PaddleOCR-VL under ZeRO-3:
+PATCH_RUNS).
 """
 
 from __future__ import annotations
@@ -191,3 +193,43 @@ def test_fsdp2_on_a_vision_language_model_with_an_untied_lm_head_is_refused(visi
     # within 1e-6. ZeRO-3 (above) trains Idefics3 equal to one process.
     with pytest.raises(AssertionError, match="FSDP2 would train this vision-language model's LM head wrong"):
         launch_runs("fsdp2.yaml", vision_models, tmp_path / "report.json", {"idefics3": "idefics3:padding_free"})
+
+
+# Image patches, `-m slow` (each family ~25 s on 2 cores, most of it its single-process padded run): GLM-OCR under
+# ZeRO-3 with the reference offloaded (GLM-4V's position function); PaddleOCR-VL under FSDP2 (each patch (3, 14, 14)).
+# PaddleOCR-VL's projector runs once per image (a Python loop), so under ZeRO-3 each rank gathers its weights once per
+# image: ranks holding different numbers of images issue different collectives and abort (gloo "collective mismatch"),
+# TRL's padded trainer as well (measured, transformers 5.24); FSDP2 gathers the projector once per forward
+PATCH_RUNS = {
+    "glm_ocr": ("zero3.yaml", "glm_ocr:padding_free+ref_offload"),
+    "paddleocr_vl": ("fsdp2.yaml", "paddleocr_vl:padding_free"),
+}
+
+
+@pytest.fixture(scope="module")
+def patch_families(tmp_path_factory):
+    """PATCH_RUNS' models, with TRL's padded trainer in one process on each (as `single_process_padded`)."""
+    directory = tmp_path_factory.mktemp("patch_families")
+    save_vision_models(directory, PATCH_RUNS)
+    runs = ",".join(f"{model_type}:trl" for model_type in PATCH_RUNS)
+    options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
+    single = train_in_this_process(directory, directory / "single.json", *options)
+    return directory, {model_type: single[f"{model_type}:trl"] for model_type in PATCH_RUNS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", PATCH_RUNS)
+def test_image_patches_under_a_sharding_engine_match_single_process_padded_trl(patch_families, tmp_path, model_type):
+    directory, single = patch_families
+    config, run = PATCH_RUNS[model_type]
+    report = launch_runs(config, directory, tmp_path / "report.json", {model_type: run})[model_type]
+    assert report["model_type"] == model_type
+    if config == "zero3.yaml":
+        assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
+        assert report["reference"] == {"kept": True, "offloaded": True}
+    else:
+        assert_fsdp2_sharded(report)
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert len(report["losses"]) == STEPS
+    assert_same_training(report, single[model_type])
+    assert_images_packed(report)
