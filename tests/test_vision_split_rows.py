@@ -329,3 +329,42 @@ def test_moe_families_without_their_router_loss_under_ulysses_and_ulysses_times_
     report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp+no_aux", 4, "--cp-size", "2")
     assert_split_row_training(report, single[model_type])
     assert_images_dealt(report)
+
+
+# Image patches, `-m slow` (each family ~25 s on 2 cores, most of it its single-process padded run): GLM-OCR (GLM-4V's
+# position function over the whole row), PaddleOCR-VL (each patch (3, 14, 14)) and Kimi K2.5 (DeepSeek-V3's latent
+# attention, plain positions); each family's images dealt over the ranks, with and without prefix sharing
+PATCH_FAMILIES = ("glm_ocr", "paddleocr_vl", "kimi_k25")
+# whose images cross a chunk boundary on these rows: GLM-OCR's (its processor's 1 to 12 tokens) each fall inside one
+# chunk (measured), which leaves its rows' sequences split and its position function run over the whole row
+CROSSING_PATCH_FAMILIES = ("paddleocr_vl", "kimi_k25")
+
+
+@pytest.fixture(scope="module")
+def patch_families(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("patch_families")
+    save_vision_models(directory, PATCH_FAMILIES)
+    runs = ",".join(f"{model_type}:trl" for model_type in PATCH_FAMILIES)
+    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
+                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+    return directory, {model_type: reports[f"{model_type}:trl"] for model_type in PATCH_FAMILIES}
+
+
+@pytest.mark.slow
+def test_context_parallel_2_on_image_patches_with_and_without_prefix_sharing(patch_families):
+    directory, single = patch_families
+    runs = [
+        f"{model_type}:padding_free+cp{sharing}"
+        for model_type in PATCH_FAMILIES
+        for sharing in ("", "+prefix_sharing")
+    ]
+    reports = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", ",".join(runs), "--cp-size", "2",
+                     *pairs(), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+    for run in runs:
+        model_type = run.split(":")[0]
+        assert reports[run]["context_parallel_size"] == 2
+        assert_split_row_training(reports[run], single[model_type])
+        assert_same_gradients(directory / f"{run}.pt", directory / f"{model_type}:trl.pt")
+        if model_type in CROSSING_PATCH_FAMILIES and "prefix_sharing" not in run:
+            assert reports[run]["images_split_across_ranks"] > 0, f"{run}: no image crossed a chunk boundary"
+        assert_images_dealt(reports[run])
