@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import transformers
-from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
+from tiny_vision import EAGER_FAMILIES, MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
 from transformers import AutoConfig, FuyuForCausalLM
 
@@ -326,3 +326,20 @@ def test_images_without_the_token_types_their_positions_need_are_refused_with_th
     trainer = make_vision_trainer("cosmos3_edge", True, rows("cosmos3_edge"))
     with pytest.raises(ValueError, match="return_mm_token_type_ids = True"):
         one_step(trainer)
+
+
+@pytest.mark.parametrize("model_type", EAGER_FAMILIES)
+def test_one_step_on_eager_attention_equals_padded_trl(model_type):
+    # HY-V4-VL's sparse indexer reads the attention mask: exact on eager, which packed_attn_implementation="auto" picks.
+    # Its top-k keys among exactly tied index scores are picked by their place in the row, which padding and packing
+    # shift: with 2 index heads (many all-zero scores after ReLU) this step's loss differed from TRL's by 3e-5; the
+    # tiny model has 8
+    data = rows(model_type)
+    padded = one_step(make_vision_trainer(model_type, False, data, attn_implementation="eager"))
+    packed = one_step(make_vision_trainer(model_type, True, data, attn_implementation="eager"))
+
+    assert_same_step(padded, packed)
+    assert packed.metrics["padfree/images_encoded"] == 2 * sum(IMAGES_PER_ROW)
+    # A shared prefix needs padfree_varlen, which its indexer cannot run on: refused
+    with pytest.raises(ValueError, match="cannot train"):
+        make_vision_trainer(model_type, True, data, attn_implementation="eager", prefix_sharing=True)

@@ -7,7 +7,8 @@ r"""Tiny vision-language models and matching processors, built in memory with no
 Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, glm4v, glm4v_moe,
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
 smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, kimi_k25 (DeepSeek-V3's language model),
-glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5. Each
+glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5; and `EAGER_FAMILIES`, exact on eager attention only:
+hy_v4_vl (a newline token after each merged row of an image). Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -93,6 +94,8 @@ from transformers import (
     Glm46VProcessor,
     GlmgaImageProcessorPil,
     GotOcr2ImageProcessorPil,
+    HYV4VLImageProcessorPil,
+    HYV4VLProcessor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
@@ -133,6 +136,8 @@ VISION_FAMILIES = (
 VISION_FAMILIES += ("kimi_k25",)
 VISION_FAMILIES += ("glmga", "cosmos3_edge")
 VISION_FAMILIES += ("exaone4_5",)
+# Exact on eager attention only (its sparse indexer reads the attention mask): tests/test_vision.py trains it there
+EAGER_FAMILIES = ("hy_v4_vl",)
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -205,6 +210,7 @@ IMAGE_PLACEHOLDERS = {
     "kimi_k25": "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>",
     "cosmos3_edge": "<|vision_start|><|image_pad|><|vision_end|>",
     "exaone4_5": "<|vision_start|><|image_pad|><|vision_end|>",
+    "hy_v4_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -269,7 +275,7 @@ def make_vision_tokenizer(model_type: str):
         tokens = KIMI_TOKENS
     elif model_type == "cosmos3_edge":
         tokens = QWEN_TOKENS
-    elif model_type == "exaone4_5":
+    elif model_type in ("exaone4_5", "hy_v4_vl"):
         tokens = QWEN_TOKENS
     else:
         tokens = IDEFICS_TOKENS
@@ -483,6 +489,20 @@ def _exaone4_5_processor(model_type, tokenizer, template):
     return TinyExaone4_5_Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
+class TinyHYV4VLProcessor(WithoutVideoProcessor, HYV4VLProcessor):
+    """`HYV4VLProcessor` without a video processor."""
+
+
+def _hy_v4_vl_processor(model_type, tokenizer, template):
+    """Images resized to 1 to 12 merged patches of 16-pixel patches, one frame each; a newline token after each row
+    of merged patches: up to 18 image tokens."""
+    token_pixels = (2 * 16) ** 2
+    image_processor = HYV4VLImageProcessorPil(
+        patch_size=16, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return TinyHYV4VLProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
 def _kimi_processor(model_type, tokenizer, template, max_patches=48):
     """Images shrunk to at most `max_patches` patches of 14 pixels (12 merged 2 x 2), padded to whole merged patches:
     up to 16 image tokens; the stand-in image processor (`StandInKimiK25ImageProcessor`) without torchvision."""
@@ -620,6 +640,7 @@ _PROCESSOR_BUILDERS = {
     "glmga": _glmga_processor,
     "cosmos3_edge": _cosmos3_edge_processor,
     "exaone4_5": _exaone4_5_processor,
+    "hy_v4_vl": _hy_v4_vl_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
 }
 
@@ -825,6 +846,25 @@ def _exaone4_5_config(model_type, processor):
     )
 
 
+def _hy_v4_vl_config(model_type, processor):
+    """HY-V4-VL: its tower over the processor's patches, merged 2 x 2, a learned newline after each merged row; HY-V4's
+    language model (latent attention with a sparse indexer of top-16 keys, hyper-connections, a dense layer then 4
+    routed experts and a shared one), 3-section mRoPE over the latent attention's rope part."""
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, num_key_value_heads=_TEXT["num_attention_heads"], moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=2 * sum(_MROPE_SECTION), v_head_dim=8, index_topk=16, index_head_dim=8, index_n_heads=8,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(
+        _VISION, out_hidden_size=_TEXT["hidden_size"], patch_size=image_processor.patch_size,
+        spatial_merge_size=image_processor.merge_size,
+    )  # fmt: skip
+    _, _, image_id, video_id = processor.tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(text_config=text, vision_config=vision, image_token_id=image_id, video_token_id=video_id)
+
+
 def _gemma3_config(model_type, processor):
     """Gemma 3: a SigLIP tower without its pooling head (unused by Gemma 3), average-pooled to the processor's
     `image_seq_length` tokens by a 2 x 2 kernel."""
@@ -994,6 +1034,7 @@ _CONFIG_BUILDERS = {
     "kimi_k25": _kimi_config,
     "cosmos3_edge": _cosmos3_edge_config,
     "exaone4_5": _exaone4_5_config,
+    "hy_v4_vl": _hy_v4_vl_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
 }
@@ -1134,8 +1175,10 @@ def vision_preference_rows(
 
 
 def _check_family(model_type: str) -> None:
-    if model_type not in VISION_FAMILIES:
-        raise ValueError(f"Unknown vision model type {model_type!r}; choose one of {VISION_FAMILIES}.")
+    if model_type not in VISION_FAMILIES + EAGER_FAMILIES:
+        raise ValueError(
+            f"Unknown vision model type {model_type!r}; choose one of {VISION_FAMILIES + EAGER_FAMILIES}."
+        )
 
 
 # --- Trainers -----------------------------------------------------------------------------------------------------
