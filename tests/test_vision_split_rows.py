@@ -331,13 +331,14 @@ def test_moe_families_without_their_router_loss_under_ulysses_and_ulysses_times_
     assert_images_dealt(report)
 
 
-# Image patches, `-m slow` (each family ~25 s on 2 cores, most of it its single-process padded run): GLM-OCR (GLM-4V's
-# position function over the whole row), PaddleOCR-VL (each patch (3, 14, 14)) and Kimi K2.5 (DeepSeek-V3's latent
-# attention, plain positions); each family's images dealt over the ranks, with and without prefix sharing
-PATCH_FAMILIES = ("glm_ocr", "paddleocr_vl", "kimi_k25")
-# whose images cross a chunk boundary on these rows: GLM-OCR's (its processor's 1 to 12 tokens) each fall inside one
-# chunk (measured), which leaves its rows' sequences split and its position function run over the whole row
-CROSSING_PATCH_FAMILIES = ("paddleocr_vl", "kimi_k25")
+# Image patches, `-m slow` (84 s for the six on 2 cores, most of it their single-process padded runs): GLM-OCR and
+# GLMGA (GLM-4V's position function over the whole row), PaddleOCR-VL (each patch (3, 14, 14)), Kimi K2.5 (DeepSeek-V3's
+# latent attention, plain positions), Cosmos3 Edge (its own position function), EXAONE 4.5 (plain positions); each
+# family's images dealt over the ranks, with and without prefix sharing
+PATCH_FAMILIES = ("glm_ocr", "paddleocr_vl", "kimi_k25", "glmga", "cosmos3_edge", "exaone4_5")
+# whose images cross a chunk boundary on these rows: GLM-OCR's and GLMGA's (their processor's 1 to 12 tokens) each fall
+# inside one chunk (measured), which leaves their rows' sequences split and their position function run over the row
+CROSSING_PATCH_FAMILIES = ("paddleocr_vl", "kimi_k25", "cosmos3_edge", "exaone4_5")
 
 
 @pytest.fixture(scope="module")
