@@ -5,8 +5,8 @@ trainer in one process on the same global batches (distributed_runs' fp32 bounds
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not (FSDP2 refuses it, the
 last test); InternVL and Aya Vision cut images into tiles. Every family gets prompts with one and with two images.
-With `-m slow`, GLM-OCR under ZeRO-3 and PaddleOCR-VL under FSDP2 (image patches; why not PaddleOCR-VL under ZeRO-3:
-PATCH_RUNS).
+GLM-OCR (ZeRO-3) and PaddleOCR-VL (FSDP2) lay their images out as patches; why not PaddleOCR-VL under ZeRO-3:
+FSDP2_PATCH_FAMILIES.
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ from distributed_runs import assert_same_training, launch, train_in_this_process
 from tiny_vision import save_vision_models  # noqa: E402
 
 FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision")
+# Image patches: GLM-OCR under ZeRO-3 (GLM-4V's position function), PaddleOCR-VL under FSDP2 in InternVL's processes
+# (each patch (3, 14, 14)); each adds ~3 s to the default suite on 2 idle cores (its padded run and its run here).
+# PaddleOCR-VL's projector runs once per image (a Python loop), so under ZeRO-3 each rank gathers its weights once per
+# image: ranks holding different numbers of images issue different collectives and abort (gloo "collective mismatch"),
+# TRL's padded trainer as well (measured, transformers 5.24); FSDP2 gathers the projector once per forward
+ZERO3_PATCH_FAMILIES = ("glm_ocr",)
+FSDP2_PATCH_FAMILIES = ("paddleocr_vl",)
+FAMILIES += ZERO3_PATCH_FAMILIES
+MODELS = FAMILIES + FSDP2_PATCH_FAMILIES  # every family saved and trained padded in one process
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
@@ -45,6 +54,7 @@ ZERO3_RUNS = {
     "internvl": "internvl:padding_free+ref_offload",
     "aya_vision": "aya_vision:padding_free+ref_offload",
 }
+ZERO3_RUNS |= {model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_PATCH_FAMILIES}
 FSDP2_GEMMA3_RUNS = {
     "gemma3": "gemma3:padding_free",
     "gemma3_ref_offload_prefix_sharing": "gemma3:padding_free+ref_offload+prefix_sharing",
@@ -55,7 +65,7 @@ FSDP2_GEMMA3_RUNS = {
 def vision_models(tmp_path_factory):
     """One folder per family, `<dir>/<family>`, holding the model and its processor, for runs named `FAMILY:...`."""
     directory = tmp_path_factory.mktemp("vision_models")
-    save_vision_models(directory, FAMILIES)
+    save_vision_models(directory, MODELS)
     return directory
 
 
@@ -63,10 +73,10 @@ def vision_models(tmp_path_factory):
 def single_process_padded(vision_models, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
     output = tmp_path_factory.mktemp("single") / "report.json"
-    runs = ",".join(f"{model_type}:trl" for model_type in FAMILIES)
+    runs = ",".join(f"{model_type}:trl" for model_type in MODELS)
     options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
     reports = train_in_this_process(vision_models, output, *options)
-    return {model_type: reports[f"{model_type}:trl"] for model_type in FAMILIES}
+    return {model_type: reports[f"{model_type}:trl"] for model_type in MODELS}
 
 
 def launch_runs(config: str, vision_models, output, runs: dict[str, str]) -> dict:
@@ -94,15 +104,18 @@ def fsdp2_runs(vision_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp2_tile_runs(vision_models, tmp_path_factory):
-    """InternVL, then Aya Vision, padding-free, each in two FSDP2 processes: Aya Vision's SigLIP tower has Gemma 3's
-    `_no_split_modules` problem, so its layers are named."""
+    """InternVL (and in the same processes PaddleOCR-VL), then Aya Vision, padding-free, each in two FSDP2 processes:
+    Aya Vision's SigLIP tower has Gemma 3's `_no_split_modules` problem, so its layers are named."""
     reports = {}
     for model_type in TILE_FAMILIES:
         with pytest.MonkeyPatch.context() as environment:
             if model_type == "aya_vision":
                 environment.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "Cohere2DecoderLayer,SiglipEncoderLayer")
             output = tmp_path_factory.mktemp(f"fsdp2_{model_type}") / "report.json"
-            reports |= launch_runs("fsdp2.yaml", vision_models, output, {model_type: f"{model_type}:padding_free"})
+            runs = {model_type: f"{model_type}:padding_free"}
+            if model_type == "internvl":
+                runs |= {family: f"{family}:padding_free" for family in FSDP2_PATCH_FAMILIES}
+            reports |= launch_runs("fsdp2.yaml", vision_models, output, runs)
     return reports
 
 
@@ -185,6 +198,19 @@ def test_fsdp2_padding_free_with_image_tiles_matches_single_process_padded_trl(
     assert_images_packed(report)
 
 
+@pytest.mark.parametrize("model_type", FSDP2_PATCH_FAMILIES)
+def test_fsdp2_padding_free_with_image_patches_matches_single_process_padded_trl(
+    fsdp2_tile_runs, single_process_padded, model_type
+):
+    report = fsdp2_tile_runs[model_type]
+    assert report["model_type"] == model_type
+    assert_fsdp2_sharded(report)
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert len(report["losses"]) == STEPS
+    assert_same_training(report, single_process_padded[model_type])
+    assert_images_packed(report)
+
+
 def test_fsdp2_on_a_vision_language_model_with_an_untied_lm_head_is_refused(vision_models, tmp_path):
     # accelerate 1.15 shards a VLM's untied lm_head as an FSDP2 unit of its own (it finds no final norm among
     # model.model's children, the towers), and TRL 1.16's fused LM head reads lm_head.weight without calling lm_head:
@@ -193,43 +219,3 @@ def test_fsdp2_on_a_vision_language_model_with_an_untied_lm_head_is_refused(visi
     # within 1e-6. ZeRO-3 (above) trains Idefics3 equal to one process.
     with pytest.raises(AssertionError, match="FSDP2 would train this vision-language model's LM head wrong"):
         launch_runs("fsdp2.yaml", vision_models, tmp_path / "report.json", {"idefics3": "idefics3:padding_free"})
-
-
-# Image patches, `-m slow` (each family ~25 s on 2 cores, most of it its single-process padded run): GLM-OCR under
-# ZeRO-3 with the reference offloaded (GLM-4V's position function); PaddleOCR-VL under FSDP2 (each patch (3, 14, 14)).
-# PaddleOCR-VL's projector runs once per image (a Python loop), so under ZeRO-3 each rank gathers its weights once per
-# image: ranks holding different numbers of images issue different collectives and abort (gloo "collective mismatch"),
-# TRL's padded trainer as well (measured, transformers 5.24); FSDP2 gathers the projector once per forward
-PATCH_RUNS = {
-    "glm_ocr": ("zero3.yaml", "glm_ocr:padding_free+ref_offload"),
-    "paddleocr_vl": ("fsdp2.yaml", "paddleocr_vl:padding_free"),
-}
-
-
-@pytest.fixture(scope="module")
-def patch_families(tmp_path_factory):
-    """PATCH_RUNS' models, with TRL's padded trainer in one process on each (as `single_process_padded`)."""
-    directory = tmp_path_factory.mktemp("patch_families")
-    save_vision_models(directory, PATCH_RUNS)
-    runs = ",".join(f"{model_type}:trl" for model_type in PATCH_RUNS)
-    options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    single = train_in_this_process(directory, directory / "single.json", *options)
-    return directory, {model_type: single[f"{model_type}:trl"] for model_type in PATCH_RUNS}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("model_type", PATCH_RUNS)
-def test_image_patches_under_a_sharding_engine_match_single_process_padded_trl(patch_families, tmp_path, model_type):
-    directory, single = patch_families
-    config, run = PATCH_RUNS[model_type]
-    report = launch_runs(config, directory, tmp_path / "report.json", {model_type: run})[model_type]
-    assert report["model_type"] == model_type
-    if config == "zero3.yaml":
-        assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
-        assert report["reference"] == {"kept": True, "offloaded": True}
-    else:
-        assert_fsdp2_sharded(report)
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
-    assert len(report["losses"]) == STEPS
-    assert_same_training(report, single[model_type])
-    assert_images_packed(report)
