@@ -31,6 +31,10 @@ from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, save_vision_models  # noq
 # LLaVA-NeXT: any-resolution tiles; InternVL: tiles; Gemma 3: image spans attended both ways (Ulysses only)
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3")
 CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl")
+# PaddleOCR-VL: unflattened patches, its projector looping over the rank's share of the images (2.6 s on 2 idle cores;
+# GLM-OCR's images cross no chunk boundary on these rows: PATCH_FAMILIES, with -m slow)
+FAMILIES += ("paddleocr_vl",)
+CONTEXT_PARALLEL += ("paddleocr_vl",)
 VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 WHOLE_IMAGES = "qwen3_vl"  # deal_images=False: every rank runs the vision tower on all of the row's images
