@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import transformers
-from tiny_vision import MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
+from tiny_vision import EAGER_FAMILIES, MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
 from transformers import AutoConfig, FuyuForCausalLM, Molmo2ForConditionalGeneration
 
@@ -381,3 +381,31 @@ def test_granite4_visions_deepstack_features_are_cut_to_the_chunks_image_tokens(
     assert chunk["deepstack_features"].keys() == {0, 3}
     for layer, scale in ((0, 1), (3, 2)):
         torch.testing.assert_close(chunk["deepstack_features"][layer], scale * features[before : before + count])
+
+
+def test_images_without_the_token_types_their_positions_need_are_refused_with_the_processor_switch(monkeypatch):
+    # Cosmos3 Edge's processor (transformers 5.24) returns no mm_token_type_ids unless asked; the model's own forward
+    # then raises, and padding-free must not train it on plain positions instead
+    import tiny_vision
+
+    monkeypatch.setattr(tiny_vision.TinyCosmos3EdgeProcessor, "return_mm_token_type_ids", False)
+    trainer = make_vision_trainer("cosmos3_edge", True, rows("cosmos3_edge"))
+    with pytest.raises(ValueError, match="return_mm_token_type_ids = True"):
+        one_step(trainer)
+
+
+@pytest.mark.parametrize("model_type", EAGER_FAMILIES)
+def test_one_step_on_eager_attention_equals_padded_trl(model_type):
+    # HY-V4-VL's sparse indexer reads the attention mask: exact on eager, which packed_attn_implementation="auto" picks.
+    # Its top-k keys among exactly tied index scores are picked by their place in the row, which padding and packing
+    # shift: with 2 index heads (many all-zero scores after ReLU) this step's loss differed from TRL's by 3e-5; the
+    # tiny model has 8
+    data = rows(model_type)
+    padded = one_step(make_vision_trainer(model_type, False, data, attn_implementation="eager"))
+    packed = one_step(make_vision_trainer(model_type, True, data, attn_implementation="eager"))
+
+    assert_same_step(padded, packed)
+    assert packed.metrics["padfree/images_encoded"] == 2 * sum(IMAGES_PER_ROW)
+    # A shared prefix needs padfree_varlen, which its indexer cannot run on: refused
+    with pytest.raises(ValueError, match="cannot train"):
+        make_vision_trainer(model_type, True, data, attn_implementation="eager", prefix_sharing=True)

@@ -8,6 +8,8 @@ last test); InternVL and Aya Vision cut images into tiles; MiniCPM-V 4.6 (untied
 one pixel axis. Every family gets prompts with one and with two images. Cosmos3-Omni, HyperCLOVAX-Vision-V2,
 Video-LLaVA and Qianfan-OCR run under ZeRO-3 in the same launch, as does
 DeepSeek-VL hybrid, which hands each image over twice, at two resolutions.
+GLM-OCR (ZeRO-3) and PaddleOCR-VL (FSDP2) lay their images out as patches; why not PaddleOCR-VL under ZeRO-3:
+FSDP2_PATCH_FAMILIES.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ from tiny_vision import save_vision_models  # noqa: E402
 ZERO3_ONLY = ("cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "deepseek_vl_hybrid")
 
 FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", "minicpmv4_6", *ZERO3_ONLY)
+# Image patches: GLM-OCR under ZeRO-3 (GLM-4V's position function), PaddleOCR-VL under FSDP2 in InternVL's processes
+# (each patch (3, 14, 14)); each adds ~3 s to the default suite on 2 idle cores (its padded run and its run here).
+# PaddleOCR-VL's projector runs once per image (a Python loop), so under ZeRO-3 each rank gathers its weights once per
+# image: ranks holding different numbers of images issue different collectives and abort (gloo "collective mismatch"),
+# TRL's padded trainer as well (measured, transformers 5.24); FSDP2 gathers the projector once per forward
+ZERO3_PATCH_FAMILIES = ("glm_ocr",)
+FSDP2_PATCH_FAMILIES = ("paddleocr_vl",)
+FAMILIES += ZERO3_PATCH_FAMILIES
+MODELS = FAMILIES + FSDP2_PATCH_FAMILIES  # every family saved and trained padded in one process
 # In a launch of their own (-m slow: the default suite's time): Gemma 4 and Gemma 4 Unified (images of any size with
 # per-patch positions; Unified's attended both ways), ShieldGemma 2 (Gemma 3's classes), MiniCPM-OCR and MiniCPM-V 4.7
 # (NaViT crops; 4.7's own position function)
@@ -61,6 +72,7 @@ ZERO3_RUNS = {
     "minicpmv4_6": "minicpmv4_6:padding_free+ref_offload",
     **{model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_ONLY},
 }
+ZERO3_RUNS |= {model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_PATCH_FAMILIES}
 FSDP2_GEMMA3_RUNS = {
     "gemma3": "gemma3:padding_free",
     "gemma3_ref_offload_prefix_sharing": "gemma3:padding_free+ref_offload+prefix_sharing",
@@ -71,7 +83,7 @@ FSDP2_GEMMA3_RUNS = {
 def vision_models(tmp_path_factory):
     """One folder per family, `<dir>/<family>`, holding the model and its processor, for runs named `FAMILY:...`."""
     directory = tmp_path_factory.mktemp("vision_models")
-    save_vision_models(directory, FAMILIES)
+    save_vision_models(directory, MODELS)
     return directory
 
 
@@ -79,10 +91,10 @@ def vision_models(tmp_path_factory):
 def single_process_padded(vision_models, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
     output = tmp_path_factory.mktemp("single") / "report.json"
-    runs = ",".join(f"{model_type}:trl" for model_type in FAMILIES)
+    runs = ",".join(f"{model_type}:trl" for model_type in MODELS)
     options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
     reports = train_in_this_process(vision_models, output, *options)
-    return {model_type: reports[f"{model_type}:trl"] for model_type in FAMILIES}
+    return {model_type: reports[f"{model_type}:trl"] for model_type in MODELS}
 
 
 def launch_runs(config: str, vision_models, output, runs: dict[str, str]) -> dict:
@@ -110,15 +122,18 @@ def fsdp2_runs(vision_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp2_tile_runs(vision_models, tmp_path_factory):
-    """InternVL, then Aya Vision, padding-free, each in two FSDP2 processes: Aya Vision's SigLIP tower has Gemma 3's
-    `_no_split_modules` problem, so its layers are named."""
+    """InternVL (and in the same processes PaddleOCR-VL), then Aya Vision, padding-free, each in two FSDP2 processes:
+    Aya Vision's SigLIP tower has Gemma 3's `_no_split_modules` problem, so its layers are named."""
     reports = {}
     for model_type in TILE_FAMILIES:
         with pytest.MonkeyPatch.context() as environment:
             if model_type == "aya_vision":
                 environment.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "Cohere2DecoderLayer,SiglipEncoderLayer")
             output = tmp_path_factory.mktemp(f"fsdp2_{model_type}") / "report.json"
-            reports |= launch_runs("fsdp2.yaml", vision_models, output, {model_type: f"{model_type}:padding_free"})
+            runs = {model_type: f"{model_type}:padding_free"}
+            if model_type == "internvl":
+                runs |= {family: f"{family}:padding_free" for family in FSDP2_PATCH_FAMILIES}
+            reports |= launch_runs("fsdp2.yaml", vision_models, output, runs)
     return reports
 
 
@@ -214,6 +229,19 @@ def test_prefix_sharing_with_images_under_fsdp2_ref_offload_matches_single_proce
 
 @pytest.mark.parametrize("model_type", TILE_FAMILIES)
 def test_fsdp2_padding_free_with_image_tiles_matches_single_process_padded_trl(
+    fsdp2_tile_runs, single_process_padded, model_type
+):
+    report = fsdp2_tile_runs[model_type]
+    assert report["model_type"] == model_type
+    assert_fsdp2_sharded(report)
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert len(report["losses"]) == STEPS
+    assert_same_training(report, single_process_padded[model_type])
+    assert_images_packed(report)
+
+
+@pytest.mark.parametrize("model_type", FSDP2_PATCH_FAMILIES)
+def test_fsdp2_padding_free_with_image_patches_matches_single_process_padded_trl(
     fsdp2_tile_runs, single_process_padded, model_type
 ):
     report = fsdp2_tile_runs[model_type]

@@ -34,6 +34,10 @@ PLAIN_POSITIONS = ("hyperclovax_vision_v2",)
 # DeepSeek-VL hybrid: two image inputs, each image at two resolutions, dealt together
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "gemma3", "deepseek_vl_hybrid", *PLAIN_POSITIONS)
 CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "deepseek_vl_hybrid", *PLAIN_POSITIONS)
+# PaddleOCR-VL: unflattened patches, its projector looping over the rank's share of the images (2.6 s on 2 idle cores;
+# GLM-OCR's images cross no chunk boundary on these rows: PATCH_FAMILIES, with -m slow)
+FAMILIES += ("paddleocr_vl",)
+CONTEXT_PARALLEL += ("paddleocr_vl",)
 VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 WHOLE_IMAGES = "qwen3_vl"  # deal_images=False: every rank runs the vision tower on all of the row's images
@@ -335,3 +339,43 @@ def test_moe_families_without_their_router_loss_under_ulysses_and_ulysses_times_
     report = launch_ulysses(directory, tmp_path_factory, model_type, "padding_free+cp+sp+no_aux", 4, "--cp-size", "2")
     assert_split_row_training(report, single[model_type])
     assert_images_dealt(report)
+
+
+# Image patches, `-m slow` (84 s for the six on 2 cores, most of it their single-process padded runs): GLM-OCR and
+# GLMGA (GLM-4V's position function over the whole row), PaddleOCR-VL (each patch (3, 14, 14)), Kimi K2.5 (DeepSeek-V3's
+# latent attention, plain positions), Cosmos3 Edge (its own position function), EXAONE 4.5 (plain positions); each
+# family's images dealt over the ranks, with and without prefix sharing
+PATCH_FAMILIES = ("glm_ocr", "paddleocr_vl", "kimi_k25", "glmga", "cosmos3_edge", "exaone4_5")
+# whose images cross a chunk boundary on these rows: GLM-OCR's and GLMGA's (their processor's 1 to 12 tokens) each fall
+# inside one chunk (measured), which leaves their rows' sequences split and their position function run over the row
+CROSSING_PATCH_FAMILIES = ("paddleocr_vl", "kimi_k25", "cosmos3_edge", "exaone4_5")
+
+
+@pytest.fixture(scope="module")
+def patch_families(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("patch_families")
+    save_vision_models(directory, PATCH_FAMILIES)
+    runs = ",".join(f"{model_type}:trl" for model_type in PATCH_FAMILIES)
+    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
+                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+    return directory, {model_type: reports[f"{model_type}:trl"] for model_type in PATCH_FAMILIES}
+
+
+@pytest.mark.slow
+def test_context_parallel_2_on_image_patches_with_and_without_prefix_sharing(patch_families):
+    directory, single = patch_families
+    runs = [
+        f"{model_type}:padding_free+cp{sharing}"
+        for model_type in PATCH_FAMILIES
+        for sharing in ("", "+prefix_sharing")
+    ]
+    reports = launch("multi_gpu.yaml", directory, directory / "cp.json", "--runs", ",".join(runs), "--cp-size", "2",
+                     *pairs(), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+    for run in runs:
+        model_type = run.split(":")[0]
+        assert reports[run]["context_parallel_size"] == 2
+        assert_split_row_training(reports[run], single[model_type])
+        assert_same_gradients(directory / f"{run}.pt", directory / f"{model_type}:trl.pt")
+        if model_type in CROSSING_PATCH_FAMILIES and "prefix_sharing" not in run:
+            assert reports[run]["images_split_across_ranks"] > 0, f"{run}: no image crossed a chunk boundary"
+        assert_images_dealt(reports[run])

@@ -8,7 +8,9 @@ Families (`VISION_FAMILIES`): qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen
 glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_vision, mistral3, idefics2, idefics3,
 smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2,
 minicpmv4_6, minicpm_ocr, minicpmv4_7, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava, qianfan_ocr,
-deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2, janus. Each
+deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2, janus, kimi_k25 (DeepSeek-V3's
+language model), glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5; and `EAGER_FAMILIES`, exact on
+eager attention only: hy_v4_vl (a newline token after each merged row of an image). Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
 2 layers, 4 heads, 2 KV heads, vocabulary = the tokenizer's, pad / bos / eos ids 0 / 1 / 2; vision towers of width
@@ -48,6 +50,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     granite4_vision as LLaVA-NeXT                                         none (4 tokens per tile, and newlines)
     ovis2           pixel_values (tiles, 3, 32, 32)                       none (a whole image, then 1-4 tiles if more)
     janus           pixel_values (I, 3, 32, 32)                           none
+    kimi_k25        pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    none (plain positions)
+    cosmos3_edge    pixel_values (P, 768), image_grid_thw (4, 3)          mm_token_type_ids (<|image_pad|>)
+    exaone4_5       pixel_values (P, 1176), image_grid_thw (4, 3)         none (plain positions)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -74,6 +79,7 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
                                         <IMG_ATOM>                   tile between <IMG_COL> / <IMG_ROW>, <IMG_END>
     janus           image_token_id      its tokenizer's (none on it) <begin_of_image> 16 <image_placeholder>
                                                                  <end_of_image>
+    kimi_k25        image_token_id      yes                          1-16 <|media_pad|> in <|media_begin|>image...end
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected); Idefics3 / SmolVLM pad N, the images per sequence, to the most in a row with all-zero images, which
@@ -99,7 +105,8 @@ the missing video processor); train with `save_strategy="no"`. Pixtral's process
 `StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
 `StandInGemma4UnifiedImageProcessor` returns its merged patches. MiniCPM-V's processors are subclasses without a video
 processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
-4x mode (the same crops; OCR's upscaling of small images aside). The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR,
+4x mode (the same crops; OCR's upscaling of small images aside). Kimi K2.5's image processor has only a torchvision
+backend: `StandInKimiK25ImageProcessor` makes its patches with PIL. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR,
 Idefics, DeepSeek-VL, Granite 4 Vision, Ovis 2 and Janus processors are the stock classes and save and reload.
 """
 
@@ -116,10 +123,13 @@ from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
     AyaVisionProcessor,
+    Cosmos3EdgeImageProcessorPil,
+    Cosmos3EdgeProcessor,
     DeepseekVLHybridImageProcessorPil,
     DeepseekVLHybridProcessor,
     DeepseekVLImageProcessorPil,
     DeepseekVLProcessor,
+    Exaone4_5_Processor,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
     Gemma4AudioFeatureExtractor,
@@ -130,9 +140,12 @@ from transformers import (
     Glm4vProcessor,
     Glm46VImageProcessorPil,
     Glm46VProcessor,
+    GlmgaImageProcessorPil,
     GotOcr2ImageProcessorPil,
     Granite4VisionProcessor,
     HyperCLOVAXVisionV2Processor,
+    HYV4VLImageProcessorPil,
+    HYV4VLProcessor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
@@ -140,6 +153,7 @@ from transformers import (
     InternVLProcessor,
     JanusImageProcessorPil,
     JanusProcessor,
+    Kimi_K25Processor,
     Lfm3VlProcessor,
     LlavaImageProcessorPil,
     LlavaNextImageProcessorPil,
@@ -168,6 +182,10 @@ from transformers import (
     VideoLlavaImageProcessor,
     VideoLlavaProcessor,
 )
+from transformers.image_processing_backends import PilBackend
+from transformers.image_processing_utils import BatchFeature
+from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+from transformers.processing_utils import ImagesKwargs
 
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 from trl_padfree.data import load_demo_tokenizer
@@ -180,6 +198,11 @@ VISION_FAMILIES = (
     "cosmos3_omni", "hyperclovax_vision_v2", "lfm3_vl", "video_llava", "qianfan_ocr",
     "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision", "ovis2", "janus",
 )  # fmt: skip
+VISION_FAMILIES += ("kimi_k25",)
+VISION_FAMILIES += ("glmga", "cosmos3_edge")
+VISION_FAMILIES += ("exaone4_5",)
+# Exact on eager attention only (its sparse indexer reads the attention mask): tests/test_vision.py trains it there
+EAGER_FAMILIES = ("hy_v4_vl",)
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -221,6 +244,7 @@ OVIS2_TOKENS = ("<image>", "<IMG_ATOM>", *OVIS2_INDICATORS)
 JANUS_TOKENS = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
 # GLM-4V's processor also looks its video tokens up
 GLM_FAMILIES = ("glm4v", "glm4v_moe", "glm46v", "glm_ocr")
+GLM_FAMILIES += ("glmga",)  # GLM-4.6V's class and processor under another model type
 GLM_TOKENS = (
     "<|begin_of_image|>",
     "<|image|>",
@@ -255,6 +279,15 @@ MINICPM_TOKENS = {
     "image_id_end_token": "</image_id>",
 }
 DEEPSEEK_VL_TOKENS = {"image_token": "<image_placeholder>"}  # DeepSeek-VL's processor reads it off its tokenizer
+# Kimi K2.5's image span (the word `image` between its begin and content tokens); its processor also looks its video
+# placeholder up
+KIMI_TOKENS = (
+    "<|media_begin|>",
+    "<|media_content|>",
+    "<|media_end|>",
+    "<|media_pad|>",
+    "<|kimi_k25_video_placeholder|>",
+)
 AYA_TOKENS = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
 IDEFICS_TOKENS = (
     "<fake_token_around_image>",
@@ -284,6 +317,10 @@ IMAGE_PLACEHOLDERS = {
     "granite4_vision": GRANITE4_VISION_TOKENS[0],
     "ovis2": OVIS2_TOKENS[0],
     "janus": JANUS_TOKENS["image_token"],
+    "kimi_k25": "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>",
+    "cosmos3_edge": "<|vision_start|><|image_pad|><|vision_end|>",
+    "exaone4_5": "<|vision_start|><|image_pad|><|vision_end|>",
+    "hy_v4_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -362,6 +399,12 @@ def make_vision_tokenizer(model_type: str):
         tokens = OVIS2_TOKENS
     elif model_type == "janus":
         tokens = tuple(JANUS_TOKENS.values())
+    elif model_type == "kimi_k25":
+        tokens = KIMI_TOKENS
+    elif model_type == "cosmos3_edge":
+        tokens = QWEN_TOKENS
+    elif model_type in ("exaone4_5", "hy_v4_vl"):
+        tokens = QWEN_TOKENS
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -562,6 +605,17 @@ def _glm4v_processor(model_type, tokenizer, template):
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
+def _glmga_processor(model_type, tokenizer, template):
+    """GLM-4.6V's processor over GLMGA's image processor (GLM-4.6V's, its sides also multiples of
+    `patch_expand_factor`, 1 by default): images resized to 1 to 12 merged patches, as `_glm4v_processor`'s."""
+    token_pixels = (2 * 14) ** 2
+    image_processor = GlmgaImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=2,
+        size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
+    )  # fmt: skip
+    return TinyGlm46VProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
 def _paddleocr_processor(model_type, tokenizer, template):
     """Images resized to 1 to 12 merged patches (image tokens) of 14-pixel patches, each patch (3, 14, 14)."""
     token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches, merged
@@ -569,6 +623,117 @@ def _paddleocr_processor(model_type, tokenizer, template):
         patch_size=14, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels
     )
     return PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=template)
+
+
+class StandInKimiK25ImageProcessorKwargs(ImagesKwargs, total=False):
+    max_patches: int
+    patch_size: int
+    merge_size: int
+
+
+class StandInKimiK25ImageProcessor(PilBackend):
+    """What `Kimi_K25ImageProcessor` makes, where it cannot be imported: it has only a torchvision backend, absent
+    here. The same steps (transformers 5.24's image_processing_kimi_k25.py): each image shrunk, never enlarged, to at
+    most `max_patches` patches and `size["max_height"]` patches a side, padded with zeros at its bottom and right to
+    whole merged patches, rescaled and normalised; `pixel_values` every image's patches, each `(3, patch, patch)`, row
+    by row, and `image_grid_thw` `(1, rows, columns)` in patches."""
+
+    resample = PILImageResampling.BICUBIC
+    size = {"max_height": 512, "max_width": 512}
+    max_patches = 16384
+    patch_size = 14
+    merge_size = 2
+    do_resize = do_rescale = do_normalize = do_convert_rgb = True
+    image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
+    valid_kwargs = StandInKimiK25ImageProcessorKwargs
+    model_input_names = ["pixel_values", "image_grid_thw"]
+
+    def _preprocess(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize, image_mean,
+                    image_std, patch_size, merge_size, max_patches, return_tensors, **kwargs):  # fmt: skip
+        patches, grids = [], []
+        for image in images:
+            if do_resize:
+                shrunk, padded = _kimi_sizes(*image.shape[-2:], patch_size, merge_size, max_patches, size.max_height)
+                image = self.resize(image, SizeDict(height=shrunk[0], width=shrunk[1]), resample=resample)
+                image = self.pad([image], pad_size=SizeDict(height=padded[0], width=padded[1]))[0]
+            if do_rescale:
+                image = self.rescale(image, rescale_factor)
+            if do_normalize:
+                image = self.normalize(image, image_mean, image_std)
+            channels, height, width = image.shape
+            rows, columns = height // patch_size, width // patch_size
+            grid = image.reshape(channels, rows, patch_size, columns, patch_size).transpose(1, 3, 0, 2, 4)
+            patches.append(grid.reshape(rows * columns, channels, patch_size, patch_size))
+            grids.append([1, rows, columns])
+        data = {"pixel_values": np.concatenate(patches), "image_grid_thw": np.array(grids, dtype=np.int64)}
+        return BatchFeature(data=data, tensor_type=return_tensors)
+
+
+def _kimi_sizes(height, width, patch_size, merge_size, max_patches, max_patches_per_side):
+    """Kimi K2.5's `navit_resize`: the shrunk size of an image, and that size padded to whole merged patches."""
+    patches = max(1, height // patch_size) * max(1, width // patch_size)
+    side = max_patches_per_side * patch_size
+    scale = min(1.0, math.sqrt(max_patches / patches), side / height, side / width)
+    shrunk = [min(max(1, int(length * scale)), side) for length in (height, width)]
+    factor = merge_size * patch_size
+    return shrunk, [length + (factor - length % factor) % factor for length in shrunk]
+
+
+class TinyKimiK25Processor(WithoutVideoProcessor, Kimi_K25Processor):
+    """`Kimi_K25Processor` without a video processor."""
+
+
+class TinyCosmos3EdgeProcessor(WithoutVideoProcessor, Cosmos3EdgeProcessor):
+    """`Cosmos3EdgeProcessor` without a video processor, returning `mm_token_type_ids`: transformers 5.24's leaves them
+    off (its model then raises on images), so a user sets `processor.return_mm_token_type_ids = True`."""
+
+    return_mm_token_type_ids = True
+
+
+def _cosmos3_edge_processor(model_type, tokenizer, template):
+    """Images resized to 1 to 12 merged patches (image tokens) of 16-pixel patches, one frame each."""
+    token_pixels = (2 * 16) ** 2  # one image token: 2 x 2 patches, merged
+    image_processor = Cosmos3EdgeImageProcessorPil(
+        patch_size=16, merge_size=2, temporal_patch_size=1,
+        size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels},
+    )  # fmt: skip
+    return TinyCosmos3EdgeProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+class TinyExaone4_5_Processor(WithoutVideoProcessor, Exaone4_5_Processor):
+    """`Exaone4_5_Processor` without a video processor."""
+
+
+def _exaone4_5_processor(model_type, tokenizer, template):
+    """Qwen2-VL's image processor (EXAONE 4.5's checkpoints ship it): images resized to 1 to 12 merged patches."""
+    token_pixels = (2 * 14) ** 2  # one image token: 2 x 2 patches of 14 pixels, merged
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return TinyExaone4_5_Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+class TinyHYV4VLProcessor(WithoutVideoProcessor, HYV4VLProcessor):
+    """`HYV4VLProcessor` without a video processor."""
+
+
+def _hy_v4_vl_processor(model_type, tokenizer, template):
+    """Images resized to 1 to 12 merged patches of 16-pixel patches, one frame each; a newline token after each row
+    of merged patches: up to 18 image tokens."""
+    token_pixels = (2 * 16) ** 2
+    image_processor = HYV4VLImageProcessorPil(
+        patch_size=16, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return TinyHYV4VLProcessor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _kimi_processor(model_type, tokenizer, template, max_patches=48):
+    """Images shrunk to at most `max_patches` patches of 14 pixels (12 merged 2 x 2), padded to whole merged patches:
+    up to 16 image tokens; the stand-in image processor (`StandInKimiK25ImageProcessor`) without torchvision."""
+    image_processor = StandInKimiK25ImageProcessor(
+        patch_size=14, merge_size=2, max_patches=max_patches, size={"max_height": 12, "max_width": 12}
+    )
+    return TinyKimiK25Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
 def _gemma3_processor(model_type, tokenizer, template, image_size=32, image_seq_length=4):
@@ -791,6 +956,11 @@ _PROCESSOR_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_processor),
     "mistral3": _pixtral_processor,
     "paddleocr_vl": _paddleocr_processor,
+    "kimi_k25": _kimi_processor,
+    "glmga": _glmga_processor,
+    "cosmos3_edge": _cosmos3_edge_processor,
+    "exaone4_5": _exaone4_5_processor,
+    "hy_v4_vl": _hy_v4_vl_processor,
     **dict.fromkeys(IDEFICS_FAMILIES, _idefics_processor),
     **dict.fromkeys(MINICPM_FAMILIES, _minicpm_processor),
     "cosmos3_omni": _cosmos3_processor,
@@ -968,6 +1138,102 @@ def _paddleocr_config(model_type, processor):
         vision_start_token_id=start_id,
         vision_end_token_id=end_id,
     )
+
+
+def _kimi_config(model_type, processor):
+    """Kimi K2.5: MoonViT over the processor's patches (learned positions resampled to each image's grid, 2-D rotary),
+    merged 2 x 2 by its projector; DeepSeek-V3's language model (latent attention, a dense first layer, then 4 routed
+    experts and a shared one), plain text positions."""
+    tokenizer = processor.tokenizer
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, model_type="deepseek_v3", num_key_value_heads=_TEXT["num_attention_heads"], kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+        v_head_dim=8, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1,
+    )  # fmt: skip
+    vision = dict(
+        _VISION, patch_size=image_processor.patch_size, merge_kernel_size=[image_processor.merge_size] * 2,
+        pos_emb_height=8, pos_emb_width=8,
+    )  # fmt: skip
+    begin_id, _, end_id, image_id, video_id = tokenizer.convert_tokens_to_ids(list(KIMI_TOKENS))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        projection_hidden_size=_VISION["hidden_size"],  # the projector's norm, over the tower's features
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=begin_id,
+        vision_end_token_id=end_id,
+    )
+
+
+def _cosmos3_edge_config(model_type, processor):
+    """Cosmos3 Edge: a SigLIP-like tower over the processor's patches (a 4 x 4 grid of learned positions resampled to
+    each image's), merged 2 x 2 by its projector; a language model with 3-section mRoPE."""
+    tokenizer = processor.tokenizer
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, head_dim=_HEAD_DIM,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(
+        _VISION, patch_size=image_processor.patch_size, spatial_merge_size=image_processor.merge_size, num_patches=16
+    )
+    start_id, end_id, image_id, video_id = tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(
+        text_config=text,
+        vision_config=vision,
+        projector_hidden_size=64,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=start_id,
+        vision_end_token_id=end_id,
+    )
+
+
+def _exaone4_5_config(model_type, processor):
+    """EXAONE 4.5: Qwen2.5-VL's tower (windows of 2 x 2 merged patches in block 0, full attention in block 1, grouped
+    key-value heads) over the processor's patches; EXAONE 4's language model (a sliding-window layer, then a full one),
+    plain text positions."""
+    image_processor = processor.image_processor
+    _, vision = _patch_model(image_processor)
+    vision.update(
+        hidden_size=_VISION["hidden_size"], intermediate_size=_VISION["intermediate_size"], num_key_value_heads=1,
+        out_hidden_size=_TEXT["hidden_size"], window_size=2 * image_processor.merge_size * image_processor.patch_size,
+        fullatt_block_indexes=[1],
+    )  # fmt: skip
+    _, _, image_id, video_id = processor.tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(
+        text_config=dict(
+            _TEXT,
+            model_type="exaone4",
+            head_dim=_HEAD_DIM,
+            sliding_window=_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),  # fmt: skip
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+    )
+
+
+def _hy_v4_vl_config(model_type, processor):
+    """HY-V4-VL: its tower over the processor's patches, merged 2 x 2, a learned newline after each merged row; HY-V4's
+    language model (latent attention with a sparse indexer of top-16 keys, hyper-connections, a dense layer then 4
+    routed experts and a shared one), 3-section mRoPE over the latent attention's rope part."""
+    image_processor = processor.image_processor
+    text = dict(
+        _TEXT, num_key_value_heads=_TEXT["num_attention_heads"], moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=2 * sum(_MROPE_SECTION), v_head_dim=8, index_topk=16, index_head_dim=8, index_n_heads=8,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=_MROPE_SECTION),
+    )  # fmt: skip
+    vision = dict(
+        _VISION, out_hidden_size=_TEXT["hidden_size"], patch_size=image_processor.patch_size,
+        spatial_merge_size=image_processor.merge_size,
+    )  # fmt: skip
+    _, _, image_id, video_id = processor.tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    return dict(text_config=text, vision_config=vision, image_token_id=image_id, video_token_id=video_id)
 
 
 def _gemma3_config(model_type, processor):
@@ -1317,6 +1583,10 @@ _CONFIG_BUILDERS = {
     **dict.fromkeys(TILE_FAMILIES, _tiles_config),
     "mistral3": _mistral3_config,
     "paddleocr_vl": _paddleocr_config,
+    "kimi_k25": _kimi_config,
+    "cosmos3_edge": _cosmos3_edge_config,
+    "exaone4_5": _exaone4_5_config,
+    "hy_v4_vl": _hy_v4_vl_config,
     "idefics2": _idefics2_config,
     **dict.fromkeys(("idefics3", "smolvlm"), _idefics_config),
     **dict.fromkeys(MINICPM_FAMILIES, _minicpm_config),
@@ -1477,8 +1747,10 @@ def vision_preference_rows(
 
 
 def _check_family(model_type: str) -> None:
-    if model_type not in VISION_FAMILIES:
-        raise ValueError(f"Unknown vision model type {model_type!r}; choose one of {VISION_FAMILIES}.")
+    if model_type not in VISION_FAMILIES + EAGER_FAMILIES:
+        raise ValueError(
+            f"Unknown vision model type {model_type!r}; choose one of {VISION_FAMILIES + EAGER_FAMILIES}."
+        )
 
 
 # --- Trainers -----------------------------------------------------------------------------------------------------

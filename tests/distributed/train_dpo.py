@@ -456,7 +456,11 @@ def gathered_peak_bytes(model) -> int:
     hooks = [module.register_forward_pre_hook(count) for module in model.modules()]
     try:
         with torch.no_grad():
-            model(input_ids=torch.arange(1, 9).unsqueeze(0))
+            # the row's boundaries given: a model with positions of its own (PaddleOCR-VL's mRoPE) hands the
+            # attention no plain position_ids to read them from
+            boundaries = torch.tensor([0, 8], dtype=torch.int32)
+            model(input_ids=torch.arange(1, 9).unsqueeze(0), cu_seq_lens_q=boundaries, cu_seq_lens_k=boundaries,
+                  max_length_q=8, max_length_k=8)  # fmt: skip
     finally:
         for hook in hooks:
             hook.remove()

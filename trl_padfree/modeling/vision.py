@@ -56,6 +56,10 @@ FAMILIES = {
     "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
     "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
     "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
+    "glmga": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4.6V's class under another model type
+    "cosmos3_edge": ImageFamily("patches", "mm_token_type_ids"),  # Qwen-VL's layout, its own position function
+    "hy_v4_vl": ImageFamily("patches", "mm_token_type_ids"),  # a newline token after each merged row of an image
+    "exaone4_5": ImageFamily("patches", None),  # plain positions: no position function
     # Qwen2-VL's layout, its own position function, image tokens through image experts; its twin packs exactly, but
     # TRL's padded batch fails its forward (vision_unsupported.REFUSED)
     "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),
@@ -153,6 +157,13 @@ def packed_position_ids(model: torch.nn.Module | None, packed_batch: PackedBatch
         return packed_batch.position_ids
     text = packed_batch.position_ids.unsqueeze(0)
     token_types = packed_batch.image_inputs.get("mm_token_type_ids")
+    if token_types is None and packed_batch.sequence_image_grid_thw is not None:
+        # the model's own forward raises on such a batch too (transformers 5.24's `compute_3d_position_ids`)
+        raise ValueError(
+            f"{type(model).__name__} places its images by mm_token_type_ids, which the processor did not return, so "
+            "its image positions cannot be computed (its padded forward raises too); set "
+            "`processor.return_mm_token_type_ids = True` before building the trainer"
+        )
     if token_types is None or packed_batch.sequence_image_grid_thw is None:
         # TRL's padded forward then leaves positions to the language model: plain ones, on every axis
         return torch.cat([text] * 4)

@@ -8,7 +8,12 @@ TRL's vision collator lays one out, which the check then packs as training packs
     Qwen2-VL, Qwen2.5-VL,       pixel_values of every image's patches,         patch, merge and temporal sizes; mRoPE
     Qwen3-VL (MoE)              image_grid_thw (patches)                       sections over the twin's head
     GLM-4V (MoE), GLM-4.6V,     as Qwen2-VL (patches)                          as Qwen2-VL
-    GLM-OCR
+    GLM-OCR, GLMGA
+    EXAONE 4.5                  as Qwen2-VL (patches)                          patch and merge sizes; plain positions
+    Cosmos3 Edge                as Qwen2-VL, one frame a patch (patches)       as Qwen2-VL; its processor returns
+                                                                               mm_token_type_ids only if asked
+    HY-V4-VL                    as Qwen2-VL (patches); a newline token ends    mRoPE sections over the latent
+                                each merged row: (w + 1) x h tokens            attention's rope part
     PaddleOCR-VL, Kimi K2.5     pixel_values of every image's patches, each    patch and merge sizes; (Kimi: plain
                                 (3, patch, patch), image_grid_thw (patches)    positions, no mRoPE)
     Cosmos3-Omni                as Qwen3-VL (its classes)                      as Qwen3-VL
@@ -74,6 +79,8 @@ TWIN_MROPE_SECTION = (1, 1, 2)
 TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
 # Patch-layout families whose processors hand each patch over as (channels, patch, patch), not flattened
 UNFLATTENED_PATCHES = ("paddleocr_vl", "kimi_k25")
+# Patch-layout families whose every merged row of an image ends with a newline token (HY-V4-VL): (w + 1) x h tokens
+NEWLINE_PER_ROW = ("hy_v4_vl",)
 # Twin images of the sized layouts, in (rows, columns) of the vision tower's square input: any-resolution tiles
 # (LLaVA-NeXT), or 2 x 2 merged patches each (Mistral 3)
 TWIN_TILE_GRIDS = ((1, 1), (1, 2), (2, 1))
@@ -141,6 +148,8 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             text["head_dim"] = round(2 * sum(TWIN_MROPE_SECTION) / fraction)
     if model_type == "ernie4_5_vl_moe":  # text and image experts of their own widths, a list the shrink skips
         text["moe_intermediate_size"] = [32] * len(text["moe_intermediate_size"])
+    if model_type == "hy_v4_vl" and not real_head_dims:  # latent attention: mRoPE rotates each head's rope part
+        text["qk_rope_head_dim"] = text["head_dim"] = 2 * sum(TWIN_MROPE_SECTION)
     if model_type == "kimi_k25":  # its projector's norm reads the tower's width
         values["projection_hidden_size"] = vision["hidden_size"]
     if model_type in ("gemma3", "shieldgemma2"):  # 4 x 4 patches pooled to 2 x 2 tokens
@@ -249,7 +258,10 @@ def twin_image_inputs(
         grids[:, 1:] *= merge
         pixels = noise(int(grids.prod(-1).sum()), *_patch_pixels(config.model_type, vision))
         inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
-        return inputs, (grids.prod(-1) // merge**2).tolist()
+        tokens = grids.prod(-1) // merge**2
+        if config.model_type in NEWLINE_PER_ROW:
+            tokens = grids[:, 0] * (grids[:, 1] // merge) * (grids[:, 2] // merge + 1)
+        return inputs, tokens.tolist()
     if family.layout == "navit":  # every crop's patches along the last axis, a grid per crop
         patch, channels = vision.patch_size, vision.num_channels
         grids = torch.tensor([TWIN_CROP_GRIDS[index % len(TWIN_CROP_GRIDS)] for index in range(images)])
