@@ -329,9 +329,9 @@ def _measure(
         errors = packing_errors(twin, attn_implementation, images=images)
     except UnpackedForwardError as error:
         return verdict(
-            f"its forward fails on a tiny twin without packing too ({error}): transformers "
-            f"{transformers.__version__} cannot train it, padded (TRL's padding_free=False) or packed; try another "
-            "transformers release"
+            f"its forward fails on a tiny twin without packing too ({error}), so there is no padded result to pack "
+            f"equal to; where TRL's padded trainer (padding_free=False) fails the same way, transformers "
+            f"{transformers.__version__} cannot train it: try another transformers release"
         )
     except Exception as error:  # a backend that cannot run this model is a refusal, with what failed
         return verdict(f"its packed forward failed on a tiny twin ({type(error).__name__}: {error})")
