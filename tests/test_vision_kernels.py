@@ -21,9 +21,9 @@ from transformers import AutoConfig
 from trl_padfree.modeling.kernels import stand_in_kernels
 
 TRL_DEFAULT = PRECISIONS["trl_default"]
-# The families added for issue 44 first, then one of each image layout the earlier ones use
-KERNEL_FAMILIES = ("glm_ocr", "paddleocr_vl", "qwen3_vl", "llava_next", "internvl", "idefics3")
-SLOW_KERNEL_FAMILIES = ()
+# By default two of the families added in 2026 (patches of each kind); with -m slow one of each earlier layout too
+KERNEL_FAMILIES = ("glm_ocr", "paddleocr_vl")
+SLOW_KERNEL_FAMILIES = ("qwen3_vl", "llava_next", "internvl", "idefics3")
 
 
 def real_head_dims(model_type: str) -> dict:

@@ -144,8 +144,6 @@ from transformers import (
     GotOcr2ImageProcessorPil,
     Granite4VisionProcessor,
     HyperCLOVAXVisionV2Processor,
-    HYV4VLImageProcessorPil,
-    HYV4VLProcessor,
     Idefics2ImageProcessorPil,
     Idefics2Processor,
     Idefics3ImageProcessorPil,
@@ -185,6 +183,7 @@ from transformers import (
 from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.processing_utils import ImagesKwargs
 
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
@@ -202,7 +201,8 @@ VISION_FAMILIES += ("kimi_k25",)
 VISION_FAMILIES += ("glmga", "cosmos3_edge")
 VISION_FAMILIES += ("exaone4_5",)
 # Exact on eager attention only (its sparse indexer reads the attention mask): tests/test_vision.py trains it there
-EAGER_FAMILIES = ("hy_v4_vl",)
+# HY-V4-VL exists from transformers 5.24 (the floors have 5.23)
+EAGER_FAMILIES = ("hy_v4_vl",) if "hy_v4_vl" in CONFIG_MAPPING_NAMES else ()
 LLAVA_FAMILIES = ("llava", "vipllava", "llava_next", "llava_onevision")
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")  # any-resolution tiles: a base tile and a grid of them
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -713,13 +713,15 @@ def _exaone4_5_processor(model_type, tokenizer, template):
     return TinyExaone4_5_Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
 
 
-class TinyHYV4VLProcessor(WithoutVideoProcessor, HYV4VLProcessor):
-    """`HYV4VLProcessor` without a video processor."""
-
-
 def _hy_v4_vl_processor(model_type, tokenizer, template):
     """Images resized to 1 to 12 merged patches of 16-pixel patches, one frame each; a newline token after each row
-    of merged patches: up to 18 image tokens."""
+    of merged patches: up to 18 image tokens. (HY-V4-VL is new in transformers 5.24: imported here, not at the top,
+    so that the floors' 5.23 imports this file.)"""
+    from transformers import HYV4VLImageProcessorPil, HYV4VLProcessor
+
+    class TinyHYV4VLProcessor(WithoutVideoProcessor, HYV4VLProcessor):
+        """`HYV4VLProcessor` without a video processor."""
+
     token_pixels = (2 * 16) ** 2
     image_processor = HYV4VLImageProcessorPil(
         patch_size=16, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels

@@ -152,6 +152,13 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         text["qk_rope_head_dim"] = text["head_dim"] = 2 * sum(TWIN_MROPE_SECTION)
     if model_type == "kimi_k25":  # its projector's norm reads the tower's width
         values["projection_hidden_size"] = vision["hidden_size"]
+    _image_geometry(model_type, values)
+
+
+def _image_geometry(model_type: str, values: dict) -> None:
+    """Each family's images shrunk to a few tokens (in place)."""
+    vision, text = values["vision_config"], values["text_config"]
+    hidden = text["hidden_size"]
     if model_type in ("gemma3", "shieldgemma2"):  # 4 x 4 patches pooled to 2 x 2 tokens
         vision["image_size"], values["mm_tokens_per_image"] = 4 * vision["patch_size"], 4
     elif model_type in ("llava", "vipllava", "video_llava"):  # 2 x 2 patches, one token each
@@ -183,7 +190,23 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
             max(rows * columns for rows, columns in TWIN_PATCH_GRIDS),
             hidden,
         )
-    elif model_type in GEMMA4:  # images of up to 2 x 2 tokens of pooling_kernel_size^2 patches, 2-pixel patches
+    elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
+        vision["image_size"] = 8 * vision["patch_size"]
+    elif FAMILIES[model_type].layout == "navit":  # MiniCPM-V: crops of up to 8 x 8 patches
+        vision["image_size"] = 8 * vision["patch_size"]
+        # A default config leaves its image token unset (a checkpoint's config names it): one past the vocabulary,
+        # which remap_special_tokens moves below its end with the other special tokens
+        if values.get("image_token_id") is None:
+            values["image_token_id"] = text["vocab_size"]
+    else:
+        _encoder_geometry(model_type, values)
+
+
+def _encoder_geometry(model_type: str, values: dict) -> None:
+    """`_image_geometry` for the families whose towers need more than their image size set."""
+    vision, text = values["vision_config"], values["text_config"]
+    hidden = text["hidden_size"]
+    if model_type in GEMMA4:  # images of up to 2 x 2 tokens of pooling_kernel_size^2 patches, 2-pixel patches
         vision["patch_size"] = 2
         vision["position_embedding_size"] = 2 * vision["pooling_kernel_size"]
         if model_type in MERGED_PATCHES:  # its patch embedding as wide as the language model, positions per token
@@ -219,14 +242,6 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         values["image_token_index"] = text["vocab_size"]
     elif model_type == "ovis2":  # tiles of 2 x 2 tokens of hidden_stride^2 patches each
         vision["image_size"] = 2 * vision["hidden_stride"] * vision["patch_size"]
-    elif vision.get("model_type") == "pixtral":  # images of up to 8 x 8 patches, merged 2 x 2
-        vision["image_size"] = 8 * vision["patch_size"]
-    elif FAMILIES[model_type].layout == "navit":  # MiniCPM-V: crops of up to 8 x 8 patches
-        vision["image_size"] = 8 * vision["patch_size"]
-        # A default config leaves its image token unset (a checkpoint's config names it): one past the vocabulary,
-        # which remap_special_tokens moves below its end with the other special tokens
-        if values.get("image_token_id") is None:
-            values["image_token_id"] = text["vocab_size"]
 
 
 def has_position_function(model_type: str) -> bool:
@@ -253,15 +268,7 @@ def twin_image_inputs(
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
     if family.layout == "patches":
-        merge = _patch_merge(vision)
-        grids = torch.tensor([TWIN_GRIDS[index % len(TWIN_GRIDS)] for index in range(images)])
-        grids[:, 1:] *= merge
-        pixels = noise(int(grids.prod(-1).sum()), *_patch_pixels(config.model_type, vision))
-        inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
-        tokens = grids.prod(-1) // merge**2
-        if config.model_type in NEWLINE_PER_ROW:
-            tokens = grids[:, 0] * (grids[:, 1] // merge) * (grids[:, 2] // merge + 1)
-        return inputs, tokens.tolist()
+        return _patch_images(config, images, noise)
     if family.layout == "navit":  # every crop's patches along the last axis, a grid per crop
         patch, channels = vision.patch_size, vision.num_channels
         grids = torch.tensor([TWIN_CROP_GRIDS[index % len(TWIN_CROP_GRIDS)] for index in range(images)])
@@ -299,6 +306,20 @@ def twin_image_inputs(
         pixels[row, :count] = noise(count, channels, side, side)
         mask[row, :count] = True
     return {"pixel_values": torch.cat([pixels, pixels]), "pixel_attention_mask": torch.cat([mask, mask])}, tokens
+
+
+def _patch_images(config, images: int, noise) -> tuple[dict, list[int]]:
+    """Qwen-VL's layout: every image's patches, a grid per image (`image_grid_thw`), and each image's tokens."""
+    vision = config.vision_config
+    merge = _patch_merge(vision)
+    grids = torch.tensor([TWIN_GRIDS[index % len(TWIN_GRIDS)] for index in range(images)])
+    grids[:, 1:] *= merge
+    pixels = noise(int(grids.prod(-1).sum()), *_patch_pixels(config.model_type, vision))
+    inputs = {"pixel_values": torch.cat([pixels, pixels]), "image_grid_thw": torch.cat([grids, grids])}
+    tokens = grids.prod(-1) // merge**2
+    if config.model_type in NEWLINE_PER_ROW:
+        tokens = grids[:, 0] * (grids[:, 1] // merge) * (grids[:, 2] // merge + 1)
+    return inputs, tokens.tolist()
 
 
 def _patch_merge(vision) -> int:
