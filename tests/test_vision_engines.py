@@ -225,21 +225,8 @@ def test_prefix_sharing_with_images_under_fsdp2_ref_offload_matches_single_proce
     assert_images_packed(report, shared_prefix=True)
 
 
-@pytest.mark.parametrize("model_type", TILE_FAMILIES)
-def test_fsdp2_padding_free_with_image_tiles_matches_single_process_padded_trl(
-    fsdp2_tile_runs, single_process_padded, model_type
-):
-    report = fsdp2_tile_runs[model_type]
-    assert report["model_type"] == model_type
-    assert_fsdp2_sharded(report)
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
-    assert len(report["losses"]) == STEPS
-    assert_same_training(report, single_process_padded[model_type])
-    assert_images_packed(report)
-
-
-@pytest.mark.parametrize("model_type", FSDP2_PATCH_FAMILIES)
-def test_fsdp2_padding_free_with_image_patches_matches_single_process_padded_trl(
+@pytest.mark.parametrize("model_type", TILE_FAMILIES + FSDP2_PATCH_FAMILIES)
+def test_fsdp2_padding_free_with_image_tiles_or_patches_matches_single_process_padded_trl(
     fsdp2_tile_runs, single_process_padded, model_type
 ):
     report = fsdp2_tile_runs[model_type]
