@@ -36,7 +36,7 @@ SHARED_PREFIX_SLOW = frozenset(VISION_FAMILIES[VISION_FAMILIES.index("smolvlm") 
 # 2026 families the issue did not name, and close kin of families tested by default: their row step with -m slow too
 ROW_SLOW = frozenset({
     "shieldgemma2", "cosmos3_omni", "cosmos3_edge", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "glmga",
-    "exaone4_5", "janus",
+    "exaone4_5", "janus", "aria",
 })  # fmt: skip
 
 

@@ -107,7 +107,7 @@ the missing video processor); train with `save_strategy="no"`. Pixtral's process
 processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
 4x mode (the same crops; OCR's upscaling of small images aside). Kimi K2.5's image processor has only a torchvision
 backend: `StandInKimiK25ImageProcessor` makes its patches with PIL. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR,
-Idefics, DeepSeek-VL, Granite 4 Vision, Ovis 2 and Janus processors are the stock classes and save and reload.
+Idefics, DeepSeek-VL, Granite 4 Vision, Ovis 2, Janus and Aria processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ import numpy as np
 import torch
 from PIL import Image
 from transformers import (
+    AriaImageProcessorPil,
+    AriaProcessor,
     AutoConfig,
     AutoModelForImageTextToText,
     AyaVisionProcessor,
@@ -200,6 +202,7 @@ VISION_FAMILIES = (
 VISION_FAMILIES += ("kimi_k25",)
 VISION_FAMILIES += ("glmga", "cosmos3_edge")
 VISION_FAMILIES += ("exaone4_5",)
+VISION_FAMILIES += ("aria",)
 # Exact on eager attention only (its sparse indexer reads the attention mask): tests/test_vision.py trains it there
 # HY-V4-VL exists from transformers 5.24 (the floors have 5.23)
 EAGER_FAMILIES = ("hy_v4_vl",) if "hy_v4_vl" in CONFIG_MAPPING_NAMES else ()
@@ -297,6 +300,7 @@ IDEFICS_TOKENS = (
     # Tile tags of split images: the processors write `<row_r_col_c>` for a grid of up to 6 x 6 tiles
     *(f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)),
 )
+ARIA_TOKENS = {"image_token": "<|img|>"}  # Aria's processor reads it off its tokenizer
 # What the chat template writes for an image part; the processor expands it to the image's tokens
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
@@ -321,6 +325,7 @@ IMAGE_PLACEHOLDERS = {
     "cosmos3_edge": "<|vision_start|><|image_pad|><|vision_end|>",
     "exaone4_5": "<|vision_start|><|image_pad|><|vision_end|>",
     "hy_v4_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "aria": ARIA_TOKENS["image_token"],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -405,6 +410,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = QWEN_TOKENS
     elif model_type in ("exaone4_5", "hy_v4_vl"):
         tokens = QWEN_TOKENS
+    elif model_type == "aria":
+        tokens = tuple(ARIA_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -424,6 +431,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(DEEPSEEK_VL_TOKENS)
     if model_type == "janus":
         tokenizer._set_model_specific_special_tokens(JANUS_TOKENS)
+    if model_type == "aria":
+        tokenizer._set_model_specific_special_tokens(ARIA_TOKENS)
     return tokenizer
 
 
@@ -948,6 +957,16 @@ def _janus_processor(model_type, tokenizer, template, image_size=32, patch_size=
     return JanusProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=tokens)
 
 
+def _aria_processor(model_type, tokenizer, template, patch_size=140, image_tokens=4):
+    """Images resized to Aria's 980 pixels on their longer side (the processor takes 490 or 980, and calls its image
+    processor at 980) and padded square, with a pixel mask of the image; towers of `patch_size` patches (7 x 7 of them)
+    make few patches of the large image, which its projector's `image_tokens` queries read."""
+    image_processor = AriaImageProcessorPil(max_image_size=980, min_image_size=patch_size)
+    processor = AriaProcessor(image_processor, tokenizer, chat_template=template, size_conversion={980: image_tokens})
+    processor.patch_size = patch_size  # read back by `_aria_config`
+    return processor
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -973,6 +992,7 @@ _PROCESSOR_BUILDERS = {
     "granite4_vision": _granite4_vision_processor,
     "ovis2": _ovis2_processor,
     "janus": _janus_processor,
+    "aria": _aria_processor,
 }
 
 
@@ -1574,6 +1594,20 @@ def _janus_config(model_type, processor):
     )
 
 
+def _aria_config(model_type, processor):
+    """Aria: Idefics3's tower over 980-pixel images in `processor.patch_size` patches, read by a fixed number of
+    queries per image (its projector's cross-attention, by patch count), before a MoE language model."""
+    image_size = processor.image_processor.max_image_size
+    patches = (image_size // processor.patch_size) ** 2
+    text = dict(_TEXT, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1)
+    return dict(
+        text_config=text,
+        vision_config=dict(_VISION, image_size=image_size, patch_size=processor.patch_size),
+        projector_patch_to_query_dict={patches: processor.size_conversion[image_size]},
+        image_token_index=processor.image_token_id,
+    )
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -1600,6 +1634,7 @@ _CONFIG_BUILDERS = {
     "granite4_vision": _granite4_vision_config,
     "ovis2": _ovis2_config,
     "janus": _janus_config,
+    "aria": _aria_config,
 }
 
 
