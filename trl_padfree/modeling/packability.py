@@ -142,13 +142,15 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
     images_per_example = [shape[1] for shape in pairs]
     image_inputs, tokens_per_image = twin_image_inputs(twin, family, images_per_example, seed)
     placeholder = image_token_id(config)
+    # the tokens its processor writes around each image, where its position function finds images by them
+    opening, closing = [[getattr(config, name)] for name in family.image_bounds] if family.image_bounds else ([], [])
     text_tokens = config.get_text_config().vocab_size - CHECK_SPECIAL_TOKENS  # below the twin's special tokens
     rows, completion_starts, image_index = [[], []], [[], []], 0
     with private_rng(seed):
         for before, images, after, *completions in pairs:
             prompt = torch.randint(3, text_tokens, (before,)).tolist()
             for count in tokens_per_image[image_index : image_index + images]:
-                prompt += [placeholder] * count + torch.randint(3, text_tokens, (after,)).tolist()
+                prompt += opening + [placeholder] * count + closing + torch.randint(3, text_tokens, (after,)).tolist()
             image_index += images
             for side, completion in enumerate(completions):
                 rows[side].append(prompt + torch.randint(3, text_tokens, (completion,)).tolist())
@@ -173,6 +175,8 @@ def _image_check_row(twin: PreTrainedModel, pairs, prefix_sharing: bool, seed: i
             inputs[family.token_types] = (inputs["input_ids"] == placeholder).long()
         if family.expert_token_types is not None:
             inputs[family.expert_token_types] = inputs[family.token_types]
+        if family.image_bounds is not None:  # its forward places images only given a mask
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         alone.append(inputs)
     return alone, PackedBatch.from_collated(batch)
 

@@ -3,8 +3,9 @@
 - **Positions.** A model with its own position function (`get_rope_index`: Qwen-VL's 3-D mRoPE, where an image's
   tokens take positions along time, height and width, and the text after it continues from the largest) gets, for
   every token of the row, the position that function gives it in its own sequence: computed on the padded view of the
-  row (every sequence whole, as TRL's padded forward computes it), then laid back onto the row, under a row of plain
-  text positions. transformers' Qwen-VL models read that `(4, 1, T)` layout as packed: row 0 keeps the sequences
+  row (every sequence whole, as TRL's padded forward computes it, with the per-token image marks it reads, or none
+  where it finds images by the tokens around them: Qwen-Omni's thinkers), then laid back onto the row, under a row of
+  plain text positions. transformers' Qwen-VL models read that `(4, 1, T)` layout as packed: row 0 keeps the sequences
   apart in mask-based attention, rows 1-3 rotate. A model without one reads the plain positions, as for text.
 - **Attention.** Only the language model runs the packed attention (`set_language_model_attention`, in
   integrations/transformers.py); the vision tower keeps its own, and keeps its images apart itself. Gemma 3's image
@@ -41,7 +42,16 @@ class ImageFamily:
     # same image)), as the packed attention does: the two agree on images no longer than the window
     images_past_window: bool = False
     position_grids: str = "image_grid_thw"  # the image grids its position function (`get_rope_index`) reads
+    # The per-token marks its position function finds images by, or None where it finds them by the tokens its
+    # processor writes around each image instead (`image_bounds`)
+    position_marks: str | None = "mm_token_type_ids"
+    # The tokens (config names) its processor writes around each image, where its position function finds images by
+    # them (Qwen-Omni's thinkers: an image token after a vision-start token); its forward then computes those
+    # positions only given an attention mask
+    image_bounds: tuple[str, str] | None = None
 
+
+OMNI_IMAGE_BOUNDS = ("vision_start_token_id", "vision_end_token_id")
 
 FAMILIES = {
     "qwen2_vl": ImageFamily("patches", "mm_token_type_ids"),
@@ -102,6 +112,10 @@ FAMILIES = {
     "got_ocr2": ImageFamily("tiles", None),  # SAM, 4 x 4 patches a token; images whole, or cut into tiles
     "pp_chart2table": ImageFamily("tiles", None),  # GOT-OCR2's model
     "aria": ImageFamily("images", None),  # Idefics3's tower, its patches cross-attended by a fixed number of queries
+    # Qwen2.5-VL's and Qwen3-VL's images beside an audio tower: the position function finds each image by the vision
+    # start token before it, and places audio and video too (none on image pairs)
+    "qwen2_5_omni_thinker": ImageFamily("patches", None, position_marks=None, image_bounds=OMNI_IMAGE_BOUNDS),
+    "qwen3_omni_moe_thinker": ImageFamily("patches", None, position_marks=None, image_bounds=OMNI_IMAGE_BOUNDS),
 }
 
 
@@ -156,25 +170,29 @@ def packed_position_ids(model: torch.nn.Module | None, packed_batch: PackedBatch
     if rope_index is None or packed_batch.image_inputs is None:
         return packed_batch.position_ids
     text = packed_batch.position_ids.unsqueeze(0)
-    token_types = packed_batch.image_inputs.get("mm_token_type_ids")
-    if token_types is None and packed_batch.sequence_image_grid_thw is not None:
+    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
+    marks_key = family.position_marks if family is not None else "mm_token_type_ids"
+    token_types = packed_batch.image_inputs.get(marks_key) if marks_key is not None else None
+    if marks_key is not None and token_types is None and packed_batch.sequence_image_grid_thw is not None:
         # the model's own forward raises on such a batch too (transformers 5.24's `compute_3d_position_ids`)
         raise ValueError(
-            f"{type(model).__name__} places its images by mm_token_type_ids, which the processor did not return, so "
+            f"{type(model).__name__} places its images by {marks_key}, which the processor did not return, so "
             "its image positions cannot be computed (its padded forward raises too); set "
             "`processor.return_mm_token_type_ids = True` before building the trainer"
         )
-    if token_types is None or packed_batch.sequence_image_grid_thw is None:
+    if packed_batch.sequence_image_grid_thw is None:
         # TRL's padded forward then leaves positions to the language model: plain ones, on every axis
         return torch.cat([text] * 4)
-    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
     grids = family.position_grids if family is not None else "image_grid_thw"
+    # As the model's forward calls it on image pairs: the marks where it reads them (Qwen-Omni's reads none)
+    marks = {marks_key: packed_batch.padded(token_types)} if marks_key is not None else {}
     padded_positions, _ = rope_index(
         input_ids=packed_batch.padded(packed_batch.input_ids),
-        mm_token_type_ids=packed_batch.padded(token_types),
         attention_mask=packed_batch.token_valid.long(),
+        **marks,
         **{grids: packed_batch.sequence_image_grid_thw},
     )
+    # (Qwen3-Omni's positions are floats: the row takes their dtype, exact for whole positions below 2**24)
     return torch.cat([text, packed_batch.packed(padded_positions)])
 
 

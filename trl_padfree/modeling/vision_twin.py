@@ -17,6 +17,10 @@ TRL's vision collator lays one out, which the check then packs as training packs
     PaddleOCR-VL, Kimi K2.5     pixel_values of every image's patches, each    patch and merge sizes; (Kimi: plain
                                 (3, patch, patch), image_grid_thw (patches)    positions, no mRoPE)
     Cosmos3-Omni                as Qwen3-VL (its classes)                      as Qwen3-VL
+    Qwen2.5-Omni, Qwen3-Omni    as Qwen2.5-VL / Qwen3-VL (patches), each       as Qwen-VL; the audio tower (image pairs
+    thinkers                    image between vision start and end tokens      never run it) narrowed so it builds; a
+                                                                               default config's unset start and end
+                                                                               tokens given ids
     HyperCLOVAX-Vision-V2,      as Qwen2.5-VL / Qwen3-VL (patches)             patch, merge and temporal sizes; no
     LFM3-VL                                                                    mRoPE (plain 1-D text positions)
     Gemma 3, ShieldGemma 2      pixel_values (images)                          4 x 4 patches pooled to 4 tokens
@@ -102,6 +106,10 @@ GEMMA4 = ("gemma4", "gemma4_unified")
 MERGED_PATCHES = ("gemma4_unified",)
 # Families of the images layout whose every patch is an image token (DeepSeek-VL)
 TOKEN_PER_PATCH = ("deepseek_vl", "deepseek_vl_hybrid", "janus")
+# Families with an audio tower, which image pairs never run (Qwen-Omni's thinkers): narrowed only so that it builds,
+# its heads dividing the shrunk width (the real 20 do not divide 32)
+OMNI_THINKERS = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+TWIN_AUDIO = dict(encoder_attention_heads=4, encoder_ffn_dim=64, encoder_layers=1, downsample_hidden_size=8)
 
 
 def remap_special_tokens(values: dict, vocab_size: int) -> None:
@@ -152,6 +160,14 @@ def twin_geometry(model_type: str, values: dict, real_head_dims: bool = False) -
         text["qk_rope_head_dim"] = text["head_dim"] = 2 * sum(TWIN_MROPE_SECTION)
     if model_type == "kimi_k25":  # its projector's norm reads the tower's width
         values["projection_hidden_size"] = vision["hidden_size"]
+    if model_type in OMNI_THINKERS:  # the audio tower narrowed, its features as wide as the language model
+        audio = values["audio_config"]
+        audio.update({name: size for name, size in TWIN_AUDIO.items() if name in audio}, output_dim=hidden)
+    # Tokens around each image that a default config leaves unset (Qwen-Omni's thinkers; a checkpoint names them):
+    # past the vocabulary, which remap_special_tokens moves below its end with the other special tokens
+    for offset, name in enumerate(FAMILIES[model_type].image_bounds or ()):
+        if values.get(name) is None:
+            values[name] = text["vocab_size"] + offset
     _image_geometry(model_type, values)
 
 

@@ -98,8 +98,6 @@ NOT_YET_CHECKED = {
     "tokenized beforehand, the row is plain text, which packs exactly (Emu3ForCausalLM)",
     "apertus1p5": "a VQ model: image codes embedded as text, a twin of its image and audio tokenizers; with images "
     "tokenized beforehand, the row is plain text",
-    "qwen2_5_omni_thinker": "Qwen2.5-VL image patches beside an audio tower, its position function interleaving audio and video: a twin branch",
-    "qwen3_omni_moe_thinker": "Qwen3-VL image patches beside an audio tower, and a router loss: a twin branch",
     "qwen4_exp": "a language model whose default config builds (qwen4_exp_text's fails: TypeError in a // of two "
     "None sizes, as its text row), then Qwen-VL-style image patches with its own position function and experts",
     "glm5_next": "a packed form of its linear-attention layers (Glm5NextTextLinearAttention: the packed forward refuses "
