@@ -498,6 +498,8 @@ TRANSFORMERS_VISION = [
             ("lfm3_vl.Lfm3Vl", []),
             ("video_llava.VideoLlava", []),
             ("qianfan_ocr.QianfanOCR", []),
+            ("qwen2_5_omni.Qwen2_5OmniThinker", []),
+            ("qwen3_omni_moe.Qwen3OmniMoeThinker", ['mm_encoder_outputs["image"].deepstack_features']),
         )
     ),
     Seam(
@@ -506,6 +508,38 @@ TRANSFORMERS_VISION = [
         "the position function called on the packed row's padded view, by keyword (Qwen3-VL's)",
         "modeling/vision.py",
         keywords=("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask"),
+    ),
+    *(
+        seam
+        for family in ("qwen2_5_omni.Qwen2_5Omni", "qwen3_omni_moe.Qwen3OmniMoe")
+        for seam in (
+            Seam(
+                "transformers",
+                f"transformers.models.{family}ThinkerModel.get_rope_index",
+                "the position function called on the packed row's padded view, by keyword and without marks (it "
+                "finds each image by the vision-start token before it); the forward calls it only given an attention "
+                "mask, which the architecture check hands each sequence alone",
+                "modeling/vision.py, modeling/packability.py",
+                keywords=("input_ids", "image_grid_thw", "attention_mask"),
+                source={
+                    f"transformers.models.{family}ThinkerModel.compute_3d_position_ids": (
+                        "can_compute_mrope = input_ids is not None and attention_mask is not None",
+                    )
+                },
+            ),
+            Seam(
+                "transformers",
+                f"transformers.models.{family}ThinkerTextModel.forward",
+                "reads `(4, 1, T)` position_ids as packed: row 0 plain text positions, rows 1-3 the rotary positions",
+                "modeling/vision.py",
+                source={
+                    f"transformers.models.{family}ThinkerTextModel.forward": (
+                        "if position_ids.ndim == 3 and position_ids.shape[0] == 4:",
+                        "text_position_ids = position_ids[0]",
+                    )
+                },
+            ),
+        )
     ),
     Seam(
         "transformers",

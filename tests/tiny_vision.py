@@ -9,7 +9,9 @@ glm46v, gemma3, llava, vipllava, llava_next, llava_onevision, internvl, aya_visi
 smolvlm, glm_ocr (GLM-4V's layout and GLM-4.6V's processor), paddleocr_vl, gemma4, gemma4_unified, shieldgemma2,
 minicpmv4_6, minicpm_ocr, minicpmv4_7, cosmos3_omni, hyperclovax_vision_v2, lfm3_vl, video_llava, qianfan_ocr,
 deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2, janus, kimi_k25 (DeepSeek-V3's
-language model), glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5; and `EAGER_FAMILIES`, exact on
+language model), glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5, aria, qwen2_5_omni_thinker and
+qwen3_omni_moe_thinker (Qwen2.5-VL's and Qwen3-VL-MoE's towers and language models beside an audio tower, frozen:
+image pairs never run it); and `EAGER_FAMILIES`, exact on
 eager attention only: hy_v4_vl (a newline token after each merged row of an image). Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
@@ -53,6 +55,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     kimi_k25        pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    none (plain positions)
     cosmos3_edge    pixel_values (P, 768), image_grid_thw (4, 3)          mm_token_type_ids (<|image_pad|>)
     exaone4_5       pixel_values (P, 1176), image_grid_thw (4, 3)         none (plain positions)
+    qwen2_5_omni_thinker  as qwen2_5_vl                                   none (images found by <|vision_start|>)
+    qwen3_omni_moe_thinker  as qwen3_vl                                   none (as Qwen2.5-Omni's)
 
     family          config's image id   = processor.image_token_id   tokens per image (default options)
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
@@ -98,8 +102,8 @@ tower 2 (a convolution, then attention), so that each kind of layer runs. Qianfa
 DeepSeek-VL hybrid's zero-initialised gate on its SAM tower's global features gets a small random value; Janus's image
 generator (VQ-VAE, generation embeddings, aligner and head), which understanding never runs, is frozen.
 
-Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL,
-Video-LLaVA, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4 processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
+Without torchvision there is no video processor: the Qwen-VL (Cosmos3-Omni's and Qwen-Omni's too),
+HyperCLOVAX-Vision-V2, LFM3-VL, Video-LLaVA, GLM-4V, LLaVA-OneVision, InternVL, SmolVLM and Gemma 4 processors here are subclasses that accept `video_processor=None` (SmolVLM's also skips its `num2words` requirement,
 which only video prompts need). They handle images and text only, and their `save_pretrained` fails (AttributeError on
 the missing video processor); train with `save_strategy="no"`. Pixtral's processor (Mistral 3's) cannot even be imported without torchvision:
 `StandInPixtralProcessor` writes its tokens where it is absent; Gemma 4 Unified's image processor needs it too:
@@ -174,13 +178,16 @@ from transformers import (
     ProcessorMixin,
     QianfanOCRProcessor,
     Qwen2_5_VLProcessor,
+    Qwen2_5OmniProcessor,
     Qwen2VLImageProcessorPil,
     Qwen2VLProcessor,
+    Qwen3OmniMoeProcessor,
     Qwen3VLProcessor,
     SmolVLMImageProcessorPil,
     SmolVLMProcessor,
     VideoLlavaImageProcessor,
     VideoLlavaProcessor,
+    WhisperFeatureExtractor,
 )
 from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
@@ -203,6 +210,10 @@ VISION_FAMILIES += ("kimi_k25",)
 VISION_FAMILIES += ("glmga", "cosmos3_edge")
 VISION_FAMILIES += ("exaone4_5",)
 VISION_FAMILIES += ("aria",)
+# Qwen2.5-Omni's and Qwen3-Omni's thinkers: Qwen2.5-VL's and Qwen3-VL-MoE's images and language models beside an
+# audio tower (which image pairs never run), images found by the vision-start token before them
+OMNI_FAMILIES = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
+VISION_FAMILIES += OMNI_FAMILIES
 # Exact on eager attention only (its sparse indexer reads the attention mask): tests/test_vision.py trains it there
 # HY-V4-VL exists from transformers 5.24 (the floors have 5.23)
 EAGER_FAMILIES = ("hy_v4_vl",) if "hy_v4_vl" in CONFIG_MAPPING_NAMES else ()
@@ -213,6 +224,7 @@ MOE_FAMILIES = (
     "qwen3_vl_moe",
     "qwen3_5_moe",
     "glm4v_moe",
+    "qwen3_omni_moe_thinker",
 )  # a router loss: prefix sharing refused with it (test_moe_aux_loss)
 IDEFICS_FAMILIES = ("idefics2", "idefics3", "smolvlm")
 TILE_FAMILIES = ("internvl", "aya_vision")  # images cut into tiles of a fixed number of tokens, and a thumbnail
@@ -301,6 +313,17 @@ IDEFICS_TOKENS = (
     *(f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)),
 )
 ARIA_TOKENS = {"image_token": "<|img|>"}  # Aria's processor reads it off its tokenizer
+# The Qwen-Omni processors read these names off their tokenizer (Qwen3-Omni's tokens; Qwen2.5-Omni's checkpoints
+# spell them <|vision_bos|>, <|IMAGE|>, ...): Qwen-VL's four first, which _qwen_config reads
+OMNI_TOKENS = {
+    "vision_bos_token": QWEN_TOKENS[0],
+    "vision_eos_token": QWEN_TOKENS[1],
+    "image_token": QWEN_TOKENS[2],
+    "video_token": QWEN_TOKENS[3],
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+    "audio_token": "<|audio_pad|>",
+}
 # What the chat template writes for an image part; the processor expands it to the image's tokens
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
@@ -326,6 +349,7 @@ IMAGE_PLACEHOLDERS = {
     "exaone4_5": "<|vision_start|><|image_pad|><|vision_end|>",
     "hy_v4_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "aria": ARIA_TOKENS["image_token"],
+    **dict.fromkeys(OMNI_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -412,6 +436,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = QWEN_TOKENS
     elif model_type == "aria":
         tokens = tuple(ARIA_TOKENS.values())
+    elif model_type in OMNI_FAMILIES:
+        tokens = tuple(OMNI_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -433,6 +459,8 @@ def make_vision_tokenizer(model_type: str):
         tokenizer._set_model_specific_special_tokens(JANUS_TOKENS)
     if model_type == "aria":
         tokenizer._set_model_specific_special_tokens(ARIA_TOKENS)
+    if model_type in OMNI_FAMILIES:
+        tokenizer._set_model_specific_special_tokens(OMNI_TOKENS)
     return tokenizer
 
 
@@ -573,6 +601,27 @@ def _qwen_processor(model_type, tokenizer, template, min_pixels=None, max_pixels
     )
     processor_class = _QWEN_PROCESSORS[model_type]
     return processor_class(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+class TinyQwen2_5OmniProcessor(WithoutVideoProcessor, Qwen2_5OmniProcessor):
+    """`Qwen2_5OmniProcessor` without a video processor."""
+
+
+class TinyQwen3OmniMoeProcessor(WithoutVideoProcessor, Qwen3OmniMoeProcessor):
+    """`Qwen3OmniMoeProcessor` without a video processor."""
+
+
+def _omni_processor(model_type, tokenizer, template):
+    """Qwen2.5-VL's image processor (Qwen3-VL's 16-pixel patches for Qwen3-Omni), images resized to 1 to 12 merged
+    patches, and Whisper's feature extractor (the checkpoints' own), which image pairs never call."""
+    patch_size = 16 if model_type == "qwen3_omni_moe_thinker" else 14
+    token_pixels = (2 * patch_size) ** 2
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=patch_size, merge_size=2, temporal_patch_size=2, min_pixels=token_pixels,
+        max_pixels=12 * token_pixels,
+    )  # fmt: skip
+    processor_class = TinyQwen3OmniMoeProcessor if model_type == "qwen3_omni_moe_thinker" else TinyQwen2_5OmniProcessor
+    return processor_class(image_processor, None, WhisperFeatureExtractor(), tokenizer, chat_template=template)
 
 
 def _cosmos3_processor(model_type, tokenizer, template, **options):
@@ -993,6 +1042,7 @@ _PROCESSOR_BUILDERS = {
     "ovis2": _ovis2_processor,
     "janus": _janus_processor,
     "aria": _aria_processor,
+    **dict.fromkeys(OMNI_FAMILIES, _omni_processor),
 }
 
 
@@ -1066,6 +1116,20 @@ def _qwen_config(model_type, processor):
         image_token_id=image_id,
         video_token_id=video_id,
     )
+
+
+def _omni_config(model_type, processor):
+    """Qwen2.5-Omni's thinker (Qwen2.5-VL's tower and language model) and Qwen3-Omni's (Qwen3-VL-MoE's), and an audio
+    tower as narrow as the rest, which image pairs never run (`make_vision_model` freezes it)."""
+    values = _qwen_config("qwen3_vl_moe" if model_type == "qwen3_omni_moe_thinker" else "qwen2_5_vl", processor)
+    audio_start, audio_end, audio = processor.tokenizer.convert_tokens_to_ids(list(OMNI_TOKENS.values())[4:])
+    audio_config = dict(d_model=32, encoder_attention_heads=2, encoder_ffn_dim=64, encoder_layers=1, output_dim=32)
+    if model_type == "qwen3_omni_moe_thinker":
+        audio_config["downsample_hidden_size"] = 8
+    return dict(
+        values, audio_config=audio_config, audio_token_id=audio, audio_start_token_id=audio_start,
+        audio_end_token_id=audio_end,
+    )  # fmt: skip
 
 
 def _cosmos3_config(model_type, processor):
@@ -1635,6 +1699,7 @@ _CONFIG_BUILDERS = {
     "ovis2": _ovis2_config,
     "janus": _janus_config,
     "aria": _aria_config,
+    **dict.fromkeys(OMNI_FAMILIES, _omni_config),
 }
 
 
@@ -1646,8 +1711,9 @@ def make_vision_config(model_type: str, processor: ProcessorMixin, **config_over
     _check_family(model_type)
     values = _CONFIG_BUILDERS[model_type](model_type, processor)
     values["text_config"]["vocab_size"] = len(processor.tokenizer)
-    for key in ("text_config", "vision_config"):
-        values[key].update(config_overrides.pop(key, {}))
+    for key in ("text_config", "vision_config", "audio_config"):
+        if key in values:
+            values[key].update(config_overrides.pop(key, {}))
     return AutoConfig.for_model(model_type, **values, **config_overrides)
 
 
@@ -1678,6 +1744,8 @@ def make_vision_model(
         # LLaVA takes the tower's hidden states, before its post-layernorm: freeze it, as it gets no gradient
         tower = model.model.vision_tower
         getattr(tower, "vision_model", tower).post_layernorm.requires_grad_(False)
+    if model_type in OMNI_FAMILIES:  # its audio tower, which image pairs never run
+        model.model.audio_tower.requires_grad_(False)
     if model_type == "video_llava":
         # As LLaVA's, its image tower's post-layernorm gets no gradient; and image pairs never run its video tower
         model.model.image_tower.post_layernorm.requires_grad_(False)
