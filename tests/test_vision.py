@@ -279,7 +279,9 @@ def test_context_parallelism_over_image_spans_attended_both_ways_is_refused_with
         make_vision_trainer(model_type, True, rows(model_type, 4), context_parallel_size=2, model_overrides=overrides)
 
 
-@pytest.mark.parametrize("prefix_sharing", [False, True], ids=["row", "shared-prefix"])
+@pytest.mark.parametrize(
+    "prefix_sharing", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["row", "shared-prefix"]
+)
 def test_gemma4_with_images_attended_both_ways_on_its_sliding_layers_equals_padded_trl(prefix_sharing):
     data = rows("gemma4")
     padded = one_step(make_vision_trainer("gemma4", False, data, model_overrides=GEMMA4_IMAGES_BOTH_WAYS))
