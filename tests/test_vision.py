@@ -264,10 +264,39 @@ def test_precomputed_reference_log_probs_are_refused_by_trl():
         make_vision_trainer("qwen2_5_vl", True, rows("qwen2_5_vl", 4), precompute_ref_log_probs=True)
 
 
-def test_context_parallelism_over_image_spans_attended_both_ways_is_refused_with_ulysses_as_the_way_out():
-    # Context parallelism on image rows is tested in test_vision_split_rows.py; Gemma 3's image spans are refused
+# Gemma 4's larger checkpoints: an image's tokens see the whole image on sliding-window layers (transformers'
+# create_masks_for_vision_model), its full-attention layers stay causal
+GEMMA4_IMAGES_BOTH_WAYS = {"text_config": {"use_bidirectional_attention": "vision"}}
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides", [("gemma3", {}), ("gemma4", GEMMA4_IMAGES_BOTH_WAYS)], ids=["gemma3", "gemma4-vision"]
+)
+def test_context_parallelism_over_image_spans_attended_both_ways_is_refused_with_ulysses_as_the_way_out(
+    model_type, overrides
+):
+    # Context parallelism on image rows is tested in test_vision_split_rows.py; image spans attended both ways are not
     with pytest.raises(ValueError, match="Context parallelism cannot split this vision-language row.*Ulysses"):
-        make_vision_trainer("gemma3", True, rows("gemma3", 4), context_parallel_size=2)
+        make_vision_trainer(model_type, True, rows(model_type, 4), context_parallel_size=2, model_overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    "prefix_sharing", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["row", "shared-prefix"]
+)
+def test_gemma4_with_images_attended_both_ways_on_its_sliding_layers_equals_padded_trl(prefix_sharing):
+    data = rows("gemma4")
+    padded = one_step(make_vision_trainer("gemma4", False, data, model_overrides=GEMMA4_IMAGES_BOTH_WAYS))
+    packed_trainer = make_vision_trainer(
+        "gemma4", True, data, model_overrides=GEMMA4_IMAGES_BOTH_WAYS, prefix_sharing=prefix_sharing
+    )
+    layer_types = packed_trainer.model.config.get_text_config().layer_types
+    assert {"sliding_attention", "full_attention"} <= set(layer_types)  # both kinds of layer, each its own rule
+    packed = one_step(packed_trainer)
+
+    assert_same_step(padded, packed)
+    # The setting changes the model: images attended causally would give another step
+    causal = one_step(make_vision_trainer("gemma4", False, data))
+    assert abs(causal.loss - padded.loss) > 1e-4
 
 
 def test_an_image_longer_than_the_window_of_a_model_whose_images_see_past_it_is_refused_with_advice():

@@ -33,7 +33,12 @@ from .attention.bidirectional import SpanAttention
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
 from .backends import ATTN_IMPLEMENTATION
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
-from .vision import bidirectional_image_marks, image_past_window, packed_position_ids
+from .vision import (
+    bidirectional_image_marks,
+    image_past_window,
+    image_spans_on_sliding_layers_only,
+    packed_position_ids,
+)
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -162,10 +167,11 @@ class PackedBatch:
             "completion_mask": self.padded(self.completion_mask),
         }
 
-    def row(self, image_marks: str | None = None) -> PackedRow:
+    def row(self, image_marks: str | None = None, sliding_layers_only: bool = False) -> PackedRow:
         """How this row attends (modeling/attention/rows.py): each segment to itself, or with prefix sharing each
         rejected branch to its prompt too; for a model whose image tokens, marked in its per-token input
-        `image_marks`, attend both ways (Gemma 3), each image's tokens to the whole image."""
+        `image_marks`, attend both ways (Gemma 3), each image's tokens to the whole image (with
+        `sliding_layers_only`, on sliding-window layers alone: Gemma 4)."""
         spans = None
         if image_marks is not None and self.image_inputs is not None:
             spans = SpanAttention.of_row(
@@ -173,6 +179,7 @@ class PackedBatch:
                 self.host.cu_seq_lens,
                 self.image_spans(image_marks),
                 self.input_ids.device,
+                sliding_layers_only=sliding_layers_only,
             )
         bounds = self.host.cu_seq_lens
         if self.shared_prefix is not None:
@@ -188,7 +195,12 @@ class PackedBatch:
             return self.host.image_spans
         return token_runs(self.image_inputs[image_marks][0].tolist(), 1)
 
-    def model_kwargs(self, position_ids: torch.Tensor | None = None, image_marks: str | None = None) -> dict[str, Any]:
+    def model_kwargs(
+        self,
+        position_ids: torch.Tensor | None = None,
+        image_marks: str | None = None,
+        sliding_layers_only: bool = False,
+    ) -> dict[str, Any]:
         # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
         # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer). `packed_row` reaches
         # `padfree_varlen` through transformers' keyword arguments
@@ -201,7 +213,7 @@ class PackedBatch:
             "max_length_q": self.max_length,
             "max_length_k": self.max_length,
             "use_cache": False,
-            PACKED_ROW_KWARG: self.row(image_marks),
+            PACKED_ROW_KWARG: self.row(image_marks, sliding_layers_only),
         }
 
     def to_padded_outputs(self, outputs):
@@ -252,7 +264,9 @@ def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], modul
     image_marks = bidirectional_image_marks(module)
     if image_marks is not None and packed_batch.image_inputs is not None:
         check_image_within_window(image_past_window(module, packed_batch.image_spans(image_marks)))
-    model_kwargs = packed_batch.model_kwargs(packed_position_ids(module, packed_batch), image_marks)
+    model_kwargs = packed_batch.model_kwargs(
+        packed_position_ids(module, packed_batch), image_marks, image_spans_on_sliding_layers_only(module)
+    )
     row = model_kwargs[PACKED_ROW_KWARG]
     with row_in_flight(row), _once_per_forward(row, packed_batch, module):
         outputs = forward(**{**kwargs, **model_kwargs})

@@ -41,6 +41,10 @@ class ImageFamily:
     # the window OR the same image), where Gemma 3's see only its tokens in the window (the window AND (causal OR the
     # same image)), as the packed attention does: the two agree on images no longer than the window
     images_past_window: bool = False
+    # Images attended both ways only where the text config sets use_bidirectional_attention="vision" (Gemma 4's larger
+    # checkpoints; transformers' `create_masks_for_vision_model`), and then on sliding-window layers alone: there the
+    # window AND (causal OR the same image), as Gemma 3's; its full-attention layers stay causal
+    bidirectional_on_vision_config: bool = False
     position_grids: str = "image_grid_thw"  # the image grids its position function (`get_rope_index`) reads
     # The per-token marks its position function finds images by, or None where it finds them by the tokens its
     # processor writes around each image instead (`image_bounds`)
@@ -85,7 +89,7 @@ FAMILIES = {
     "lighton_ocr": ImageFamily("sized", None),
     "lfm2_vl": ImageFamily("sized", None),  # SigLIP2's images of any size, flattened patches and their grid
     # Images of any size: each image's patches padded to a fixed count, with their (x, y) positions
-    "gemma4": ImageFamily("sized", "mm_token_type_ids"),
+    "gemma4": ImageFamily("sized", "mm_token_type_ids", bidirectional_on_vision_config=True),
     # No vision tower: a token per patch (of k x k patches)
     "gemma4_unified": ImageFamily("sized", "mm_token_type_ids", bidirectional_images=True, images_past_window=True),
     "internvl": ImageFamily("tiles", None),  # each image cut into tiles of a fixed number of tokens
@@ -136,9 +140,25 @@ def cross_attention_refusal(config) -> str | None:
 
 
 def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
-    """For a model whose image tokens attend to the whole image (Gemma 3), the per-token input that marks them."""
+    """For a model whose image tokens attend to the whole image (Gemma 3; Gemma 4 where its config says so), the
+    per-token input that marks them."""
+    config = getattr(model, "config", None)
+    family = image_family(getattr(config, "model_type", None))
+    if family is None:
+        return None
+    if family.bidirectional_images or (family.bidirectional_on_vision_config and _vision_bidirectional(config)):
+        return family.token_types
+    return None
+
+
+def image_spans_on_sliding_layers_only(model: torch.nn.Module | None) -> bool:
+    """Whether a model's image spans (`bidirectional_image_marks`) hold on its sliding-window layers alone (Gemma 4)."""
     family = image_family(getattr(getattr(model, "config", None), "model_type", None))
-    return family.token_types if family is not None and family.bidirectional_images else None
+    return family is not None and family.bidirectional_on_vision_config
+
+
+def _vision_bidirectional(config) -> bool:
+    return getattr(config.get_text_config(), "use_bidirectional_attention", None) == "vision"
 
 
 def image_past_window(model: torch.nn.Module | None, image_spans) -> tuple[int, int] | None:

@@ -21,7 +21,7 @@ from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
 from ..modeling.backends import EXACT_UNDER_ULYSSES
 from ..modeling.mixers import mixer_classes
 from ..modeling.packed_forward import PackedBatch
-from ..modeling.vision import bidirectional_image_marks, image_family, packed_position_ids
+from ..modeling.vision import bidirectional_image_marks, image_spans_on_sliding_layers_only, packed_position_ids
 from ..refusals import (
     check_context_parallel_attention,
     check_no_context_parallelism,
@@ -71,7 +71,9 @@ class SplitRowRun:
         images = packed_batch.image_inputs is not None
         if images:  # the model's own forward embeds the whole row; its language model runs this rank's chunk
             marks = bidirectional_image_marks(module)  # Ulysses attends over the whole row: spans and all
-            model_kwargs = packed_batch.model_kwargs(packed_position_ids(module, packed_batch), marks)
+            model_kwargs = packed_batch.model_kwargs(
+                packed_position_ids(module, packed_batch), marks, image_spans_on_sliding_layers_only(module)
+            )
         else:
             model_kwargs = packed_batch.model_kwargs()
             model_kwargs["input_ids"] = self.row.chunk(packed_batch.input_ids)
@@ -192,8 +194,7 @@ class RowSplit:
         if ulysses_size > 1:
             _check_ulysses(trainer, policy, attention, ulysses_size)
         if context_size > 1:
-            family = image_family(policy.config.model_type) if trainer.is_vision_dataset else None
-            check_split_image_spans(family is not None and family.bidirectional_images, True)
+            check_split_image_spans(trainer.is_vision_dataset and bidirectional_image_marks(policy) is not None, True)
             check_processes_share_rows(context_size * ulysses_size, accelerator.num_processes)
             check_context_parallel_attention(attention)
             check_split_rows_without_moe_aux_loss(

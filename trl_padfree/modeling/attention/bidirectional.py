@@ -2,7 +2,8 @@
 
 Gemma 3 lets the tokens of one image see the whole image, later image tokens included, while everything else stays
 causal; on sliding-window layers the window still bounds the keys before a query (transformers: causal OR same image,
-AND the window). Such a row attends in two calls of the row's kernel, laid out once per forward from the collator's
+AND the window). Gemma 4 does so on its sliding-window layers alone, where its config sets
+use_bidirectional_attention="vision" (`SpanAttention.sliding_layers_only`). Such a row attends in two calls of the row's kernel, laid out once per forward from the collator's
 host integers (`HostRow.image_spans`): causal pieces (each run of text, with its segment's keys up to the run's end)
 and bidirectional pieces (each image, with its segment's keys up to the image's end), every piece aligned to the
 bottom-right corner of its keys, as varlen kernels align a segment with more keys than queries:
@@ -90,10 +91,20 @@ class SpanAttention:
 
     calls: tuple[PieceCall, PieceCall]
     output_index: torch.Tensor
+    sliding_layers_only: bool = False  # Gemma 4: its full-attention layers attend causally, as rows without spans
+
+    def holds_on(self, options: dict) -> bool:
+        """Whether the spans hold on the layer calling with `options`."""
+        return not self.sliding_layers_only or options.get("sliding_window") is not None
 
     @classmethod
     def of_row(
-        cls, segment_keys: list[list[tuple[int, int]]], bounds: tuple[int, ...], spans, device
+        cls,
+        segment_keys: list[list[tuple[int, int]]],
+        bounds: tuple[int, ...],
+        spans,
+        device,
+        sliding_layers_only: bool = False,
     ) -> SpanAttention | None:
         """From the row's segment boundaries (`bounds`), each segment's key ranges (`HostRow.segment_key_ranges`) and
         its image spans, all host integers; None without a span."""
@@ -121,7 +132,8 @@ class SpanAttention:
         output_index = [0] * len(order)
         for index, position in enumerate(order):
             output_index[position] = index
-        return cls(calls, host_to_device(torch.tensor(output_index, dtype=torch.long), device))
+        output_index = host_to_device(torch.tensor(output_index, dtype=torch.long), device)
+        return cls(calls, output_index, sliding_layers_only)
 
     def attend(self, query, key, value, session: KernelSession, options: dict) -> torch.Tensor:
         """`(1, T, heads, dim)` for `(1, heads, T, dim)` inputs."""

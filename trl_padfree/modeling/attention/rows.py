@@ -44,7 +44,7 @@ from .varlen import KernelSession, varlen_attention
 PACKED_ROW_KWARG = "packed_row"
 # What a row with image spans needs of every attention call, as `must_be_read` says it
 SPANS_LAYOUT = (
-    "image spans (Gemma 3's images, which attend to themselves both ways)",
+    "image spans (images whose tokens attend to the whole image both ways: Gemma 3's, Gemma 4's)",
     "image tokens would attend causally, unlike the model's own forward",
     "padding_free=False",
 )
@@ -106,7 +106,7 @@ class PackedRow:
         """`(1, T_q, heads, dim)` for `(1, heads, T, dim)` inputs; `options`: scaling, sliding_window, dropout,
         softcap, sinks, module."""
         self.attention_calls += 1
-        if self.spans is not None:  # (a chunked layer refused them: `segments`)
+        if self.spans is not None and self.spans.holds_on(options):  # (a chunked layer refused them: `segments`)
             return self.spans.attend(query, key, value, self.session, options)
         bounds = self.host_bounds(cu_seq_lens)
         return varlen_attention(
@@ -133,7 +133,8 @@ class SharedPrefixRow(PackedRow):
 
     def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
         self.attention_calls += 1
-        if self.spans is not None:  # laid out with each branch's prefix keys too (bidirectional.py)
+        # Spans are laid out with each branch's prefix keys too (bidirectional.py)
+        if self.spans is not None and self.spans.holds_on(options):
             return self.spans.attend(query, key, value, self.session, options)
         shared = self.shared
         return varlen_attention(
