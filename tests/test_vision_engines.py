@@ -1,29 +1,49 @@
-"""Vision-language models under DeepSpeed ZeRO-3 (reference offloaded) and FSDP2, for real: tiny Gemma 3, Idefics3,
-InternVL and Aya Vision models saved like checkpoints, trained padding-free on pairs with images by two CPU processes
-over gloo (`accelerate launch`, tests/distributed/train_dpo.py --vision), compared step by step with TRL's padded
-trainer in one process on the same global batches (distributed_runs' fp32 bounds, grad_norm included).
+"""Vision-language models under DeepSpeed ZeRO-3 (reference offloaded) and FSDP2, for real: tiny models saved like
+checkpoints, trained padding-free on pairs with images by two CPU processes over gloo (`accelerate launch`,
+tests/distributed/train_dpo.py --vision), compared step by step with TRL's padded trainer in one process on the same
+global batches (distributed_runs' fp32 bounds, grad_norm included). Every family gets prompts with one and with two
+images.
 
-Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not (FSDP2 refuses it, the
-last test); InternVL and Aya Vision cut images into tiles. Every family gets prompts with one and with two images. Cosmos3-Omni, HyperCLOVAX-Vision-V2,
-Video-LLaVA and Qianfan-OCR run under ZeRO-3 in the same launch, as does
-DeepSeek-VL hybrid, which hands each image over twice, at two resolutions.
-GLM-OCR (ZeRO-3) and PaddleOCR-VL (FSDP2) lay their images out as patches; why not PaddleOCR-VL under ZeRO-3:
-FSDP2_PATCH_FAMILIES.
+    ZeRO-3, default suite   Gemma 3 (and prefix sharing), Idefics3, InternVL, Aya Vision, DeepSeek-VL hybrid (each
+                            image handed over twice, at two resolutions), GLM-OCR (patches)
+    FSDP2, default suite    Gemma 3 (and prefix sharing, reference offloaded), InternVL, Aya Vision (tiles),
+                            PaddleOCR-VL (patches; why not ZeRO-3: FSDP2_PATCH_FAMILIES); Idefics3 refused (last test)
+    ZeRO-3, -m slow         MORE_ZERO3_FAMILIES, one launch
+    none                    NO_ENGINE_RUN says why
+
+Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not; InternVL and Aya Vision
+cut images into tiles.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("deepspeed")
 
-from distributed_runs import assert_same_training, launch, train_in_this_process  # noqa: E402
+from distributed_runs import (  # noqa: E402
+    ROOT,
+    assert_same_training,
+    checkout_environment,
+    free_port,
+    launch,
+    train_in_this_process,
+)
 from tiny_vision import save_vision_models  # noqa: E402
+from transformers import AutoModelForImageTextToText  # noqa: E402
 
-# Under ZeRO-3 alone (Cosmos3-Omni, HyperCLOVAX-Vision-V2, Video-LLaVA and Qianfan-OCR in the slow launch below). Not LFM3-VL: its launch here aborted on a gloo
-# collective mismatch between the two processes (received 1024 bytes for 288), not yet diagnosed; its short
+from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION  # noqa: E402
+from trl_padfree.modeling.packability import architecture_verdict  # noqa: E402
+
+VERDICT_UNDER_ZERO3_INIT = ROOT / "tests" / "distributed" / "verdict_under_zero3_init.py"
+
+# Under ZeRO-3 alone (as MORE_ZERO3_FAMILIES, below). Not LFM3-VL: its launch here aborted on a gloo collective
+# mismatch between the two processes (received 1024 bytes for 288), not yet diagnosed; its short
 # convolutions run once per sequence on CPU (modeling/mixers.py) and its tower's once per image, calls whose count
 # differs between ranks
 # DeepSeek-VL hybrid: two image inputs per image (its SAM tower's high-resolution copy), DeepSeek-VL's path and more
@@ -40,11 +60,21 @@ FSDP2_PATCH_FAMILIES = ("paddleocr_vl",)
 FAMILIES += ZERO3_PATCH_FAMILIES
 MODELS = FAMILIES + FSDP2_PATCH_FAMILIES  # every family saved and trained padded in one process
 # In a launch of their own (-m slow: the default suite's time): Gemma 4 (images of any size with per-patch positions),
-# and ShieldGemma 2 (Gemma 3's classes). Kimi K2.5's launch fails at its architecture check (its twin's experts under
-# ZeRO-3's init), DeepSeek-VL's with a ZeroDivisionError: not diagnosed yet. Gemma 4 Unified and MiniCPM-V (4.6, 4.7, OCR) abort under ZeRO-3 on 2 CPU
-# processes with a gloo collective mismatch, as PaddleOCR-VL (below) and LFM3-VL do: not diagnosed; whether TRL's
-# padded trainer fails the same way was measured for PaddleOCR-VL only
-MORE_ZERO3_FAMILIES = ("gemma4", "shieldgemma2", "cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr")
+# ShieldGemma 2 (Gemma 3's classes), Kimi K2.5 (DeepSeek-V3's experts; test_kimi_k25_verdict_under_zero3_init below),
+# DeepSeek-VL, Janus (their SigLIP towers, a token per patch), Ovis 2 (tiles), and the patch families
+MORE_ZERO3_FAMILIES = (
+    "gemma4", "shieldgemma2", "cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "kimi_k25",
+    "deepseek_vl", "ovis2", "janus", "glmga", "cosmos3_edge", "exaone4_5",
+)  # fmt: skip
+# Families with no run here (transformers 5.24, DeepSpeed 0.19.8, 2 CPU processes): FSDP2 refuses both (their LM heads
+# are untied: the last test), and under ZeRO-3
+# - Granite 4 Vision fails to load: its `_init_weights` divides by the size of a ZeRO-3 parameter that is partitioned
+#   (empty) while transformers loads the checkpoint (ZeroDivisionError); TRL's padded trainer fails the same way
+#   (measured)
+# - HY-V4-VL (exact on eager attention only) aborts with a gloo collective mismatch, as Gemma 4 Unified, MiniCPM-V (4.6,
+#   4.7, OCR), LFM3-VL and PaddleOCR-VL (below) do: not diagnosed; whether TRL's padded trainer fails the same way was
+#   measured for PaddleOCR-VL only
+NO_ENGINE_RUN = ("granite4_vision", "hy_v4_vl")
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
@@ -165,16 +195,24 @@ def test_zero3_ref_offload_padding_free_with_images_matches_single_process_padde
 
 
 @pytest.fixture(scope="module")
-def more_zero3_runs(tmp_path_factory):
-    """MORE_ZERO3_FAMILIES saved, trained padded in one process, then padding-free in two ZeRO-3 processes (the
-    reference offloaded): (runs, padded) by family."""
+def more_vision_models(tmp_path_factory):
+    """MORE_ZERO3_FAMILIES saved, one folder each."""
     directory = tmp_path_factory.mktemp("more_vision_models")
     save_vision_models(directory, MORE_ZERO3_FAMILIES)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def more_zero3_runs(more_vision_models, tmp_path_factory):
+    """MORE_ZERO3_FAMILIES trained padded in one process, then padding-free in two ZeRO-3 processes (the reference
+    offloaded): (runs, padded) by family."""
     padded_runs = ",".join(f"{model_type}:trl" for model_type in MORE_ZERO3_FAMILIES)
     options = ("--runs", padded_runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    padded = train_in_this_process(directory, tmp_path_factory.mktemp("more_single") / "report.json", *options)
+    output = tmp_path_factory.mktemp("more_single") / "report.json"
+    padded = train_in_this_process(more_vision_models, output, *options)
     runs = {model_type: f"{model_type}:padding_free+ref_offload" for model_type in MORE_ZERO3_FAMILIES}
-    reports = launch_runs("zero3.yaml", directory, tmp_path_factory.mktemp("more_zero3") / "report.json", runs)
+    output = tmp_path_factory.mktemp("more_zero3") / "report.json"
+    reports = launch_runs("zero3.yaml", more_vision_models, output, runs)
     return reports, {model_type: padded[f"{model_type}:trl"] for model_type in MORE_ZERO3_FAMILIES}
 
 
@@ -183,6 +221,30 @@ def more_zero3_runs(tmp_path_factory):
 def test_more_families_under_zero3_ref_offload_match_single_process_padded_trl(more_zero3_runs, model_type):
     reports, padded = more_zero3_runs
     assert_zero3_ref_offload_run(reports[model_type], padded[model_type], model_type)
+
+
+@pytest.mark.slow
+def test_kimi_k25_verdict_under_zero3_init_equals_its_verdict_without(more_vision_models):
+    # DeepSpeed's zero.Init puts back, on exit, the `__init__` it saw when a class was created inside it: DeepSeek-V3's
+    # experts, first imported there when Kimi K2.5 builds its language model, lose what transformers' decorator adds
+    # (`self.config`), and the twin built after fails. The trainer imports the modules first under ZeRO-3
+    # (integrations/transformers.py's `modeling_modules_imported`); each verdict in a fresh interpreter, as a process
+    # of a launch starts
+    model_dir = more_vision_models / "kimi_k25"
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    without = architecture_verdict(model, ATTN_IMPLEMENTATION, images=True)
+
+    def under_zero3_init(*flags: str) -> dict:
+        script = (VERDICT_UNDER_ZERO3_INIT, model_dir, ATTN_IMPLEMENTATION, free_port(), *flags)
+        command = [sys.executable, *map(str, script)]
+        result = subprocess.run(command, capture_output=True, text=True, env=checkout_environment(), timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.splitlines()[-1])
+
+    assert without.exact
+    assert under_zero3_init("--import-first") == {"exact": without.exact, "reason": without.reason}
+    # What the trainer's import prevents, as DeepSpeed 0.19.8 does it: the test would pass without it otherwise
+    assert "'DeepseekV3Experts' object has no attribute 'config'" in under_zero3_init()["reason"]
 
 
 def test_prefix_sharing_with_images_under_zero3_ref_offload_matches_single_process_padded_trl(

@@ -1765,7 +1765,13 @@ def save_vision_models(directory, families) -> None:
     directory = Path(directory)
     for model_type in families:
         processor = make_vision_processor(model_type)
-        make_vision_model(model_type, processor).save_pretrained(directory / model_type)
+        attn_implementation = "eager" if model_type in EAGER_FAMILIES else "sdpa"  # (HY-V4-VL has no sdpa)
+        model = make_vision_model(model_type, processor, attn_implementation=attn_implementation)
+        # transformers 5.24 saves Gemma3ForConditionalGeneration under ShieldGemma 2's config with a key layout its own
+        # loading does not read back (ShieldGemma 2's conversion mapping is its classifier's, whose `model` holds the
+        # Gemma 3): every language-model weight missing, initialised anew at each load. Its own layout loads back
+        model.save_pretrained(directory / model_type, save_original_format=model_type != "shieldgemma2")
+        _check_loads_back(model_type, directory / model_type)
         if model_type == "qwen3_vl_moe":
             save_experts_in_hub_layout(directory / model_type)
         scratch = directory / "processors" / model_type
@@ -1775,6 +1781,15 @@ def save_vision_models(directory, families) -> None:
             continue
         if type(AutoProcessor.from_pretrained(scratch)) is type(processor):
             processor.save_pretrained(directory / model_type)
+
+
+def _check_loads_back(model_type: str, model_dir) -> None:
+    """Refuse a saved model that does not load back whole: a weight missing from the checkpoint would be initialised
+    anew at each load, and a run compared with another would train a different model."""
+    loaded, info = AutoModelForImageTextToText.from_pretrained(model_dir, output_loading_info=True)
+    wrong = {kind: keys for kind, keys in info.items() if kind in ("missing_keys", "unexpected_keys") and keys}
+    del loaded
+    assert not wrong, f"{model_type} saved in {model_dir} does not load back: {wrong}"
 
 
 def save_experts_in_hub_layout(model_dir) -> None:

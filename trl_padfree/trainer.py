@@ -51,7 +51,7 @@ class DPOTrainer(TRLSeams):
     """
 
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
-        self._padding_free = PaddingFree.before_init(args, data_collator)
+        self._padding_free = PaddingFree.before_init(args, model, data_collator)
         self._token_budget = None  # max_tokens_per_batch, once TRL has tokenized the data
         self._balanced = None  # train_sampling_strategy="batch_rebalance", once TRL has tokenized the data
         self._pair_weights = None  # either of them: micro-batches of uneven pair counts

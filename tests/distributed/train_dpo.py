@@ -125,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--watchdog",
         type=float,
-        help="seconds: if the runs take longer, print every thread's stack and exit 1, so that processes stuck in "
+        help="seconds: if a run takes longer, print every thread's stack and exit 1, so that processes stuck in "
         "mismatched collectives fail with their tracebacks instead of at the launcher's timeout",
     )
     return parser.parse_args(argv)
@@ -539,11 +539,11 @@ def balanced_steps(trainer) -> dict | None:
 
 def main(argv=None) -> None:
     options = parse_args(argv)
-    if options.watchdog:
-        faulthandler.dump_traceback_later(options.watchdog, exit=True)
     output = Path(options.output)
     reports = {}
     for run in options.runs.split(","):
+        if options.watchdog:  # armed anew for each run (it replaces the previous run's)
+            faulthandler.dump_traceback_later(options.watchdog, exit=True)
         start = time.perf_counter()
         trainer = build_trainer(run, options, str(output.parent / f"{output.stem}-{run}"))
         if options.count_collectives:

@@ -21,6 +21,7 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import transformers
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -216,6 +217,27 @@ def kernel_wrappers_replaced(replacement: Callable[[KernelWrapper, dict[str, Cal
 
 
 # ---- the DeepSpeed config transformers builds models under ----
+
+
+def modeling_modules_imported(config) -> None:
+    """Import the modeling module of `config`'s model type and of each of its sub-configs' (a vision-language model's
+    language model and tower), as building the model would, before DeepSpeed's `zero.Init` first runs.
+
+    `zero.Init` wraps the `__init__` of every `nn.Module` class created while it is active, before the class's
+    decorators run, and on exit puts back the `__init__` it saw: a class first imported inside it (a composite model
+    imports its parts' modules when its constructor builds them) loses what a decorator added to its `__init__`.
+    transformers 5.24's `use_experts_implementation` sets `self.config` there, so every later instance (the reference
+    model built under the next `zero.Init`, the architecture check's twin) fails in its forward with "'...Experts'
+    object has no attribute 'config'" (DeepSpeed 0.19.8; Kimi K2.5's DeepSeek-V3 experts)."""
+    names = base_model_class_names()
+    pending = [config]
+    while pending:
+        current = pending.pop()
+        name = names.get(current.model_type)
+        if isinstance(name, str):  # (a few types map to several classes: not composite models' parts)
+            getattr(transformers, name, None)  # transformers imports a class's module on first access
+        sub_configs = [getattr(current, key, None) for key in getattr(current, "sub_configs", {})]
+        pending += [sub_config for sub_config in sub_configs if sub_config is not None]
 
 
 @contextlib.contextmanager

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers import TrainerCallback
+from transformers import AutoConfig, TrainerCallback
+from transformers.integrations import is_deepspeed_zero3_enabled
 
-from ..integrations.transformers import attn_implementation, set_language_model_attention
+from ..integrations.transformers import attn_implementation, modeling_modules_imported, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
 from ..packing.collator import PaddingFreePreferenceCollator
 from ..packing.layout import pad_length_to_multiple
@@ -62,10 +63,14 @@ class PaddingFree:
         self.throughput = TrainingThroughput()
 
     @classmethod
-    def before_init(cls, args, data_collator) -> PaddingFree:
-        """What `args` asks for, refusing before anything is built what cannot pack."""
+    def before_init(cls, args, model, data_collator) -> PaddingFree:
+        """What `args` asks for, refusing before anything is built what cannot pack; under ZeRO-3, the modules of
+        `model`'s parts imported before `zero.Init` builds them (`modeling_modules_imported`: else the architecture
+        check's twin, built after, may not run)."""
         feature = cls(bool(args is not None and args.padding_free))
         if feature.requested:
+            if is_deepspeed_zero3_enabled():
+                modeling_modules_imported(_model_config(model, args))
             if data_collator is not None:
                 packing_collators = (PaddingFreePreferenceCollator, PaddingFreeVisionPreferenceCollator)
                 packs = isinstance(data_collator, packing_collators) and data_collator.padding_free
@@ -320,3 +325,12 @@ def _summed_over_processes(accelerator, counts: dict[str, float], packed_batch: 
     if packed_batch.split is not None:
         gathered = gathered[:: packed_batch.split.size]
     return dict(zip(names, gathered.sum(0).tolist(), strict=True)), len(gathered)
+
+
+def _model_config(model, args):
+    """The config of `model`: a model's own, or for a model TRL will load by name, the one it will load."""
+    if not isinstance(model, str):
+        return model.config
+    init_kwargs = args.model_init_kwargs or {}
+    trust_remote_code = init_kwargs.get("trust_remote_code", args.trust_remote_code)  # as TRL's own loading reads it
+    return AutoConfig.from_pretrained(model, revision=init_kwargs.get("revision"), trust_remote_code=trust_remote_code)
