@@ -368,10 +368,12 @@ def test_balanced_batches_on_four_sharded_processes(config, model_dir, tmp_path)
 # Split rows: a row group (the ranks sharing a row) counts as one process
 
 
+# 4 processes on 2 cores: -m slow (the default suite's time); the row groups' dealing runs in one process by default
+# (test_every_step_trains_the_pairs_accelerate_and_trainer_give_it)
 @pytest.mark.parametrize(
     "config, flags, processes",
     [
-        ("multi_gpu.yaml", ("padding_free+cp+balanced", "--cp-size", "2"), 4),
+        pytest.param("multi_gpu.yaml", ("padding_free+cp+balanced", "--cp-size", "2"), 4, marks=pytest.mark.slow),
         pytest.param("zero3.yaml", ("padding_free+sp+balanced", "--sp-size", "2"), 4, marks=pytest.mark.slow),
     ],
     ids=["context-parallel", "ulysses"],
