@@ -4,10 +4,11 @@ MiniCPM-V's merger per crop (4.6, 4.7 and OCR), LFM3-VL's tower convolutions per
 
 Why they are apart from tests/test_vision_engines.py: DeepSpeed ZeRO-3 gathers a layer's weights at each of its calls
 and checks that every process called its modules in the same order, so processes whose rows hold different numbers of
-images or crops issue different collectives. On 2 CPU processes gloo aborts ("collective mismatch", measured for all
-five families here and for PaddleOCR-VL), TRL's padded trainer as well (measured for each, transformers 5.24,
-DeepSpeed 0.19.8); on GPUs NCCL would hang. trl-padfree refuses ZeRO-3 for them over data-parallel processes at trainer
-construction (refusals.check_zero3_per_image_loop). DeepSpeed's remedy for modules called a data-dependent number of
+images or crops issue different collectives. On 2 data-parallel CPU processes gloo aborts ("collective mismatch"),
+TRL's padded trainer as well (measured for PaddleOCR-VL, the three MiniCPM-V and LFM3-VL, transformers 5.24, DeepSpeed
+0.19.8); on GPUs NCCL would hang. So does one row split over 4 processes that deal its images (PaddleOCR-VL, sequence
+times context parallelism: shares of 3 and 2 images, a hang). trl-padfree refuses both at trainer construction
+(refusals.check_zero3_per_image_loop). DeepSpeed's remedy for modules called a data-dependent number of
 times, leaf modules (`zero_optimization.leaf_module`: the module's weights gathered once, its layers not hooked), does
 not make it work (measured): MiniCPM-V's merger returns a list, so the backward hook that reduces a leaf's gradients
 never fires and they are left unreduced (on CPU `zero_grad` then fails on them); LFM3-VL's convolution block fails in
@@ -18,7 +19,8 @@ the refusal and its way out; and the ways out trained for real, two CPU processe
 tests/distributed/train_dpo.py --vision) against TRL's padded trainer in one process on the same global batches
 (distributed_runs' fp32 bounds, grad_norm included): FSDP2, which gathers a module once per forward with the unit
 holding it, for MiniCPM-OCR and LFM3-VL (PaddleOCR-VL's is tests/test_vision_engines.py's); ZeRO-2, which gathers
-nothing, for MiniCPM-V 4.6 and 4.7, whose untied LM heads FSDP2 refuses.
+nothing, for MiniCPM-V 4.6 and 4.7, whose untied LM heads FSDP2 refuses; and ZeRO-3 with Ulysses over one row whose
+processes each encode all of its images (`deal_images=False`), for PaddleOCR-VL.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from trl_padfree.refusals import check_zero3_per_image_loop
 
 pytest.importorskip("deepspeed")
 
-from distributed_runs import assert_same_training, launch, train_in_this_process  # noqa: E402
+from distributed_runs import assert_same_training, assert_split_row_training, launch, train_in_this_process  # noqa: E402
 from tiny_vision import (  # noqa: E402
     EAGER_FAMILIES,
     VISION_FAMILIES,
@@ -59,11 +61,12 @@ STEPS = 3
 # Every example of the 2 x 2 x 3 pairs the runs see, cycled: one image, two images in one prompt, one, one; the
 # processes' rows hold different numbers of images (and of MiniCPM's crops), as under ZeRO-3 they must not
 IMAGES_PER_ROW = "1,2,1,1"
-# A run stuck in mismatched collectives fails with every process's stack after this long, not at launch's 600 s
-WATCHDOG_SECONDS = 120
+# A launch stuck in mismatched collectives fails with every process's stack after this long, not at launch's 600 s
+# (launches only: in this process the watchdog would end pytest itself)
+WATCHDOG = ("--watchdog", "120")
 VISION_OPTIONS = (
     "--vision", "--images-per-row", IMAGES_PER_ROW, "--num-pairs", str(2 * PAIRS_PER_PROCESS * STEPS),
-    "--steps", str(STEPS), "--watchdog", str(WATCHDOG_SECONDS),
+    "--steps", str(STEPS),
 )  # fmt: skip
 
 
@@ -74,20 +77,29 @@ def model_of(model_type: str) -> SimpleNamespace:
     return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
 
 
-def test_zero3_over_data_parallel_processes_refuses_a_per_image_loop_naming_the_way_out():
+def test_zero3_refuses_a_per_image_loop_where_processes_run_different_images_naming_the_way_out():
     loop = per_image_loop(model_of("minicpmv4_6"))
     assert loop == ("model.merger", "crop")
+    # Data parallelism: the processes' rows differ
     with pytest.raises(ValueError, match=r"ZeRO-3 cannot train MiniCPMV4_6ForConditionalGeneration on images over .*"
                        r"`model\.merger` runs its layers once per crop.*padded trainer.*fails the same way.*"
                        r"ZeRO-2 \(`trl-padfree dpo --accelerate_config zero2`\).*FSDP2 is refused"):  # fmt: skip
-        check_zero3_per_image_loop("MiniCPMV4_6ForConditionalGeneration", loop, 3, 2, tied_lm_head=False)
+        check_zero3_per_image_loop("MiniCPMV4_6ForConditionalGeneration", loop, 3, 2, 1, tied_lm_head=False)
+    lfm3_loop = per_image_loop(model_of("lfm3_vl"))
     with pytest.raises(ValueError, match=r"once per image.*Train it with FSDP2 \(`trl-padfree dpo --accelerate_config "
                        r"fsdp2`\).*or DeepSpeed ZeRO-2"):  # fmt: skip
-        check_zero3_per_image_loop("Lfm3VlForConditionalGeneration", per_image_loop(model_of("lfm3_vl")), 3, 4, True)
-    # Not refused: ZeRO-2, one row shared by every process (sequence or context parallelism), a family without a loop
-    check_zero3_per_image_loop("X", loop, 2, 2, tied_lm_head=False)
-    check_zero3_per_image_loop("X", loop, 3, 1, tied_lm_head=False)
-    check_zero3_per_image_loop("X", per_image_loop(model_of("gemma4_unified")), 3, 2, tied_lm_head=True)
+        check_zero3_per_image_loop("Lfm3VlForConditionalGeneration", lfm3_loop, 3, 4, 1, tied_lm_head=True)
+    # One row over every process, its images dealt: the shares can hold different numbers (PaddleOCR-VL's row over
+    # 4 CPU processes, 2 of them given 3 images and 2 given 2, hung in the first step that dealt them)
+    loop = per_image_loop(model_of("paddleocr_vl"))
+    with pytest.raises(ValueError, match=r"cannot deal PaddleOCRVLForConditionalGeneration's images over the 4 "
+                       r"processes of a row: its `model\.projector` runs its layers once per image.*"
+                       r"Set deal_images=False"):  # fmt: skip
+        check_zero3_per_image_loop("PaddleOCRVLForConditionalGeneration", loop, 3, 1, 4, tied_lm_head=True)
+    # Not refused: ZeRO-2; one row over every process, each encoding all of its images; a family without a loop
+    check_zero3_per_image_loop("X", loop, 2, 2, 2, tied_lm_head=False)
+    check_zero3_per_image_loop("X", loop, 3, 1, 1, tied_lm_head=False)
+    check_zero3_per_image_loop("X", per_image_loop(model_of("gemma4_unified")), 3, 2, 2, tied_lm_head=True)
 
 
 # The table, against the modules each tiny family really runs a data-dependent number of times
@@ -156,7 +168,7 @@ def single_process_padded(vision_models, tmp_path_factory):
 def launch_padding_free(config: str, vision_models, output, families) -> dict:
     runs = {model_type: f"{model_type}:padding_free" for model_type in families}
     options = ("--runs", ",".join(runs.values()), "--batch-size", str(PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    reports = launch(config, vision_models, output, *options)
+    reports = launch(config, vision_models, output, *options, *WATCHDOG)
     return {model_type: reports[run] for model_type, run in runs.items()}
 
 
@@ -205,3 +217,21 @@ def test_zero3_over_two_processes_refuses_minicpm_v_at_construction(vision_model
     # trainer does
     with pytest.raises(AssertionError, match="DeepSpeed ZeRO-3 cannot train MiniCPMV4_6ForConditionalGeneration"):
         launch_padding_free("zero3.yaml", vision_models, tmp_path / "report.json", ["minicpmv4_6"])
+
+
+@pytest.mark.slow
+def test_zero3_ulysses_on_one_row_whose_processes_each_encode_all_its_images_equals_one_padded_process(tmp_path):
+    # Sequence parallelism runs under ZeRO-3 only: over one row shared by both processes, each encoding all of its
+    # images (deal_images=False, the refusal's way out), both run PaddleOCR-VL's projector as many times
+    directory = tmp_path / "models"
+    save_vision_models(directory, ["paddleocr_vl"])
+    # a row of 2 pairs per step, long enough that sequences and images cross the processes' chunks
+    options = ("--vision", "--images-per-row", "3,2", "--num-pairs", "16", "--batch-size", str(PAIRS_PER_PROCESS),
+               "--steps", str(STEPS), "--max-length", "1024")  # fmt: skip
+    padded = train_in_this_process(directory, tmp_path / "single.json", "--runs", "paddleocr_vl:trl", *options)
+    run = "paddleocr_vl:padding_free+sp+whole_images"
+    options += ("--runs", run, "--sp-size", "2", *WATCHDOG)
+    report = launch("zero3.yaml", directory, tmp_path / "report.json", *options)[run]
+    assert report["zero_stage"] == 3 and report["policy_sharded"] and report["sequence_parallel_size"] == 2
+    assert report["vision_tower_rows"]["dealt"] == 0 and report["vision_tower_rows"]["whole"] > 0
+    assert_split_row_training(report, padded["paddleocr_vl:trl"])

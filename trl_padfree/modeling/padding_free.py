@@ -283,9 +283,9 @@ def _packing_collator(collator, args, vision_config=None):
 
 
 def _check_zero3_per_image_loop(trainer, policy: torch.nn.Module) -> None:
-    """Refuse ZeRO-3 where the processes hold different rows (data parallelism) of a model that runs a module once per
-    image or crop (modeling/vision.py). Processes that all share one row (sequence or context parallelism over every
-    process) are not refused: each runs the model's forward on that same row."""
+    """Refuse ZeRO-3 for a model that runs a module once per image or crop (modeling/vision.py) where the processes
+    can run different numbers of images: holding different rows (data parallelism), or sharing a row whose images
+    they deal (sequence and context parallelism with `deal_images`)."""
     plugin = trainer.accelerator.state.deepspeed_plugin
     ranks_per_row = trainer.sequence_parallel_size * getattr(trainer.args, "context_parallel_size", 1)
     check_zero3_per_image_loop(
@@ -293,6 +293,7 @@ def _check_zero3_per_image_loop(trainer, policy: torch.nn.Module) -> None:
         per_image_loop(policy),
         zero_stage=None if plugin is None else plugin.zero_stage,
         row_groups=trainer.accelerator.num_processes // ranks_per_row,
+        dealt_over=ranks_per_row if getattr(trainer.args, "deal_images", True) else 1,
         tied_lm_head=lm_head_tied(policy),
     )
 
