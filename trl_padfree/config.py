@@ -130,7 +130,9 @@ class DPOConfig(trl.DPOConfig):
             contiguous run of its sequences, balanced by image tokens) and the features are all-gathered,
             differentiably (trl_padfree/parallel/image_shares.py). `False`: every process runs it on all of the row's
             images. Both are exact; dealing divides the vision tower's time and activations by the processes of a
-            row. docs/guides/vision-language.md.
+            row. Under DeepSpeed ZeRO-3 dealing is refused for a model that runs a module once per image or crop
+            (PaddleOCR-VL, MiniCPM-V, LFM3-VL, HY-V4-VL): shares of different sizes would call it a different number
+            of times, which ZeRO-3's gathers cannot follow. docs/guides/vision-language.md.
 
         ref_offload (`bool`, *optional*, defaults to `False`):
             Under DeepSpeed ZeRO-3, give the reference model its own inference config with its parameters offloaded

@@ -576,6 +576,51 @@ def check_fsdp2_vision_lm_head(vision_language: bool, tied_lm_head: bool) -> Non
         )
 
 
+def check_zero3_per_image_loop(
+    model_class: str,
+    loop: tuple[str, str] | None,
+    zero_stage: int | None,
+    row_groups: int,
+    dealt_over: int,
+    tied_lm_head: bool,
+) -> None:
+    """DeepSpeed ZeRO-3 on a vision-language model whose forward runs a module's layers once per image or crop
+    (`loop`: the module and the unit; modeling/vision.py). ZeRO-3 gathers a layer's weights at each call and checks
+    that every process called its modules in the same order, so every process must run as many images: not so when
+    the processes hold different rows (`row_groups` > 1, data parallelism), nor when a row's images are dealt over its
+    `dealt_over` processes (`deal_images`), whose shares can hold different numbers. TRL's padded trainer runs the
+    same loop over data-parallel processes (measured: it fails the same way)."""
+    if loop is None or zero_stage != 3 or (row_groups < 2 and dealt_over < 2):
+        return
+    module, unit = loop
+    why = (
+        f"its `{module}` runs its layers once per {unit}, and ZeRO-3 gathers their weights at each call, so processes "
+        f"holding different numbers of {unit}s issue different collectives (on CPU processes gloo aborts with a "
+        "'collective mismatch' or hangs; on GPUs NCCL would hang)"
+    )
+    if row_groups < 2:
+        raise ValueError(
+            f"DeepSpeed ZeRO-3 cannot deal {model_class}'s images over the {dealt_over} processes of a row: {why}, "
+            "and the shares of a row's images can hold different numbers. Set deal_images=False: every process of the "
+            "row then encodes all of its images."
+        )
+    if tied_lm_head:
+        way_out = (
+            "FSDP2 (`trl-padfree dpo --accelerate_config fsdp2`), which gathers that module once per forward with the "
+            "unit holding it, or DeepSpeed ZeRO-2 (`--accelerate_config zero2`), which gathers nothing, where the "
+            "parameters fit whole on each GPU"
+        )
+    else:
+        way_out = (
+            "DeepSpeed ZeRO-2 (`trl-padfree dpo --accelerate_config zero2`), which gathers nothing (the parameters "
+            "whole on each GPU); FSDP2 is refused for this model's untied LM head"
+        )
+    raise ValueError(
+        f"DeepSpeed ZeRO-3 cannot train {model_class} on images over processes holding different rows: {why}. TRL's "
+        f"padded trainer (padding_free=False) fails the same way. Train it with {way_out}."
+    )
+
+
 def check_image_within_window(past_window: tuple[int, int] | None) -> None:
     """Gemma 4 Unified's image tokens see their whole image on sliding-window layers, past the window too; the packed
     attention bounds them by the window, as Gemma 3's are: the same for images no longer than the window."""

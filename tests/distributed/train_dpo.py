@@ -36,6 +36,7 @@ import trl_padfree
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
+from trl_padfree.modeling.mixers import SEGMENTS_KWARG, MixerSegments, stateful_mixers
 from trl_padfree.packing.balance import bin_costs, imbalance
 from trl_padfree.parallel.ulysses import sequence_parallel_size
 from trl_padfree.placement.deepspeed import reference_offloaded, zero3_init_config
@@ -459,12 +460,26 @@ def gathered_peak_bytes(model) -> int:
             # the row's boundaries given: a model with positions of its own (PaddleOCR-VL's mRoPE) hands the
             # attention no plain position_ids to read them from
             boundaries = torch.tensor([0, 8], dtype=torch.int32)
+            # and a hybrid model's stateful mixers (LFM3's short convolutions) their one segment, as the packed
+            # forward hands them theirs: they refuse a row with boundaries and no segments
+            segments = {SEGMENTS_KWARG: MixerSegments.from_lengths([8])} if stateful_mixers(model) else {}
             model(input_ids=torch.arange(1, 9).unsqueeze(0), cu_seq_lens_q=boundaries, cu_seq_lens_k=boundaries,
-                  max_length_q=8, max_length_k=8)  # fmt: skip
+                  max_length_q=8, max_length_k=8, use_cache=False, **segments)  # fmt: skip
     finally:
         for hook in hooks:
             hook.remove()
     return peak
+
+
+def zero_optimizer_partitioned(trainer) -> bool | None:
+    """Under DeepSpeed ZeRO-1 or 2 (whose parameters stay whole): whether this process's float32 master weights, and
+    with them its optimizer states, are a partition smaller than the trainable parameters; None under other engines."""
+    engine = trainer.model_wrapped
+    partitions = getattr(getattr(engine, "optimizer", None), "single_partition_of_fp32_groups", None)
+    if not partitions:
+        return None
+    trainable = sum(p.numel() for p in engine.module.parameters() if p.requires_grad)
+    return sum(p.numel() for p in partitions) < trainable
 
 
 def describe(trainer) -> dict:
@@ -492,6 +507,9 @@ def describe(trainer) -> dict:
         "metrics": [entry for entry in trainer.state.log_history if "loss" in entry],
         "world_size": trainer.accelerator.num_processes,
         "zero_stage": plugin.zero_stage if plugin is not None else None,
+        # the stage the policy's DeepSpeed engine ran at, and whether its optimizer states were partitioned (ZeRO-1, 2)
+        "engine_zero_stage": trainer.model_wrapped.zero_optimization_stage() if plugin is not None else None,
+        "optimizer_partitioned": zero_optimizer_partitioned(trainer),
         "reference": {
             "kept": trainer.ref_model is not None,
             "offloaded": trainer.ref_model is not None and reference_offloaded(trainer.ref_model),

@@ -31,6 +31,7 @@ from ..packing.collator import PaddingFreePreferenceCollator
 from ..packing.layout import pad_length_to_multiple
 from ..packing.prefix_sharing import AUTO, MIN_SHARED_PROMPT_TOKENS, SharingCost, log_sharing_summary
 from ..packing.vision import PaddingFreeVisionPreferenceCollator
+from ..placement.fsdp2 import lm_head_tied
 from ..refusals import (
     check_attention_switched,
     check_batches_not_dispatched,
@@ -40,10 +41,11 @@ from ..refusals import (
     check_packed_batch_expected,
     check_packing_collator,
     check_prefix_sharing_without_moe_aux_loss,
+    check_zero3_per_image_loop,
 )
 from .packability import check_packable, choose_packed_attention
 from .packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
-from .vision import image_token_id
+from .vision import image_token_id, per_image_loop
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class PaddingFree:
         collator = _packing_collator(trainer.data_collator, trainer.args, models[0].config if images else None)
         check_moe_aux_loss_without_row_padding(trainer.aux_loss_enabled, collator.pad_to_multiple_of)
         check_prefix_sharing_without_moe_aux_loss(collator.prefix_sharing, trainer.aux_loss_enabled)
+        if images:  # before any forward: TRL's reference precompute runs one inside its __init__
+            _check_zero3_per_image_loop(trainer, models[0])
         if collator.prefix_sharing == AUTO and not images:  # weighed per batch by this model's cost model
             cost = SharingCost.of_model(models[0], trainer.accelerator.device.type)
             collator = dataclasses.replace(collator, prefix_sharing_cost=cost)
@@ -281,6 +285,22 @@ def _packing_collator(collator, args, vision_config=None):
             prefix_sharing_min_prompt_tokens=args.prefix_sharing_min_prompt_tokens,
         )
     return collator
+
+
+def _check_zero3_per_image_loop(trainer, policy: torch.nn.Module) -> None:
+    """Refuse ZeRO-3 for a model that runs a module once per image or crop (modeling/vision.py) where the processes
+    can run different numbers of images: holding different rows (data parallelism), or sharing a row whose images
+    they deal (sequence and context parallelism with `deal_images`)."""
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    ranks_per_row = trainer.sequence_parallel_size * getattr(trainer.args, "context_parallel_size", 1)
+    check_zero3_per_image_loop(
+        type(policy).__name__,
+        per_image_loop(policy),
+        zero_stage=None if plugin is None else plugin.zero_stage,
+        row_groups=trainer.accelerator.num_processes // ranks_per_row,
+        dealt_over=ranks_per_row if getattr(trainer.args, "deal_images", True) else 1,
+        tied_lm_head=lm_head_tied(policy),
+    )
 
 
 def _models(trainer) -> list[torch.nn.Module]:

@@ -53,6 +53,11 @@ class ImageFamily:
     # them (Qwen-Omni's thinkers: an image token after a vision-start token); its forward then computes those
     # positions only given an attention mask
     image_bounds: tuple[str, str] | None = None
+    # A module whose forward runs its layers once per image (or crop) in a Python loop, as `named_modules` names it
+    # (`*`: any layer): a rank calls them as many times as its row has images, which DeepSpeed ZeRO-3 cannot follow
+    # when the processes' rows differ (refusals.check_zero3_per_image_loop)
+    per_image_loop: str | None = None
+    per_image_unit: str = "image"
 
 
 OMNI_IMAGE_BOUNDS = ("vision_start_token_id", "vision_end_token_id")
@@ -68,11 +73,13 @@ FAMILIES = {
     "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
     "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
-    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
+    # Qwen2-VL's layout, each patch (C, 14, 14); its projector runs once per image
+    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids", per_image_loop="model.projector"),
     "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
     "glmga": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4.6V's class under another model type
     "cosmos3_edge": ImageFamily("patches", "mm_token_type_ids"),  # Qwen-VL's layout, its own position function
-    "hy_v4_vl": ImageFamily("patches", "mm_token_type_ids"),  # a newline token after each merged row of an image
+    # a newline token after each merged row of an image; its tower's patch merger runs once per image
+    "hy_v4_vl": ImageFamily("patches", "mm_token_type_ids", per_image_loop="model.vision_tower"),
     "exaone4_5": ImageFamily("patches", None),  # plain positions: no position function
     # Qwen2-VL's layout, its own position function, image tokens through image experts; its twin packs exactly, but
     # TRL's padded batch fails its forward (vision_unsupported.REFUSED)
@@ -99,13 +106,21 @@ FAMILIES = {
     "idefics2": ImageFamily("rows", None),
     "idefics3": ImageFamily("rows", None),
     "smolvlm": ImageFamily("rows", None),
-    # MiniCPM-V: images and their slices NaViT-packed along pixel_values' last axis, a grid per crop (`target_sizes`)
-    "minicpmv4_6": ImageFamily("navit", None),
-    "minicpm_ocr": ImageFamily("navit", None),
-    "minicpmv4_7": ImageFamily("navit", "mm_token_type_ids", position_grids="target_sizes"),  # canvas mRoPE
+    # MiniCPM-V: images and their slices NaViT-packed along pixel_values' last axis, a grid per crop (`target_sizes`);
+    # its merger runs its MLPs once per crop
+    "minicpmv4_6": ImageFamily("navit", None, per_image_loop="model.merger", per_image_unit="crop"),
+    "minicpm_ocr": ImageFamily("navit", None, per_image_loop="model.merger", per_image_unit="crop"),
+    "minicpmv4_7": ImageFamily(  # canvas mRoPE
+        "navit",
+        "mm_token_type_ids",
+        position_grids="target_sizes",
+        per_image_loop="model.merger",
+        per_image_unit="crop",
+    ),
     "cosmos3_omni": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL under its own model type
     "hyperclovax_vision_v2": ImageFamily("patches", None),  # Qwen2.5-VL's tower, plain 1-D text positions
-    "lfm3_vl": ImageFamily("patches", None),  # Qwen3-VL's tower, plain 1-D text positions
+    # Qwen3-VL's tower, plain 1-D text positions; the tower's short convolutions run once per image
+    "lfm3_vl": ImageFamily("patches", None, per_image_loop="model.vision_tower.layers.*.conv"),
     "video_llava": ImageFamily("images", None),  # LLaVA's images, from its image tower
     "qianfan_ocr": ImageFamily("tiles", None),  # InternVL's tiles, before Qwen3
     "deepseek_vl": ImageFamily("images", None),  # SigLIP, a token per patch
@@ -125,6 +140,15 @@ FAMILIES = {
 
 def image_family(model_type: str) -> ImageFamily | None:
     return FAMILIES.get(model_type)
+
+
+def per_image_loop(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(the module, the unit) of a model whose forward runs a module's layers once per image or crop
+    (`ImageFamily.per_image_loop`); None for the others."""
+    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
+    if family is None or family.per_image_loop is None:
+        return None
+    return family.per_image_loop, family.per_image_unit
 
 
 def cross_attention_refusal(config) -> str | None:
