@@ -1712,7 +1712,7 @@ def make_vision_config(model_type: str, processor: ProcessorMixin, **config_over
     values = _CONFIG_BUILDERS[model_type](model_type, processor)
     values["text_config"]["vocab_size"] = len(processor.tokenizer)
     for key in ("text_config", "vision_config", "audio_config"):
-        if key in values:
+        if values.get(key) is not None:  # Gemma 4 sets no audio tower (audio_config None)
             values[key].update(config_overrides.pop(key, {}))
     return AutoConfig.for_model(model_type, **values, **config_overrides)
 
