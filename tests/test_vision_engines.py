@@ -9,9 +9,9 @@ images.
     FSDP2, default suite    Gemma 3 (and prefix sharing, reference offloaded), InternVL, Aya Vision (tiles),
                             PaddleOCR-VL (patches; why not ZeRO-3: FSDP2_PATCH_FAMILIES); Idefics3 refused (last test)
     ZeRO-3, -m slow         MORE_ZERO3_FAMILIES, one launch
-    ZeRO-2 or FSDP2         the families whose forward loops over images, which ZeRO-3 refuses
-                            (tests/test_vision_engines_per_image_loops.py)
-    none                    NO_ENGINE_RUN says why
+    ZeRO-2 or FSDP2         the families whose forward loops over images, which ZeRO-3 refuses (MiniCPM-V, LFM3-VL,
+                            HY-V4-VL: tests/test_vision_engines_per_image_loops.py)
+    none                    NO_ZERO3_RUN says why
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not; InternVL and Aya Vision
 cut images into tiles.
@@ -69,18 +69,15 @@ MORE_ZERO3_FAMILIES = (
     "deepseek_vl", "ovis2", "janus", "glmga", "cosmos3_edge", "exaone4_5", "gemma4_unified", "aria",
     "qwen2_5_omni_thinker",
 )  # fmt: skip
-# Families with no run here (transformers 5.24, DeepSpeed 0.19.8, 2 CPU processes): FSDP2 refuses both (their LM heads
-# are untied: the last test), and under ZeRO-3
+# Families with no ZeRO-3 run here (transformers 5.24, DeepSpeed 0.19.8, 2 CPU processes):
 # - Granite 4 Vision fails to load: its `_init_weights` divides by the size of a ZeRO-3 parameter that is partitioned
 #   (empty) while transformers loads the checkpoint (ZeroDivisionError); TRL's padded trainer fails the same way
-#   (measured)
-# - HY-V4-VL (exact on eager attention only) runs its vision tower's layers once per image: refused under ZeRO-3 as the
-#   families of tests/test_vision_engines_per_image_loops.py are (its launch aborted on a gloo collective mismatch);
-#   a ZeRO-2 run is not written yet
+#   (measured). FSDP2 refuses its untied LM head (the last test); it trains under ZeRO-2
+#   (tests/test_vision_engines_per_image_loops.py)
 # - Qwen3-Omni's thinker: its run's first loss is 0.6952, not ln 2, so its policy and offloaded reference load apart
 #   (a sub-model's weights not loaded back whole under zero.Init?): not diagnosed; its padded and packed runs in one
 #   process are equal (tests/test_vision.py)
-NO_ENGINE_RUN = ("granite4_vision", "hy_v4_vl", "qwen3_omni_moe_thinker")
+NO_ZERO3_RUN = ("granite4_vision", "qwen3_omni_moe_thinker")
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
