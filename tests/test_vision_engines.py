@@ -11,7 +11,7 @@ images.
     ZeRO-3, -m slow         MORE_ZERO3_FAMILIES, one launch
     ZeRO-2 or FSDP2         the families whose forward loops over images, which ZeRO-3 refuses (MiniCPM-V, LFM3-VL,
                             HY-V4-VL: tests/test_vision_engines_per_image_loops.py)
-    not under ZeRO-3         NO_ZERO3_RUN says why (Granite 4 Vision: ZeRO-2, in the file above)
+    not under ZeRO-3        NO_ZERO3_RUN says why (Granite 4 Vision: ZeRO-2, in the file above)
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not; InternVL and Aya Vision
 cut images into tiles.
