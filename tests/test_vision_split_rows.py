@@ -38,7 +38,7 @@ CONTEXT_PARALLEL = ("qwen2_5_vl", "qwen3_vl", "llava_next", "internvl", "deepsee
 # GLM-OCR's images cross no chunk boundary on these rows: PATCH_FAMILIES, with -m slow)
 FAMILIES += ("paddleocr_vl",)
 CONTEXT_PARALLEL += ("paddleocr_vl",)
-VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.")
+VISION_TOWER_NAMES = (".visual.", ".vision_tower.", ".vision_model.", ".image_tower.")  # Video-LLaVA: image_tower
 SHARED_UNDER_CONTEXT = ("qwen2_5_vl", "llava_next")  # prefix sharing: each pair's prompt and images laid out once
 WHOLE_IMAGES = "qwen3_vl"  # deal_images=False: every rank runs the vision tower on all of the row's images
 PAIRS_PER_PROCESS = 2
