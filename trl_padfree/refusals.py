@@ -614,6 +614,19 @@ def check_split_image_spans(bidirectional_images: bool, context_parallel: bool) 
         )
 
 
+def check_images_dealt_under_zero3(layers_per_image: bool, zero3: bool, deal_images: bool) -> None:
+    """A split row's ranks each encode their share of its images (parallel/image_shares.py), different numbers of
+    them: a projector that calls its layers once per image then makes each rank gather their ZeRO-3 weights a
+    different number of times, and the ranks wait on each other for ever (PaddleOCR-VL, measured: a 4-rank row hung)."""
+    if layers_per_image and zero3 and deal_images:
+        raise ValueError(
+            "This model's projector calls its layers once per image, and ZeRO-3 gathers their weights at each call: "
+            "the ranks of a split row, each encoding its own share of the row's images, would issue different "
+            "collectives and hang. Set deal_images=False (every rank of the row encodes all of its images), or split "
+            "rows under another engine (context_parallel_size with DDP or FSDP2)."
+        )
+
+
 def check_split_rows_without_stateful_mixers(mixer_classes: Sequence[str]) -> None:
     """Sequence and context parallelism hand each rank a chunk of the row: a mixer that carries state along the row
     would restart at every chunk boundary, inside sequences."""

@@ -41,6 +41,9 @@ class ImageFamily:
     # same image)), as the packed attention does: the two agree on images no longer than the window
     images_past_window: bool = False
     position_grids: str = "image_grid_thw"  # the image grids its position function (`get_rope_index`) reads
+    # Its projector calls its layers once per image, in a Python loop (PaddleOCR-VL): ZeRO-3 gathers a layer's weights
+    # at each call, so ranks encoding different numbers of images issue different collectives, and hang
+    layers_per_image: bool = False
 
 
 FAMILIES = {
@@ -54,7 +57,8 @@ FAMILIES = {
     "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
     "glm46v": ImageFamily("patches", "mm_token_type_ids"),
     "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
-    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, each patch (C, 14, 14)
+    # Qwen2-VL's layout, each patch (C, 14, 14)
+    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids", layers_per_image=True),
     "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
     "glmga": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4.6V's class under another model type
     "cosmos3_edge": ImageFamily("patches", "mm_token_type_ids"),  # Qwen-VL's layout, its own position function

@@ -24,6 +24,7 @@ from ..modeling.packed_forward import PackedBatch
 from ..modeling.vision import bidirectional_image_marks, image_family, packed_position_ids
 from ..refusals import (
     check_context_parallel_attention,
+    check_images_dealt_under_zero3,
     check_no_context_parallelism,
     check_prefix_sharing_without_sequence_parallel,
     check_processes_share_rows,
@@ -189,10 +190,14 @@ class RowSplit:
         policy = accelerator.unwrap_model(trainer.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attention = attn_implementation(policy)
+        family = image_family(policy.config.model_type) if trainer.is_vision_dataset else None
+        deal_images = getattr(args, "deal_images", True)
+        plugin = accelerator.state.deepspeed_plugin
+        zero3 = trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
+        check_images_dealt_under_zero3(family is not None and family.layers_per_image, zero3, deal_images)
         if ulysses_size > 1:
             _check_ulysses(trainer, policy, attention, ulysses_size)
         if context_size > 1:
-            family = image_family(policy.config.model_type) if trainer.is_vision_dataset else None
             check_split_image_spans(family is not None and family.bidirectional_images, True)
             check_processes_share_rows(context_size * ulysses_size, accelerator.num_processes)
             check_context_parallel_attention(attention)
@@ -200,7 +205,7 @@ class RowSplit:
                 "Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled
             )
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
-        split = cls(accelerator, ulysses_size, None, None, deal_images=getattr(args, "deal_images", True))
+        split = cls(accelerator, ulysses_size, None, None, deal_images=deal_images)
         if ulysses_size > 1:
             if policy.config.get_text_config() is not policy.config:
                 # Ulysses wraps the language model's attention (the vision tower runs whole images on every rank)
