@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("deepspeed")
 
 from distributed_runs import (  # noqa: E402
+    METRIC_RTOL,
     assert_no_object_collective,
     assert_same_training,
     assert_split_row_training,
@@ -287,6 +288,10 @@ SPLIT_FAMILIES = tuple(
     family for family in VISION_FAMILIES if family not in (*MOE_FAMILIES, "qwen3_5", "lfm3_vl", *MINICPM_FAMILIES)
 )
 REFUSED_UNDER_CONTEXT = ("gemma3", "shieldgemma2", "gemma4_unified")  # images attended both ways
+# Gemma 4's third step, after two AdamW steps without clipping (--save-grads), moves grad_norm in fp32 by up to 6.7e-5
+# relative (context parallelism with prefix sharing; 3.9e-5 padding-free in one process, no split), past
+# distributed_runs' 5e-5: its own bound, about twice that. Its losses and first-step gradients keep the shared bounds
+METRIC_RTOL_BY_FAMILY = {"gemma4": 1.5e-4}
 # DeepSpeed's Ulysses exchanges every layer at one head dim, the config's: Gemma 4's global layers are twice as wide
 # (its setup failed reading the per-layer `head_dim`), Kimi K2.5's latent attention has a query wider than its
 # config's `head_dim` (the rope part); context parallelism splits them
@@ -316,7 +321,7 @@ def test_context_parallel_2_on_every_family_with_and_without_prefix_sharing(ever
                      *pairs(), *VISION_OPTIONS, "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
     for run in runs:
         model_type = run.split(":")[0]
-        assert_split_row_training(reports[run], single[model_type])
+        assert_split_row_training(reports[run], single[model_type], METRIC_RTOL_BY_FAMILY.get(model_type, METRIC_RTOL))
         assert_same_gradients(directory / f"{run}.pt", directory / f"{model_type}:trl.pt")
         assert_images_dealt(reports[run])
 
