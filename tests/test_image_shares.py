@@ -140,3 +140,34 @@ def test_every_share_encoded_alone_gives_the_whole_rows_features(model_type, pre
             for share in shares:
                 torch.testing.assert_close(share[key], whole[key], atol=0, rtol=0)
     assert set(whole.keys()) <= {*GATHERED_FIELDS, *DROPPED_FIELDS, *KEPT_FIELDS}, "a field the gather would refuse"
+
+
+def test_an_image_input_the_forward_renames_is_dealt_by_its_tensor(monkeypatch):
+    # Video-LLaVA's processor returns `pixel_values_images`, which the model's forward hands get_image_features as
+    # `pixel_values` (transformers' `deprecate_kwarg`): the share is found by the batch's tensor, not by the name
+    from trl_padfree.parallel import image_shares
+    from trl_padfree.parallel.groups import RowGroup
+
+    class Gathered(Exception):
+        """Stops the forward where the features would be gathered over the ranks (this test launches none)."""
+
+    def gathered(output, row):
+        raise Gathered(output.pooler_output)
+
+    processor = make_vision_processor("video_llava")
+    model = make_vision_model("video_llava", processor).eval()
+    collator = PaddingFreeVisionPreferenceCollator(processor, image_token_id=image_token_id(model.config))
+    batch = collator(vision_preference_rows("video_llava", 3, images_per_row=(2, 1, 3)))
+    units, inputs = batch[IMAGE_UNITS], batch[IMAGE_INPUTS]
+    assert set(inputs) == {"pixel_values_images"}
+    monkeypatch.setattr(image_shares, "gathered_features", gathered)
+    start, end = deal_units(units.image_tokens, 2)[0]  # rank 0 of 2
+    with torch.no_grad(), pytest.raises(Gathered) as features:
+        with image_shares.images_dealt(model, units, inputs, RowGroup(None, 0, 2)):
+            model(input_ids=batch["input_ids"], **inputs)
+
+    mine = units.share(inputs, start, end)["pixel_values_images"]
+    assert 0 < mine.shape[0] < inputs["pixel_values_images"].shape[0]
+    with torch.no_grad():
+        expected = image_encoder(model).get_image_features(pixel_values=mine).pooler_output
+    torch.testing.assert_close(features.value.args[0], expected, atol=0, rtol=0)

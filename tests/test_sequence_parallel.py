@@ -5,6 +5,7 @@ sp_size 1 padding-free, in one process on the same micro-batches. `-k sequence_p
 
 Each launch is its own `accelerate launch`: DeepSpeed sets up sequence parallelism once per process."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,20 @@ def test_sequence_parallel_refuses_attention_that_leaks_across_sequences(attn_im
 def test_sequence_parallel_refuses_head_counts_not_divisible():
     with pytest.raises(ValueError, match="4 attention heads are not divisible by sp_size=3"):
         check_sequence_parallel(tiny_config(), "padfree_varlen", 3)
+
+
+@pytest.mark.parametrize(
+    "model_type, head_dims",
+    [("gemma4_text", "[256, 512]"), ("deepseek_v3", "[128, 192]"), ("minicpm3", "[64, 96]")],
+    ids=["layers-of-two-widths", "latent-attention", "latent-attention-minicpm3"],
+)
+def test_sequence_parallel_refuses_head_dims_deepspeed_cannot_exchange(model_type, head_dims):
+    # DeepSpeed's Ulysses exchanges every layer at one head size from the config: Gemma 4's global layers (512) failed
+    # at setup (its config's per-layer `head_dim`), latent attention's 192-wide query and 128-wide value inside the
+    # exchange (head_dim 64, the rope part); context parallelism splits them
+    with pytest.raises(ValueError, match=re.escape(f"attention has head dims {head_dims}")) as error:
+        check_sequence_parallel(AutoConfig.for_model(model_type), "padfree_varlen", 2)
+    assert "context_parallel_size instead" in str(error.value)
 
 
 def test_sequence_parallel_refuses_attention_dropout():

@@ -524,6 +524,21 @@ def check_ulysses_heads(heads: int, kv_heads: int, sp_size: int) -> None:
         )
 
 
+def check_ulysses_head_dims(head_dims: Sequence[int], ulysses_head_dim: int) -> None:
+    """DeepSpeed's Ulysses (0.18-0.19, `UlyssesSPAttentionHF`) exchanges every attention layer's query, key and value
+    at one head size, read once from the config (`head_dim`, else the hidden size over the heads): layers of another
+    width, or a value narrower than the query, fail inside its exchange or its setup."""
+    others = sorted(set(head_dims) - {ulysses_head_dim})
+    if others:
+        raise ValueError(
+            f"Sequence parallelism cannot split this model's rows: DeepSpeed's Ulysses exchanges every attention "
+            f"layer's query, key and value at one head size, {ulysses_head_dim} (read from its config), but its "
+            f"attention has head dims {sorted(set(head_dims))} (layers of several widths, as Gemma 4's global "
+            "layers, or latent attention's query and value of different widths). Split rows with "
+            "context_parallel_size instead (any head dims), or set sequence_parallel_size=1."
+        )
+
+
 def check_no_sequence_parallel_groups_yet(created: bool) -> None:
     """DeepSpeed creates its sequence-parallel groups, and wraps the attention function for Ulysses, once per process:
     a second sequence-parallel trainer in the same process would fail deep inside `train()`."""

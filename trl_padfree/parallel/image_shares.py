@@ -123,16 +123,22 @@ def images_dealt(model: torch.nn.Module, units: ImageUnitSizes, image_inputs: di
         return gathered_features(whole_row(*args, **kwargs), row)
 
     def _share_of(name: str, value):
-        if name in share:
-            if value.shape[units.axis(name)] != totals[name]:
-                raise RuntimeError(f"get_image_features got {name} of {value.shape[0]} entries, not the row's")
-            return share[name]
+        key = name if name in share else _input_passed_as(value)
+        if key is not None:
+            if value.shape[units.axis(key)] != totals[key]:
+                raise RuntimeError(f"get_image_features got {key} of {value.shape[0]} entries, not the row's")
+            return share[key]
         if isinstance(value, torch.Tensor) and name in named:  # an image input of its own (not the **kwargs)
             raise NotImplementedError(
                 f"{type(encoder).__name__}.get_image_features takes {name}, which trl-padfree cannot deal over the "
                 "ranks of a row: set deal_images=False (every rank encodes the whole row's images)."
             )
         return value
+
+    def _input_passed_as(value) -> str | None:
+        # A forward that renames an input before the call hands on the batch's own tensor: Video-LLaVA's takes the
+        # processor's `pixel_values_images` as `pixel_values` (transformers' `deprecate_kwarg`)
+        return next((key for key, tensor in image_inputs.items() if value is tensor and key in share), None)
 
     encoder.get_image_features = on_share
     try:

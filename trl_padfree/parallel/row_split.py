@@ -191,6 +191,7 @@ class RowSplit:
         policy = accelerator.unwrap_model(trainer.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attention = attn_implementation(policy)
+        deal_images = getattr(args, "deal_images", True)  # under ZeRO-3 per-image loops refuse it (padding_free.py)
         if ulysses_size > 1:
             _check_ulysses(trainer, policy, attention, ulysses_size)
         if context_size > 1:
@@ -201,7 +202,7 @@ class RowSplit:
                 "Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled
             )
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
-        split = cls(accelerator, ulysses_size, None, None, deal_images=getattr(args, "deal_images", True))
+        split = cls(accelerator, ulysses_size, None, None, deal_images=deal_images)
         if ulysses_size > 1:
             if policy.config.get_text_config() is not policy.config:
                 # Ulysses wraps the language model's attention (the vision tower runs whole images on every rank)

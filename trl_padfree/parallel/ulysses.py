@@ -23,7 +23,12 @@ import contextlib
 import torch
 
 from ..integrations.deepspeed import sequence_parallel_group, sequence_parallel_groups_created
-from ..refusals import check_no_sequence_parallel_groups_yet, check_ulysses_attention, check_ulysses_heads
+from ..refusals import (
+    check_no_sequence_parallel_groups_yet,
+    check_ulysses_attention,
+    check_ulysses_head_dims,
+    check_ulysses_heads,
+)
 from .groups import RowGroup
 
 
@@ -44,11 +49,26 @@ def active_group(accelerator) -> RowGroup | None:
 
 def check_ulysses_model(model_config, attn_implementation: str, sp_size: int, exact_under_ulysses) -> None:
     """What Ulysses cannot run exactly on a packed row: an attention that leaks across its sequences, head counts it
-    cannot split."""
+    cannot split, head dims it cannot exchange."""
     check_ulysses_attention(attn_implementation, sp_size, exact_under_ulysses)
     text_config = model_config.get_text_config()
     heads = text_config.num_attention_heads
     check_ulysses_heads(heads, getattr(text_config, "num_key_value_heads", None) or heads, sp_size)
+    check_ulysses_head_dims(*attention_head_dims(text_config))
+
+
+def attention_head_dims(text_config) -> tuple[set[int], int]:
+    """The head dims of a language model's attention (query, key and value, every layer) as its config states them,
+    and the one head size DeepSpeed's Ulysses reads from it (`head_dim`, else the hidden size over the heads)."""
+    values = text_config.to_dict()  # Gemma 4's `head_dim` is per layer, which its attribute getter refuses
+    ulysses_head_dim = values.get("head_dim") or text_config.hidden_size // text_config.num_attention_heads
+    if values.get("qk_nope_head_dim") is not None and values.get("qk_rope_head_dim") is not None:
+        # Multi-head latent attention: query and key of both parts, the value its own width
+        query = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
+        return {query, values.get("v_head_dim") or query}, ulysses_head_dim
+    per_layer = [layer.get("head_dim") for layer in (values.get("per_layer_config") or {}).values() if layer]
+    widths = {ulysses_head_dim, values.get("global_head_dim"), *per_layer} - {None}
+    return widths, ulysses_head_dim
 
 
 def check_groups_not_created() -> None:
