@@ -16,6 +16,7 @@ import logging
 
 import pytest
 import torch
+from stand_in_kernels import MIXER_STAND_INS
 from tiny_architectures import HYBRID_MODEL_TYPES, make_tiny_model
 from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step, with_checkpointing
@@ -23,8 +24,14 @@ from transformers import AutoConfig
 
 from trl_padfree.cli.models import model_class_for
 from trl_padfree.modeling import kernels
-from trl_padfree.modeling.kernels import mixer_kernels
-from trl_padfree.modeling.mixers import MixerSegments, mixer_calls, mixer_classes, stateful_mixers
+from trl_padfree.modeling.kernels import mixer_kernels, stand_in_kernels
+from trl_padfree.modeling.mixers import (
+    MixerSegments,
+    mixer_calls,
+    mixer_classes,
+    mixers_run_per_segment,
+    stateful_mixers,
+)
 from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
 from trl_padfree.packing.collator import concatenated_inputs
@@ -32,6 +39,7 @@ from trl_padfree.packing.layout import cu_seq_lens_from_lengths, position_ids_fr
 from trl_padfree.refusals import (
     check_split_rows_without_stateful_mixers as check_sequence_parallel_without_stateful_mixers,
 )
+from trl_padfree.refusals import check_zero3_mixer_calls
 
 VOCAB_SIZE = len(make_tokenizer())
 # One-token, odd and longer sequences (the Mamba2 scans of the tiny models run in chunks of 8)
@@ -201,6 +209,20 @@ def test_sequence_parallelism_is_refused_for_stateful_mixers():
     check_sequence_parallel_without_stateful_mixers(())
     with pytest.raises(ValueError, match="Qwen3_5GatedDeltaNet layers carry state along the row.*sp_size=1"):
         check_sequence_parallel_without_stateful_mixers(("Qwen3_5GatedDeltaNet",))
+
+
+def test_zero3_with_uneven_batches_is_refused_where_mixers_run_per_sequence():
+    model = make_tiny_model("lfm2", VOCAB_SIZE)
+    assert mixers_run_per_segment(model, torch.device("cpu")) == ["Lfm2ShortConv"]
+    with stand_in_kernels(mixer_kernels=MIXER_STAND_INS):  # CUDA's whole-row kernels: one call per row
+        assert mixers_run_per_segment(model, torch.device("cpu")) == []
+
+    for uneven, stage, processes in (("", 3, 2), ("max_tokens_per_batch", 2, 2), ("max_tokens_per_batch", 3, 1)):
+        check_zero3_mixer_calls(["Lfm2ShortConv"], stage, processes, uneven)
+    check_zero3_mixer_calls([], 3, 2, "max_tokens_per_batch")
+    with pytest.raises(ValueError, match=r"ZeRO-3 cannot train this model with max_tokens_per_batch over 2 .*"
+                       r"Lfm2ShortConv layers run once per sequence.*fsdp2.*zero2.*causal-conv1d"):  # fmt: skip
+        check_zero3_mixer_calls(["Lfm2ShortConv"], 3, 2, "max_tokens_per_batch")
 
 
 @pytest.mark.parametrize("model_type, mixer", [

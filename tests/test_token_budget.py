@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from distributed_runs import launch, train_in_this_process
+from tiny_architectures import save_tiny_architecture
 from trainer_utils import make_trainer, train_losses
 from transformers import TrainerCallback
 
@@ -177,12 +178,14 @@ def test_token_budget_config_is_checked(tmp_path):
 
 
 # Two processes (plain data parallelism over gloo, multi_gpu.yaml on CPU) with gradient accumulation
+# max_length 1024 drops no pair, so indices into TRL's tokenized set are indices into the shipped data
+TWO_PROCESS_OPTIONS = ("--max-tokens-per-batch", "2048", "--grad-accum", "2", "--steps", "1", "--max-length", "1024")
 
 
-def test_two_processes_with_accumulation_equal_padded_trl_on_the_same_pairs(model_dir, tmp_path):
-    # max_length 1024 drops no pair, so indices into TRL's tokenized set are indices into the shipped data
-    options = ("--max-tokens-per-batch", "2048", "--grad-accum", "2", "--steps", "1", "--max-length", "1024")
-    report = launch("multi_gpu.yaml", model_dir, tmp_path / "budget.json", "--runs", "padding_free", *options,
+def assert_first_step_equals_padded_trl_on_its_pairs(config: str, model_dir, tmp_path) -> None:
+    """Two processes under `config` with a token budget and accumulation, against TRL padded in one process on the
+    same global batch: loss, per-pair metrics and gradients."""
+    report = launch(config, model_dir, tmp_path / "budget.json", "--runs", "padding_free", *TWO_PROCESS_OPTIONS,
                     "--save-grads", str(tmp_path / "budget.pt"))["padding_free"]  # fmt: skip
     assert report["world_size"] == 2 and report["train_pairs"] == 32
     # accelerate deals micro-batches out round-robin: step 1 is the first 2 processes x 2 accumulation of them
@@ -199,3 +202,19 @@ def test_two_processes_with_accumulation_equal_padded_trl_on_the_same_pairs(mode
     largest = max(grad.abs().max().item() for grad in padded_grads.values())
     for name, grad in padded_grads.items():
         torch.testing.assert_close(budget_grads[name], grad, atol=1e-5 * max(1.0, largest), rtol=0, msg=name)
+
+
+def test_two_processes_with_accumulation_equal_padded_trl_on_the_same_pairs(model_dir, tmp_path):
+    assert_first_step_equals_padded_trl_on_its_pairs("multi_gpu.yaml", model_dir, tmp_path)
+
+
+# A hybrid model (LFM2's short convolutions) runs its mixers once per sequence on CPU: under ZeRO-3 each call gathers
+# their weights, and a budget's micro-batches give the processes different numbers of sequences. Without the refusal
+# gloo aborts ("collective mismatch", measured); the refusal names FSDP2 as a way out, which trains equal to padded TRL
+@pytest.mark.slow
+def test_a_hybrid_model_with_a_budget_is_refused_under_zero3_and_trains_under_fsdp2(tmp_path):
+    pytest.importorskip("deepspeed")
+    model_dir = save_tiny_architecture(tmp_path / "lfm2", "lfm2")
+    with pytest.raises(AssertionError, match=r"ZeRO-3 cannot train this model with max_tokens_per_batch over 2 proc"):
+        launch("zero3.yaml", model_dir, tmp_path / "zero3.json", "--runs", "padding_free", *TWO_PROCESS_OPTIONS)
+    assert_first_step_equals_padded_trl_on_its_pairs("fsdp2.yaml", model_dir, tmp_path)

@@ -636,6 +636,26 @@ def check_zero3_per_image_loop(
     )
 
 
+def check_zero3_mixer_calls(mixer_classes: Sequence[str], zero_stage: int | None, processes: int, uneven: str) -> None:
+    """DeepSpeed ZeRO-3 on a model whose stateful mixers run once per sequence of the packed row
+    (`modeling.mixers.mixers_run_per_segment`), with batches that give processes different numbers of pairs
+    (`uneven`: the option that does). ZeRO-3 gathers a layer's weights at each call and checks that every process
+    called its modules in the same order, so every process must run as many sequences."""
+    if not mixer_classes or zero_stage != 3 or processes < 2 or not uneven:
+        return
+    raise ValueError(
+        f"DeepSpeed ZeRO-3 cannot train this model with {uneven} over {processes} processes: its "
+        f"{', '.join(mixer_classes)} layers run once per sequence of the packed row (no kernel here takes a whole "
+        "row with its boundaries), ZeRO-3 gathers their weights at each call, and these batches give processes "
+        "different numbers of pairs, so the processes issue different collectives (on CPU gloo aborts with a "
+        "'collective mismatch'; on GPUs NCCL would hang). Use one of: per_device_train_batch_size batches (unset "
+        "max_tokens_per_batch, train_sampling_strategy='random'); FSDP2 (`trl-padfree dpo --accelerate_config "
+        "fsdp2`), which gathers a decoder layer once per forward; DeepSpeed ZeRO-2 (`--accelerate_config zero2`); or, "
+        'on CUDA, the kernels that run a whole row (`pip install "trl-padfree[hybrid-kernels]"`: causal-conv1d, '
+        "flash-linear-attention, mamba-ssm)."
+    )
+
+
 def check_image_within_window(past_window: tuple[int, int] | None) -> None:
     """Gemma 4 Unified's image tokens see their whole image on sliding-window layers, past the window too; the packed
     attention bounds them by the window, as Gemma 3's are: the same for images no longer than the window."""

@@ -140,6 +140,19 @@ def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
     return mixer_classes(model)
 
 
+def mixers_run_per_segment(model: torch.nn.Module, device: torch.device) -> list[str]:
+    """The classes of `model`'s stateful mixers whose packed forward will run once per sequence on `device` (so as
+    many times as the row holds sequences): every one on CPU, on CUDA those whose kernels cannot take a whole row."""
+    on_cuda_branch = takes_cuda_branch(torch.empty(0, device=device))
+    return sorted(
+        {
+            type(mixer).__name__
+            for mixer in stateful_mixers(model)
+            if not (on_cuda_branch and _kernels_of(type(mixer), branch_key()).whole_row)
+        }
+    )
+
+
 def mixer_classes(model: torch.nn.Module) -> list[str]:
     return sorted({type(mixer).__name__ for mixer in stateful_mixers(model)})
 

@@ -27,6 +27,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ..integrations.transformers import attn_implementation, modeling_modules_imported, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
+from ..packing.balanced_batches import REBALANCE
 from ..packing.collator import PaddingFreePreferenceCollator
 from ..packing.layout import pad_length_to_multiple
 from ..packing.prefix_sharing import AUTO, MIN_SHARED_PROMPT_TOKENS, SharingCost, log_sharing_summary
@@ -41,8 +42,10 @@ from ..refusals import (
     check_packed_batch_expected,
     check_packing_collator,
     check_prefix_sharing_without_moe_aux_loss,
+    check_zero3_mixer_calls,
     check_zero3_per_image_loop,
 )
+from .mixers import mixers_run_per_segment
 from .packability import check_packable, choose_packed_attention
 from .packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from .vision import image_token_id, per_image_loop
@@ -99,6 +102,7 @@ class PaddingFree:
         check_prefix_sharing_without_moe_aux_loss(collator.prefix_sharing, trainer.aux_loss_enabled)
         if images:  # before any forward: TRL's reference precompute runs one inside its __init__
             _check_zero3_per_image_loop(trainer, models[0])
+        _check_zero3_mixer_calls(trainer, models[0])
         if collator.prefix_sharing == AUTO and not images:  # weighed per batch by this model's cost model
             cost = SharingCost.of_model(models[0], trainer.accelerator.device.type)
             collator = dataclasses.replace(collator, prefix_sharing_cost=cost)
@@ -300,6 +304,24 @@ def _check_zero3_per_image_loop(trainer, policy: torch.nn.Module) -> None:
         row_groups=trainer.accelerator.num_processes // ranks_per_row,
         dealt_over=ranks_per_row if getattr(trainer.args, "deal_images", True) else 1,
         tied_lm_head=lm_head_tied(policy),
+    )
+
+
+def _check_zero3_mixer_calls(trainer, policy: torch.nn.Module) -> None:
+    """Refuse ZeRO-3 for a model whose stateful mixers run once per sequence where the processes' batches hold
+    different numbers of pairs (token budgets, balanced batches)."""
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    args = trainer.args
+    uneven = ""
+    if getattr(args, "max_tokens_per_batch", None) is not None:
+        uneven = "max_tokens_per_batch"
+    elif getattr(args, "train_sampling_strategy", None) == REBALANCE:
+        uneven = f"train_sampling_strategy={REBALANCE!r}"
+    check_zero3_mixer_calls(
+        mixers_run_per_segment(policy, trainer.accelerator.device),
+        zero_stage=None if plugin is None else plugin.zero_stage,
+        processes=trainer.accelerator.num_processes,
+        uneven=uneven,
     )
 
 
