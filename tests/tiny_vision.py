@@ -1737,12 +1737,13 @@ def _aria_config(model_type, processor):
 
 def _got_ocr2_config(model_type, processor):
     """GOT-OCR2 (and PP-Chart2Table, its model): SAM over each tile's 8 x 8 patches (windows of 2 x 2, then a global
-    layer), its features convolved twice with stride 2 to the processor's 2 x 2 tokens per tile; Qwen2."""
+    layer), its features convolved twice with stride 2 to the processor's 2 x 2 tokens per tile; Qwen2. The tower's
+    weights drawn as the others' (its config's 1e-10 would leave it, and its gradients, all but zero)."""
     image_size = processor.image_processor.size["height"]
     patch_size = image_size // (4 * math.isqrt(processor.num_image_tokens))
     vision = dict(
         _VISION, image_size=image_size, patch_size=patch_size, window_size=2, global_attn_indexes=[1],
-        output_channels=8, mlp_dim=_VISION["intermediate_size"],
+        output_channels=8, mlp_dim=_VISION["intermediate_size"], initializer_range=_INIT_STD,
     )  # fmt: skip
     return dict(
         text_config=dict(_TEXT, model_type="qwen2"),
