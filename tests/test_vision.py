@@ -34,10 +34,11 @@ SHARED_PREFIX_SLOW = frozenset(VISION_FAMILIES[VISION_FAMILIES.index("smolvlm") 
 
 
 # 2026 families the issue did not name, and close kin of families tested by default: their row step with -m slow too;
-# so are the Qwen-Omni thinkers' (Qwen2.5-VL's and Qwen3-VL-MoE's kin), for the default suite's time
+# so are the Qwen-Omni thinkers' (Qwen2.5-VL's and Qwen3-VL-MoE's kin) and GOT-OCR2's (InternVL's tiles), for the
+# default suite's time
 ROW_SLOW = frozenset({
     "shieldgemma2", "cosmos3_omni", "cosmos3_edge", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "glmga",
-    "exaone4_5", "janus", "aria", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
+    "exaone4_5", "janus", "aria", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "got_ocr2", "pp_chart2table",
 })  # fmt: skip
 
 

@@ -63,11 +63,12 @@ MODELS = FAMILIES + FSDP2_PATCH_FAMILIES  # every family saved and trained padde
 # In a launch of their own (-m slow: the default suite's time): Gemma 4 (images of any size with per-patch positions),
 # ShieldGemma 2 (Gemma 3's classes), Kimi K2.5 (DeepSeek-V3's experts; test_kimi_k25_verdict_under_zero3_init below),
 # DeepSeek-VL, Janus (their SigLIP towers, a token per patch), Ovis 2 (tiles), the patch families, Gemma 4 Unified
-# (no vision tower), Aria (queries per image) and Qwen2.5-Omni's thinker
+# (no vision tower), Aria (queries per image), Qwen2.5-Omni's thinker, and GOT-OCR2 and PP-Chart2Table (SAM over
+# tiles, eager: their model has no sdpa)
 MORE_ZERO3_FAMILIES = (
     "gemma4", "shieldgemma2", "cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "kimi_k25",
     "deepseek_vl", "ovis2", "janus", "glmga", "cosmos3_edge", "exaone4_5", "gemma4_unified", "aria",
-    "qwen2_5_omni_thinker",
+    "qwen2_5_omni_thinker", "got_ocr2", "pp_chart2table",
 )  # fmt: skip
 # Families with no ZeRO-3 run here (transformers 5.24, DeepSpeed 0.19.8, 2 CPU processes):
 # - Granite 4 Vision fails to load: its `_init_weights` divides by the size of a ZeRO-3 parameter that is partitioned

@@ -130,8 +130,7 @@ def test_the_modules_run_once_per_image_are_those_the_family_table_names(model_t
     from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
 
     processor = make_vision_processor(model_type)
-    attention = "eager" if model_type in EAGER_FAMILIES else "sdpa"
-    model = make_vision_model(model_type, processor, attn_implementation=attention).eval()
+    model = make_vision_model(model_type, processor).eval()
     collator = DataCollatorForVisionPreference(processor)
     counts = []
     for images_per_row in ([1, 1], [2, 1]):  # TRL's padded batch of 2 pairs: 2 images each way, then 3

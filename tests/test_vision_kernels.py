@@ -28,6 +28,7 @@ import torch
 from stand_in_kernels import CALLS, FLASH_MAX_HEAD_DIM, MIXER_STAND_INS, calls_of, varlen_stand_in
 from tiny_vision import (
     EAGER_FAMILIES,
+    GOT_OCR2_FAMILIES,
     MINICPM_FAMILIES,
     make_vision_config,
     make_vision_processor,
@@ -50,7 +51,7 @@ SLOW_KERNEL_FAMILIES = ("qwen3_vl", "llava_next", "internvl", "idefics3")
 SLOW_KERNEL_FAMILIES += (
     "kimi_k25", "gemma4", "gemma4_unified", "shieldgemma2", "cosmos3_omni", "cosmos3_edge", "hyperclovax_vision_v2",
     "video_llava", "qianfan_ocr", "deepseek_vl", "deepseek_vl_hybrid", "granite4_vision", "ovis2", "janus", "glmga",
-    "exaone4_5", *MINICPM_FAMILIES,
+    "exaone4_5", *MINICPM_FAMILIES, *GOT_OCR2_FAMILIES,
 )  # fmt: skip
 # Image tokens that attend to their whole image: a causal and an image-span kernel call per layer
 BOTH_WAYS = ("shieldgemma2", "gemma4_unified")

@@ -11,7 +11,7 @@ minicpmv4_6, minicpm_ocr, minicpmv4_7, cosmos3_omni, hyperclovax_vision_v2, lfm3
 deepseek_vl, deepseek_vl_hybrid, granite4_vision, ovis2, janus, kimi_k25 (DeepSeek-V3's
 language model), glmga (GLM-4.6V's class and processor), cosmos3_edge, exaone4_5, aria, qwen2_5_omni_thinker and
 qwen3_omni_moe_thinker (Qwen2.5-VL's and Qwen3-VL-MoE's towers and language models beside an audio tower, frozen:
-image pairs never run it); and `EAGER_FAMILIES`, exact on
+image pairs never run it), got_ocr2 and pp_chart2table (GOT-OCR2's model); and `EAGER_FAMILIES`, exact on
 eager attention only: hy_v4_vl (a newline token after each merged row of an image). Each
 processor uses the PIL image processor transformers ships (no torchvision), tiny images and a chat template
 `User:<image> text</s>Assistant: text</s>` whose image part is the processor's placeholder. Models: text width 32,
@@ -52,6 +52,8 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
     granite4_vision as LLaVA-NeXT                                         none (4 tokens per tile, and newlines)
     ovis2           pixel_values (tiles, 3, 32, 32)                       none (a whole image, then 1-4 tiles if more)
     janus           pixel_values (I, 3, 32, 32)                           none
+    got_ocr2        pixel_values (tiles, 3, 32, 32)                       none (1-4 tiles and a thumbnail per image)
+    pp_chart2table  pixel_values (I, 3, 32, 32)                           none (an image a tile)
     kimi_k25        pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    none (plain positions)
     cosmos3_edge    pixel_values (P, 768), image_grid_thw (4, 3)          mm_token_type_ids (<|image_pad|>)
     exaone4_5       pixel_values (P, 1176), image_grid_thw (4, 3)         none (plain positions)
@@ -83,6 +85,9 @@ each family with input_ids, attention_mask and completion_mask of shape (4, L), 
                                         <IMG_ATOM>                   tile between <IMG_COL> / <IMG_ROW>, <IMG_END>
     janus           image_token_id      its tokenizer's (none on it) <begin_of_image> 16 <image_placeholder>
                                                                  <end_of_image>
+    got_ocr2        image_token_index   yes                          <img> 4 x <imgpad> per tile </img>
+    pp_chart2table  image_token_index   no: the template writes the  <img> 4 x <imgpad> </img>
+                                        tokens, the processor none
     kimi_k25        image_token_id      yes                          1-16 <|media_pad|> in <|media_begin|>image...end
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
@@ -110,8 +115,11 @@ the missing video processor); train with `save_strategy="no"`. Pixtral's process
 `StandInGemma4UnifiedImageProcessor` returns its merged patches. MiniCPM-V's processors are subclasses without a video
 processor too, and MiniCPM-OCR's torchvision-only image processor is stood in for by MiniCPM-V 4.6's PIL one in its
 4x mode (the same crops; OCR's upscaling of small images aside). Kimi K2.5's image processor has only a torchvision
-backend: `StandInKimiK25ImageProcessor` makes its patches with PIL. The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR,
-Idefics, DeepSeek-VL, Granite 4 Vision, Ovis 2, Janus and Aria processors are the stock classes and save and reload.
+backend: `StandInKimiK25ImageProcessor` makes its patches with PIL. GOT-OCR2's and PP-Chart2Table's processors refuse
+text without images, which TRL's collator sends for the completions: `TextWithoutImagesGotOcr2Processor` and
+`TextWithoutImagesPPChart2TableProcessor` tokenize it alone (and take TRL's images, a list per example, flattened).
+The Gemma 3, LLaVA, LLaVA-NeXT, Aya Vision, Qianfan-OCR, Idefics, DeepSeek-VL, Granite 4 Vision, Ovis 2, Janus and Aria
+processors are the stock classes and save and reload.
 """
 
 from __future__ import annotations
@@ -148,6 +156,7 @@ from transformers import (
     Glm46VProcessor,
     GlmgaImageProcessorPil,
     GotOcr2ImageProcessorPil,
+    GotOcr2Processor,
     Granite4VisionProcessor,
     HyperCLOVAXVisionV2Processor,
     Idefics2ImageProcessorPil,
@@ -174,6 +183,8 @@ from transformers import (
     PaddleOCRVLImageProcessorPil,
     PaddleOCRVLProcessor,
     PixtralImageProcessorPil,
+    PPChart2TableImageProcessorPil,
+    PPChart2TableProcessor,
     PreTrainedModel,
     ProcessorMixin,
     QianfanOCRProcessor,
@@ -214,6 +225,8 @@ VISION_FAMILIES += ("aria",)
 # audio tower (which image pairs never run), images found by the vision-start token before them
 OMNI_FAMILIES = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")
 VISION_FAMILIES += OMNI_FAMILIES
+GOT_OCR2_FAMILIES = ("got_ocr2", "pp_chart2table")  # PP-Chart2Table: GOT-OCR2's model under its own processor
+VISION_FAMILIES += GOT_OCR2_FAMILIES
 # Exact on eager attention only (its sparse indexer reads the attention mask): tests/test_vision.py trains it there
 # HY-V4-VL exists from transformers 5.24 (the floors have 5.23)
 EAGER_FAMILIES = ("hy_v4_vl",) if "hy_v4_vl" in CONFIG_MAPPING_NAMES else ()
@@ -324,6 +337,9 @@ OMNI_TOKENS = {
     "audio_eos_token": "<|audio_end|>",
     "audio_token": "<|audio_pad|>",
 }
+# GOT-OCR2's image span: <img>, the image's <imgpad> tokens, </img>
+GOT_OCR2_TOKENS = {"start": "<img>", "image_token": "<imgpad>", "end": "</img>"}
+GOT_OCR2_TOKENS_PER_TILE = 4  # SAM's 8 x 8 patches of a tile, convolved twice with stride 2
 # What the chat template writes for an image part; the processor expands it to the image's tokens
 IMAGE_PLACEHOLDERS = {
     **dict.fromkeys(QWEN_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
@@ -350,6 +366,11 @@ IMAGE_PLACEHOLDERS = {
     "hy_v4_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "aria": ARIA_TOKENS["image_token"],
     **dict.fromkeys(OMNI_FAMILIES, "<|vision_start|><|image_pad|><|vision_end|>"),
+    "got_ocr2": "".join(GOT_OCR2_TOKENS.values()),
+    # PP-Chart2Table's processor expands nothing: its template writes an image's tokens (the checkpoint's, 16 x 16)
+    "pp_chart2table": GOT_OCR2_TOKENS["start"]
+    + GOT_OCR2_TOKENS["image_token"] * GOT_OCR2_TOKENS_PER_TILE
+    + GOT_OCR2_TOKENS["end"],
 }
 _CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -438,6 +459,8 @@ def make_vision_tokenizer(model_type: str):
         tokens = tuple(ARIA_TOKENS.values())
     elif model_type in OMNI_FAMILIES:
         tokens = tuple(OMNI_TOKENS.values())
+    elif model_type in GOT_OCR2_FAMILIES:
+        tokens = tuple(GOT_OCR2_TOKENS.values())
     else:
         tokens = IDEFICS_TOKENS
     tokenizer.add_special_tokens({"extra_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -1016,6 +1039,45 @@ def _aria_processor(model_type, tokenizer, template, patch_size=140, image_token
     return processor
 
 
+class TextWithoutImages:
+    """A processor that tokenizes text alone when handed no images, where the stock one refuses it ("You must provide
+    valid images"): TRL's vision collator tokenizes the completions so. TRL's images, a list per example, are handed
+    on as one list, each image for its placeholder in turn (GOT-OCR2's takes nested lists as one document's pages)."""
+
+    def __call__(self, images=None, text=None, **kwargs):
+        if images is None:
+            return self.tokenizer(text, **kwargs)
+        if images and isinstance(images[0], (list, tuple)):
+            images = [image for example in images for image in example]
+        return super().__call__(images=images, text=text, **kwargs)
+
+
+class TextWithoutImagesGotOcr2Processor(TextWithoutImages, GotOcr2Processor):
+    """`GotOcr2Processor` that tokenizes text without images; images cut into 1 to 4 tiles and a thumbnail (the
+    checkpoints' option, off by default), `GOT_OCR2_TOKENS_PER_TILE` tokens per tile."""
+
+    num_image_tokens = GOT_OCR2_TOKENS_PER_TILE
+    images_kwargs = {"crop_to_patches": True, "min_patches": 1, "max_patches": 4}
+
+
+class TextWithoutImagesPPChart2TableProcessor(TextWithoutImages, PPChart2TableProcessor):
+    """`PPChart2TableProcessor` that tokenizes text without images. It writes no image tokens: the chat template writes
+    `num_image_tokens` per image."""
+
+    num_image_tokens = GOT_OCR2_TOKENS_PER_TILE
+
+
+def _got_ocr2_processor(model_type, tokenizer, template, image_size=32):
+    """GOT-OCR2: images cut into tiles of `image_size` pixels by their aspect ratio, and a thumbnail when there are
+    several; PP-Chart2Table: each image resized to one tile."""
+    size = {"height": image_size, "width": image_size}
+    if model_type == "pp_chart2table":
+        return TextWithoutImagesPPChart2TableProcessor(
+            PPChart2TableImageProcessorPil(size=size), tokenizer, chat_template=template
+        )
+    return TextWithoutImagesGotOcr2Processor(GotOcr2ImageProcessorPil(size=size), tokenizer, chat_template=template)
+
+
 _PROCESSOR_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_processor),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_processor),
@@ -1043,6 +1105,7 @@ _PROCESSOR_BUILDERS = {
     "janus": _janus_processor,
     "aria": _aria_processor,
     **dict.fromkeys(OMNI_FAMILIES, _omni_processor),
+    **dict.fromkeys(GOT_OCR2_FAMILIES, _got_ocr2_processor),
 }
 
 
@@ -1672,6 +1735,24 @@ def _aria_config(model_type, processor):
     )
 
 
+def _got_ocr2_config(model_type, processor):
+    """GOT-OCR2 (and PP-Chart2Table, its model): SAM over each tile's 8 x 8 patches (windows of 2 x 2, then a global
+    layer), its features convolved twice with stride 2 to the processor's 2 x 2 tokens per tile; Qwen2. The tower's
+    weights drawn as the others' (its config's 1e-10 would leave it, and its gradients, all but zero)."""
+    image_size = processor.image_processor.size["height"]
+    patch_size = image_size // (4 * math.isqrt(processor.num_image_tokens))
+    vision = dict(
+        _VISION, image_size=image_size, patch_size=patch_size, window_size=2, global_attn_indexes=[1],
+        output_channels=8, mlp_dim=_VISION["intermediate_size"], initializer_range=_INIT_STD,
+    )  # fmt: skip
+    return dict(
+        text_config=dict(_TEXT, model_type="qwen2"),
+        vision_config=vision,
+        image_token_index=processor.tokenizer.convert_tokens_to_ids(GOT_OCR2_TOKENS["image_token"]),
+        image_seq_length=processor.num_image_tokens,
+    )
+
+
 _CONFIG_BUILDERS = {
     **dict.fromkeys(QWEN_FAMILIES, _qwen_config),
     **dict.fromkeys(GLM_FAMILIES, _glm4v_config),
@@ -1700,6 +1781,7 @@ _CONFIG_BUILDERS = {
     "janus": _janus_config,
     "aria": _aria_config,
     **dict.fromkeys(OMNI_FAMILIES, _omni_config),
+    **dict.fromkeys(GOT_OCR2_FAMILIES, _got_ocr2_config),
 }
 
 
@@ -1722,11 +1804,13 @@ def make_vision_model(
     processor: ProcessorMixin,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
+    attn_implementation: str | None = None,
     **config_overrides,
 ) -> PreTrainedModel:
     """A randomly initialised tiny `<Family>ForConditionalGeneration` matching `processor`, the same weights for the
-    same seed; see `make_vision_config` for `config_overrides`."""
+    same seed, on `attn_implementation` (default `default_attention(model_type)`); see `make_vision_config` for
+    `config_overrides`."""
+    attn_implementation = attn_implementation or default_attention(model_type)
     config = make_vision_config(model_type, processor, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
@@ -1754,6 +1838,12 @@ def make_vision_model(
     return model
 
 
+def default_attention(model_type: str) -> str:
+    """sdpa, but for the families whose models have none (HY-V4-VL; GOT-OCR2's, whose SAM tower runs its own
+    attention): eager, as transformers picks for them."""
+    return "eager" if model_type in (*EAGER_FAMILIES, *GOT_OCR2_FAMILIES) else "sdpa"
+
+
 def save_vision_models(directory, families) -> None:
     """Each family's model in `<directory>/<family>`, with its processor where it saves and `AutoProcessor` loads it back
     as itself (not so without a video processor, or for a stand-in, whose folder AutoProcessor reads as a tokenizer):
@@ -1765,8 +1855,7 @@ def save_vision_models(directory, families) -> None:
     directory = Path(directory)
     for model_type in families:
         processor = make_vision_processor(model_type)
-        attn_implementation = "eager" if model_type in EAGER_FAMILIES else "sdpa"  # (HY-V4-VL has no sdpa)
-        model = make_vision_model(model_type, processor, attn_implementation=attn_implementation)
+        model = make_vision_model(model_type, processor)
         # transformers 5.24 saves Gemma3ForConditionalGeneration under ShieldGemma 2's config with a key layout its own
         # loading does not read back (ShieldGemma 2's conversion mapping is its classifier's, whose `model` holds the
         # Gemma 3): every language-model weight missing, initialised anew at each load. Its own layout loads back
@@ -1882,7 +1971,7 @@ def make_vision_trainer(
     rows: list[dict] | None = None,
     ref_seed: int | None = 1,
     dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
+    attn_implementation: str | None = None,
     model_overrides: dict | None = None,
     eval_rows: list[dict] | None = None,
     **config_kwargs,
