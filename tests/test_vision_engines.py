@@ -34,9 +34,9 @@ from distributed_runs import (  # noqa: E402
     checkout_environment,
     free_port,
     launch,
-    train_in_this_process,
+    save_vision_families,
+    train_padded_in_this_process,
 )
-from tiny_vision import save_vision_models  # noqa: E402
 from transformers import AutoModelForImageTextToText  # noqa: E402
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION  # noqa: E402
@@ -112,20 +112,15 @@ FSDP2_GEMMA3_RUNS = {
 
 @pytest.fixture(scope="module")
 def vision_models(tmp_path_factory):
-    """One folder per family, `<dir>/<family>`, holding the model and its processor, for runs named `FAMILY:...`."""
-    directory = tmp_path_factory.mktemp("vision_models")
-    save_vision_models(directory, MODELS)
-    return directory
+    return save_vision_families(tmp_path_factory, "vision_models", MODELS)
 
 
 @pytest.fixture(scope="module")
 def single_process_padded(vision_models, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    runs = ",".join(f"{model_type}:trl" for model_type in MODELS)
-    options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    reports = train_in_this_process(vision_models, output, *options)
-    return {model_type: reports[f"{model_type}:trl"] for model_type in MODELS}
+    return train_padded_in_this_process(
+        vision_models, tmp_path_factory, MODELS, 2 * PAIRS_PER_PROCESS, *VISION_OPTIONS
+    )
 
 
 def launch_runs(config: str, vision_models, output, runs: dict[str, str]) -> dict:
@@ -199,24 +194,20 @@ def test_zero3_ref_offload_padding_free_with_images_matches_single_process_padde
 
 @pytest.fixture(scope="module")
 def more_vision_models(tmp_path_factory):
-    """MORE_ZERO3_FAMILIES saved, one folder each."""
-    directory = tmp_path_factory.mktemp("more_vision_models")
-    save_vision_models(directory, MORE_ZERO3_FAMILIES)
-    return directory
+    return save_vision_families(tmp_path_factory, "more_vision_models", MORE_ZERO3_FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def more_zero3_runs(more_vision_models, tmp_path_factory):
     """MORE_ZERO3_FAMILIES trained padded in one process, then padding-free in two ZeRO-3 processes (the reference
     offloaded): (runs, padded) by family."""
-    padded_runs = ",".join(f"{model_type}:trl" for model_type in MORE_ZERO3_FAMILIES)
-    options = ("--runs", padded_runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    output = tmp_path_factory.mktemp("more_single") / "report.json"
-    padded = train_in_this_process(more_vision_models, output, *options)
+    pairs_per_step = 2 * PAIRS_PER_PROCESS
+    padded = train_padded_in_this_process(
+        more_vision_models, tmp_path_factory, MORE_ZERO3_FAMILIES, pairs_per_step, *VISION_OPTIONS
+    )
     runs = {model_type: f"{model_type}:padding_free+ref_offload" for model_type in MORE_ZERO3_FAMILIES}
     output = tmp_path_factory.mktemp("more_zero3") / "report.json"
-    reports = launch_runs("zero3.yaml", more_vision_models, output, runs)
-    return reports, {model_type: padded[f"{model_type}:trl"] for model_type in MORE_ZERO3_FAMILIES}
+    return launch_runs("zero3.yaml", more_vision_models, output, runs), padded
 
 
 @pytest.mark.slow
