@@ -98,6 +98,25 @@ def save_tiny_models(directory: Path, model_types) -> Path:
     return directory
 
 
+def save_vision_families(tmp_path_factory, name: str, families) -> Path:
+    """`families` saved like checkpoints (tests/tiny_vision.py) in a fresh directory `<name>`, one folder each
+    (`<directory>/<family>`, the model and its processor), for runs named `FAMILY:...`."""
+    from tiny_vision import save_vision_models
+
+    directory = tmp_path_factory.mktemp(name)
+    save_vision_models(directory, families)
+    return directory
+
+
+def train_padded_in_this_process(models_dir: Path, tmp_path_factory, families, pairs_per_step: int, *options) -> dict:
+    """TRL's own trainer, padded, in this process, on each of `families` in turn, each micro-batch `pairs_per_step`
+    pairs (the micro-batches of the processes it is compared with, together): its report by family."""
+    output = tmp_path_factory.mktemp("single") / "report.json"
+    runs = ",".join(f"{family}:trl" for family in families)
+    reports = train_in_this_process(models_dir, output, "--runs", runs, "--batch-size", str(pairs_per_step), *options)
+    return {family: reports[f"{family}:trl"] for family in families}
+
+
 def checkout_environment(**extra: str) -> dict[str, str]:
     """This process's environment for a subprocess that imports `trl_padfree` from this checkout (ROOT), whichever
     copy of the package is installed, plus `extra`."""

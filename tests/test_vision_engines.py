@@ -8,10 +8,11 @@ images.
                             image handed over twice, at two resolutions), GLM-OCR (patches)
     FSDP2, default suite    Gemma 3 (and prefix sharing, reference offloaded), InternVL, Aya Vision (tiles),
                             PaddleOCR-VL (patches; why not ZeRO-3: FSDP2_PATCH_FAMILIES); Idefics3 refused (last test)
-    ZeRO-3, -m slow         MORE_ZERO3_FAMILIES, one launch
+    ZeRO-3, -m slow         MORE_ZERO3_FAMILIES and Qwen3-Omni's thinker (its router's aux loss on:
+                            AUX_LOSS_ZERO3_FAMILIES), one launch
     ZeRO-2 or FSDP2         the families whose forward loops over images, which ZeRO-3 refuses (MiniCPM-V, LFM3-VL,
                             HY-V4-VL: tests/test_vision_engines_per_image_loops.py)
-    not under ZeRO-3        NO_ZERO3_RUN says why (Granite 4 Vision: ZeRO-2, in the file above)
+    not under ZeRO-3        Granite 4 Vision (NO_ZERO3_RUN says why; ZeRO-2, in the file above)
 
 Gemma 3, InternVL and Aya Vision tie their LM heads to the input embeddings, Idefics3 does not; InternVL and Aya Vision
 cut images into tiles.
@@ -34,10 +35,10 @@ from distributed_runs import (  # noqa: E402
     checkout_environment,
     free_port,
     launch,
-    train_in_this_process,
+    save_vision_families,
+    train_padded_in_this_process,
 )
-from tiny_vision import save_vision_models  # noqa: E402
-from transformers import AutoModelForImageTextToText  # noqa: E402
+from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: E402
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION  # noqa: E402
 from trl_padfree.modeling.packability import architecture_verdict  # noqa: E402
@@ -75,10 +76,13 @@ MORE_ZERO3_FAMILIES = (
 #   (empty) while transformers loads the checkpoint (ZeroDivisionError); TRL's padded trainer fails the same way
 #   (measured). FSDP2 refuses its untied LM head (the last test); it trains under ZeRO-2
 #   (tests/test_vision_engines_per_image_loops.py)
-# - Qwen3-Omni's thinker: its run's first loss is 0.6952, not ln 2, so its policy and offloaded reference load apart
-#   (a sub-model's weights not loaded back whole under zero.Init?): not diagnosed; its padded and packed runs in one
-#   process are equal (tests/test_vision.py)
-NO_ZERO3_RUN = ("granite4_vision", "qwen3_omni_moe_thinker")
+NO_ZERO3_RUN = ("granite4_vision",)
+# Trained with MORE_ZERO3_FAMILIES: Qwen3-Omni's thinker, a Mixture-of-Experts whose config turns TRL's router aux loss
+# on (router_aux_loss_coef 0.001), so its first loss is ln 2 plus 0.001 x the load-balancing loss (~2.005): 0.6952,
+# whatever the engine (TRL's padded trainer in one process, over DDP, ZeRO-2 and ZeRO-3 alike, measured). The policy
+# and the offloaded reference load equal (every parameter and buffer gathered under zero.Init, measured)
+AUX_LOSS_ZERO3_FAMILIES = ("qwen3_omni_moe_thinker",)
+SLOW_ZERO3_FAMILIES = (*MORE_ZERO3_FAMILIES, *AUX_LOSS_ZERO3_FAMILIES)
 TILE_FAMILIES = ("internvl", "aya_vision")
 PAIRS_PER_PROCESS = 2
 STEPS = 3
@@ -113,20 +117,15 @@ FSDP2_GEMMA3_RUNS = {
 
 @pytest.fixture(scope="module")
 def vision_models(tmp_path_factory):
-    """One folder per family, `<dir>/<family>`, holding the model and its processor, for runs named `FAMILY:...`."""
-    directory = tmp_path_factory.mktemp("vision_models")
-    save_vision_models(directory, MODELS)
-    return directory
+    return save_vision_families(tmp_path_factory, "vision_models", MODELS)
 
 
 @pytest.fixture(scope="module")
 def single_process_padded(vision_models, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    runs = ",".join(f"{model_type}:trl" for model_type in MODELS)
-    options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    reports = train_in_this_process(vision_models, output, *options)
-    return {model_type: reports[f"{model_type}:trl"] for model_type in MODELS}
+    return train_padded_in_this_process(
+        vision_models, tmp_path_factory, MODELS, 2 * PAIRS_PER_PROCESS, *VISION_OPTIONS
+    )
 
 
 def launch_runs(config: str, vision_models, output, runs: dict[str, str]) -> dict:
@@ -181,11 +180,21 @@ def assert_images_packed(report: dict, shared_prefix: bool = False) -> None:
 # DeepSpeed ZeRO-3, the reference's parameters offloaded to CPU memory
 
 
-def assert_zero3_ref_offload_run(report: dict, padded: dict, model_type: str) -> None:
+def first_loss_of_a_policy_equal_to_its_reference(report: dict, model_dir) -> float:
+    """ln 2; where the model's config turns TRL's router aux loss on, plus its coefficient times the policy's
+    load-balancing loss (each process's, averaged as the loss is), which the reference's log-probs do not cancel."""
+    if not report["aux_loss_enabled"]:
+        return math.log(2)
+    coef = AutoConfig.from_pretrained(model_dir).get_text_config().router_aux_loss_coef
+    return math.log(2) + coef * report["metrics"][0]["aux_loss"]
+
+
+def assert_zero3_ref_offload_run(report: dict, padded: dict, model_type: str, models_dir) -> None:
     assert report["model_type"] == model_type
     assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
     assert report["reference"] == {"kept": True, "offloaded": True}
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
+    first_loss = first_loss_of_a_policy_equal_to_its_reference(report, models_dir / model_type)
+    assert report["losses"][0] == pytest.approx(first_loss, abs=1e-6)
     assert len(report["losses"]) == STEPS
     assert_same_training(report, padded)
     assert_images_packed(report)
@@ -193,38 +202,39 @@ def assert_zero3_ref_offload_run(report: dict, padded: dict, model_type: str) ->
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_zero3_ref_offload_padding_free_with_images_matches_single_process_padded_trl(
-    zero3_runs, single_process_padded, model_type
+    vision_models, zero3_runs, single_process_padded, model_type
 ):
-    assert_zero3_ref_offload_run(zero3_runs[model_type], single_process_padded[model_type], model_type)
+    assert_zero3_ref_offload_run(zero3_runs[model_type], single_process_padded[model_type], model_type, vision_models)
 
 
 @pytest.fixture(scope="module")
 def more_vision_models(tmp_path_factory):
-    """MORE_ZERO3_FAMILIES saved, one folder each."""
-    directory = tmp_path_factory.mktemp("more_vision_models")
-    save_vision_models(directory, MORE_ZERO3_FAMILIES)
-    return directory
+    return save_vision_families(tmp_path_factory, "more_vision_models", SLOW_ZERO3_FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def more_zero3_runs(more_vision_models, tmp_path_factory):
-    """MORE_ZERO3_FAMILIES trained padded in one process, then padding-free in two ZeRO-3 processes (the reference
+    """SLOW_ZERO3_FAMILIES trained padded in one process, then padding-free in two ZeRO-3 processes (the reference
     offloaded): (runs, padded) by family."""
-    padded_runs = ",".join(f"{model_type}:trl" for model_type in MORE_ZERO3_FAMILIES)
-    options = ("--runs", padded_runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    output = tmp_path_factory.mktemp("more_single") / "report.json"
-    padded = train_in_this_process(more_vision_models, output, *options)
-    runs = {model_type: f"{model_type}:padding_free+ref_offload" for model_type in MORE_ZERO3_FAMILIES}
+    pairs_per_step = 2 * PAIRS_PER_PROCESS
+    padded = train_padded_in_this_process(
+        more_vision_models, tmp_path_factory, SLOW_ZERO3_FAMILIES, pairs_per_step, *VISION_OPTIONS
+    )
+    runs = {model_type: f"{model_type}:padding_free+ref_offload" for model_type in SLOW_ZERO3_FAMILIES}
     output = tmp_path_factory.mktemp("more_zero3") / "report.json"
-    reports = launch_runs("zero3.yaml", more_vision_models, output, runs)
-    return reports, {model_type: padded[f"{model_type}:trl"] for model_type in MORE_ZERO3_FAMILIES}
+    return launch_runs("zero3.yaml", more_vision_models, output, runs), padded
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", MORE_ZERO3_FAMILIES)
-def test_more_families_under_zero3_ref_offload_match_single_process_padded_trl(more_zero3_runs, model_type):
+@pytest.mark.parametrize("model_type", SLOW_ZERO3_FAMILIES)
+def test_more_families_under_zero3_ref_offload_match_single_process_padded_trl(
+    more_vision_models, more_zero3_runs, model_type
+):
     reports, padded = more_zero3_runs
-    assert_zero3_ref_offload_run(reports[model_type], padded[model_type], model_type)
+    assert reports[model_type]["aux_loss_enabled"] == (model_type in AUX_LOSS_ZERO3_FAMILIES)
+    # The load-balancing loss is not a mean over pairs: one process's step of 4 pairs differs from the mean of two
+    # processes' 2 (Qwen3-Omni: aux_loss up to 1.3e-3 apart, the loss 1.1e-6, within the bounds), so it is not compared
+    assert_zero3_ref_offload_run(reports[model_type], padded[model_type], model_type, more_vision_models)
 
 
 @pytest.mark.slow

@@ -38,7 +38,14 @@ from trl_padfree.refusals import check_zero3_per_image_loop
 
 pytest.importorskip("deepspeed")
 
-from distributed_runs import assert_same_training, assert_split_row_training, launch, train_in_this_process  # noqa: E402
+from distributed_runs import (  # noqa: E402
+    assert_same_training,
+    assert_split_row_training,
+    launch,
+    save_vision_families,
+    train_in_this_process,
+    train_padded_in_this_process,
+)
 from tiny_vision import (  # noqa: E402
     EAGER_FAMILIES,
     VISION_FAMILIES,
@@ -152,19 +159,15 @@ def test_the_modules_run_once_per_image_are_those_the_family_table_names(model_t
 
 @pytest.fixture(scope="module")
 def vision_models(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("per_image_loops")
-    save_vision_models(directory, MODELS)
-    return directory
+    return save_vision_families(tmp_path_factory, "per_image_loops", MODELS)
 
 
 @pytest.fixture(scope="module")
 def single_process_padded(vision_models, tmp_path_factory):
     """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    runs = ",".join(f"{model_type}:trl" for model_type in MODELS)
-    options = ("--runs", runs, "--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS)
-    reports = train_in_this_process(vision_models, output, *options)
-    return {model_type: reports[f"{model_type}:trl"] for model_type in MODELS}
+    return train_padded_in_this_process(
+        vision_models, tmp_path_factory, MODELS, 2 * PAIRS_PER_PROCESS, *VISION_OPTIONS
+    )
 
 
 def launch_padding_free(config: str, vision_models, output, families) -> dict:
