@@ -331,9 +331,10 @@ def assert_balanced_training_equals(report: dict, padded: dict, processes: int, 
 
 @pytest.mark.parametrize(
     "config, processes",
-    # 4 processes (on 2 cores) and FSDP2 with -m slow: ZeRO-3 is the sharding engine of the default run
+    # One launch in the default suite (its time): ZeRO-3, with prefix sharing beside; plain data parallelism (and the
+    # precomputed reference's pricing, also checked in one process), 4 processes (on 2 cores) and FSDP2 with -m slow
     [
-        ("multi_gpu.yaml", 2),
+        pytest.param("multi_gpu.yaml", 2, marks=pytest.mark.slow),
         pytest.param("multi_gpu.yaml", 4, marks=pytest.mark.slow),
         ("zero3.yaml", 2),
         pytest.param("fsdp2.yaml", 2, marks=pytest.mark.slow),
@@ -345,6 +346,8 @@ def test_balanced_batches_train_as_padded_trl_on_the_same_global_batches(config,
     runs = ["padding_free+balanced"] if config == "multi_gpu.yaml" else ["padding_free+ref_offload+balanced"]
     if (config, processes) == ("multi_gpu.yaml", 2):  # the options balancing prices differently, in the same launch
         runs += ["padding_free+balanced+prefix_sharing", "padding_free+balanced+explicit_ref+precompute"]
+    if (config, processes) == ("zero3.yaml", 2):
+        runs += ["padding_free+ref_offload+balanced+prefix_sharing"]
     reports = launch(
         config, model_dir, tmp_path / "report.json", "--runs", ",".join(runs), *options, "--max-length", MAX_LENGTH,
         processes=processes,

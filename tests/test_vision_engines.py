@@ -4,12 +4,13 @@ tests/distributed/train_dpo.py --vision), compared step by step with TRL's padde
 global batches (distributed_runs' fp32 bounds, grad_norm included). Every family gets prompts with one and with two
 images.
 
-    ZeRO-3, default suite   Gemma 3 (and prefix sharing), Idefics3, InternVL, Aya Vision, DeepSeek-VL hybrid (each
-                            image handed over twice, at two resolutions), GLM-OCR (patches)
-    FSDP2, default suite    Gemma 3 (and prefix sharing, reference offloaded), InternVL, Aya Vision (tiles),
-                            PaddleOCR-VL (patches; why not ZeRO-3: FSDP2_PATCH_FAMILIES); Idefics3 refused (last test)
-    ZeRO-3, -m slow         MORE_ZERO3_FAMILIES and Qwen3-Omni's thinker (its router's aux loss on:
-                            AUX_LOSS_ZERO3_FAMILIES), one launch
+    ZeRO-3, default suite   Gemma 3 (and prefix sharing), Idefics3, InternVL, DeepSeek-VL hybrid (each image handed
+                            over twice, at two resolutions), GLM-OCR (patches)
+    FSDP2, default suite    Gemma 3 (and prefix sharing, reference offloaded), InternVL (tiles), PaddleOCR-VL
+                            (patches; why not ZeRO-3: FSDP2_PATCH_FAMILIES); Idefics3 refused (last test)
+    ZeRO-3, -m slow         MORE_ZERO3_FAMILIES (Aya Vision among them) and Qwen3-Omni's thinker (its router's aux
+                            loss on: AUX_LOSS_ZERO3_FAMILIES), one launch
+    FSDP2, -m slow          Aya Vision, its layers named
     ZeRO-2 or FSDP2         the families whose forward loops over images, which ZeRO-3 refuses (MiniCPM-V, LFM3-VL,
                             HY-V4-VL: tests/test_vision_engines_per_image_loops.py)
     not under ZeRO-3        Granite 4 Vision (NO_ZERO3_RUN says why; ZeRO-2, in the file above)
@@ -50,7 +51,7 @@ VERDICT_UNDER_ZERO3_INIT = ROOT / "tests" / "distributed" / "verdict_under_zero3
 # DeepSeek-VL hybrid: two image inputs per image (its SAM tower's high-resolution copy), DeepSeek-VL's path and more
 ZERO3_ONLY = ("deepseek_vl_hybrid",)
 
-FAMILIES = ("gemma3", "idefics3", "internvl", "aya_vision", *ZERO3_ONLY)
+FAMILIES = ("gemma3", "idefics3", "internvl", *ZERO3_ONLY)
 # Image patches: GLM-OCR under ZeRO-3 (GLM-4V's position function), PaddleOCR-VL under FSDP2 in InternVL's processes
 # (each patch (3, 14, 14)); each adds ~3 s to the default suite on 2 idle cores (its padded run and its run here).
 # PaddleOCR-VL's projector runs once per image (a Python loop), so under ZeRO-3 each rank gathers its weights once per
@@ -69,7 +70,7 @@ MODELS = FAMILIES + FSDP2_PATCH_FAMILIES  # every family saved and trained padde
 MORE_ZERO3_FAMILIES = (
     "gemma4", "shieldgemma2", "cosmos3_omni", "hyperclovax_vision_v2", "video_llava", "qianfan_ocr", "kimi_k25",
     "deepseek_vl", "ovis2", "janus", "glmga", "cosmos3_edge", "exaone4_5", "gemma4_unified", "aria",
-    "qwen2_5_omni_thinker", "got_ocr2", "pp_chart2table",
+    "qwen2_5_omni_thinker", "got_ocr2", "pp_chart2table", "aya_vision",
 )  # fmt: skip
 # Families with no ZeRO-3 run here (transformers 5.24, DeepSpeed 0.19.8, 2 CPU processes):
 # - Granite 4 Vision fails to load: its `_init_weights` divides by the size of a ZeRO-3 parameter that is partitioned
@@ -83,7 +84,7 @@ NO_ZERO3_RUN = ("granite4_vision",)
 # and the offloaded reference load equal (every parameter and buffer gathered under zero.Init, measured)
 AUX_LOSS_ZERO3_FAMILIES = ("qwen3_omni_moe_thinker",)
 SLOW_ZERO3_FAMILIES = (*MORE_ZERO3_FAMILIES, *AUX_LOSS_ZERO3_FAMILIES)
-TILE_FAMILIES = ("internvl", "aya_vision")
+TILE_FAMILIES = ("internvl",)
 PAIRS_PER_PROCESS = 2
 STEPS = 3
 # Every example of the 2 x 2 x 3 pairs the runs see, cycled: one image, two images in one prompt, one, one
@@ -105,7 +106,6 @@ ZERO3_RUNS = {
     "gemma3_prefix_sharing": "gemma3:padding_free+ref_offload+prefix_sharing",
     "idefics3": "idefics3:padding_free+ref_offload",
     "internvl": "internvl:padding_free+ref_offload",
-    "aya_vision": "aya_vision:padding_free+ref_offload",
     **{model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_ONLY},
 }
 ZERO3_RUNS |= {model_type: f"{model_type}:padding_free+ref_offload" for model_type in ZERO3_PATCH_FAMILIES}
@@ -153,19 +153,10 @@ def fsdp2_runs(vision_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp2_tile_runs(vision_models, tmp_path_factory):
-    """InternVL (and in the same processes PaddleOCR-VL), then Aya Vision, padding-free, each in two FSDP2 processes:
-    Aya Vision's SigLIP tower has Gemma 3's `_no_split_modules` problem, so its layers are named."""
-    reports = {}
-    for model_type in TILE_FAMILIES:
-        with pytest.MonkeyPatch.context() as environment:
-            if model_type == "aya_vision":
-                environment.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "Cohere2DecoderLayer,SiglipEncoderLayer")
-            output = tmp_path_factory.mktemp(f"fsdp2_{model_type}") / "report.json"
-            runs = {model_type: f"{model_type}:padding_free"}
-            if model_type == "internvl":
-                runs |= {family: f"{family}:padding_free" for family in FSDP2_PATCH_FAMILIES}
-            reports |= launch_runs("fsdp2.yaml", vision_models, output, runs)
-    return reports
+    """InternVL and PaddleOCR-VL, padding-free, in two FSDP2 processes."""
+    output = tmp_path_factory.mktemp("fsdp2_tiles") / "report.json"
+    runs = {model_type: f"{model_type}:padding_free" for model_type in TILE_FAMILIES + FSDP2_PATCH_FAMILIES}
+    return launch_runs("fsdp2.yaml", vision_models, output, runs)
 
 
 def assert_images_packed(report: dict, shared_prefix: bool = False) -> None:
@@ -311,6 +302,24 @@ def test_fsdp2_padding_free_with_image_tiles_or_patches_matches_single_process_p
     assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
     assert len(report["losses"]) == STEPS
     assert_same_training(report, single_process_padded[model_type])
+    assert_images_packed(report)
+
+
+# Aya Vision's SigLIP tower has Gemma 3's `_no_split_modules` problem, so its layers are named (-m slow: the default
+# suite names Gemma 3's)
+@pytest.mark.slow
+def test_fsdp2_aya_vision_with_its_layers_named_matches_single_process_padded_trl(
+    more_vision_models, more_zero3_runs, tmp_path
+):
+    _, padded = more_zero3_runs
+    with pytest.MonkeyPatch.context() as environment:
+        environment.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "Cohere2DecoderLayer,SiglipEncoderLayer")
+        report = launch_runs(
+            "fsdp2.yaml", more_vision_models, tmp_path / "report.json", {"aya_vision": "aya_vision:padding_free"}
+        )["aya_vision"]
+    assert_fsdp2_sharded(report)
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert_same_training(report, padded["aya_vision"])
     assert_images_packed(report)
 
 
