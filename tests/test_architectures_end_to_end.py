@@ -213,9 +213,10 @@ def test_zero3_trains_bf16_weights(model_type, zero3_bf16_runs):
 
 # bf16 weights, packed vs padded, both under ZeRO-3: rounding in bf16 changes each AdamW update a little, and the
 # difference grows with the steps. After two steps all but gemma4_text stay within 2e-2 (7.4e-4 when first measured);
-# gemma4_text (gradient norm ~21) is 2.02e-2 off the padded run (transformers 5.24, DeepSpeed 0.19.8; the same in any run order).
-# That is bf16's noise, not a leak: TRL's padded bf16 run is 0.040 off TRL's fp32 run at that step, the packed one
-# 0.019 (fp32 runs equal within 2.1e-6). Its bound is 1.5 x TRL's own bf16-to-fp32 distance. The first step is exact
+# gemma4_text (gradient norm ~21) is 2.02e-2 off the padded run (transformers 5.24, DeepSpeed 0.19.8; the same in any
+# run order). That is bf16's noise, not a leak: TRL's padded bf16 run is 0.040 off TRL's fp32 run at that step, the
+# packed one 0.019 (fp32 runs equal within 2.1e-6). Its bound is 1.5 x TRL's own bf16-to-fp32 distance. The first step
+# is exact
 BF16_LOSS_ATOL = 2e-2
 BF16_LOSS_ATOL_BY_MODEL = {"gemma4_text": 6e-2}
 
