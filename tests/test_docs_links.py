@@ -9,13 +9,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NAMED_PAGE = re.compile(r"docs/[a-z0-9_-]+(?:/[a-z0-9_.-]+)*\.(?:md|json|txt|png)\b")  # lower case: not a placeholder
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+ANCHORED_LINK = re.compile(r"\]\(([^)\s#]*\.md)?#([^)\s]+)\)")  # [text](page.md#anchor), or (#anchor) on the page
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "recipes").rglob("*.md"))]
 
 
 def _sources():
     for folder in ("trl_padfree", "tests", "tools", "recipes", "docs"):
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix in {".py", ".md", ".yaml", ".json"} and path.is_file():
+            if path.suffix in {".py", ".md", ".yaml", ".json", ".log", ".txt"} and path.is_file():
                 yield path
     yield ROOT / "README.md"
     yield ROOT / "pyproject.toml"
@@ -38,6 +39,33 @@ def test_relative_links_resolve(page):
         target
         for target in MARKDOWN_LINK.findall(text)
         if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
+    ]
+    assert not dead, dead
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    heading's anchor numbered."""
+    anchors: set[str] = set()
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        numbered, count = anchor, 0
+        while numbered in anchors:
+            count += 1
+            numbered = f"{anchor}-{count}"
+        anchors.add(numbered)
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_anchors_name_a_heading_of_their_page(page):
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    dead = [
+        f"{target or ''}#{anchor}"
+        for target, anchor in ANCHORED_LINK.findall(text)
+        if (page.parent / target if target else page).exists()
+        and anchor not in heading_anchors(page.parent / target if target else page)
     ]
     assert not dead, dead
 

@@ -3,6 +3,7 @@
 Nothing here imports trl_padfree or TRL: the config is read from source, so this file runs in about a second.
 """
 
+import ast
 import re
 import textwrap
 
@@ -113,3 +114,62 @@ def test_check_mode_names_a_stale_page(tmp_path, monkeypatch, capsys):
     assert "docs/benchmarks.md is stale" in capsys.readouterr().err
     assert generate_docs.main([]) == 0
     assert generate_docs.main(["--check"]) == 0
+
+
+REFUSALS_SOURCE = textwrap.dedent(
+    '''
+    NAME = "padfree_varlen"
+
+    # ---- the config ----
+
+
+    def check_size(size: int, padding_free: bool) -> None:
+        """Not in the page: the messages are."""
+        if size > 1 and not padding_free:
+            raise ValueError(f"size={size} needs padding_free=True: set it, or `{NAME}` for {list(size)}.")
+
+
+    # ---- engines ----
+
+
+    def refuse_engine(what: str, working) -> None:
+        message = f"{what}=True cannot run on `{what}`."
+        if working:
+            message += f" Use {working[0]!r}."
+        else:
+            message += " Train padded."
+        raise RuntimeError(message)
+
+
+    def check_quiet(flag: bool) -> None:
+        if flag:
+            raise
+    '''
+)
+
+
+def test_refusal_sections_render_each_message_by_section():
+    sections = generate_docs.refusal_sections(REFUSALS_SOURCE)
+    assert list(sections) == ["the config", "engines"]
+    assert [(r.function, r.error, r.message) for r in sections["the config"]] == [
+        ("check_size", "ValueError", "size=*size* needs padding_free=True: set it, or `padfree_varlen` for *size*.")
+    ]
+    # a message built in steps gives one line per way it can end; a placeholder in code reads <name>
+    assert [r.message for r in sections["engines"]] == [
+        "*what*=True cannot run on `<what>`. Use *working[0]*.",
+        "*what*=True cannot run on `<what>`. Train padded.",
+    ]
+    assert {r.error for r in sections["engines"]} == {"RuntimeError"}
+
+
+def test_errors_page_names_every_refusal_that_raises():
+    source = generate_docs.package_file(*generate_docs.REFUSALS).read_text()
+    raising = {
+        node.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and any(isinstance(inner, ast.Raise) for inner in ast.walk(node))
+    }
+    page = generate_docs.errors_page()
+    assert len(raising) >= 50
+    assert not [name for name in sorted(raising) if f"`{name}`" not in page]
+    assert "\x00" not in page and "\x01" not in page, "a placeholder was left unmarked"

@@ -110,14 +110,69 @@ def test_the_readme_counts_the_types_the_generated_tables_list():
     assert tuple(map(int, vision.groups())) == exact_types("Every image-text-to-text type of transformers")
 
 
+def verdict_rows(section_title: str) -> list[list[str]]:
+    """Each type's verdict cells (padfree_varlen, sdpa, eager) in the generated table under `section_title`."""
+    section = MODELS_TABLE.read_text().split(f"## {section_title}", 1)[1].split("\n## ", 1)[0]
+    return [[cell.strip() for cell in line.split("|")[3:6]] for line in section.splitlines() if line.startswith("| `")]
+
+
+def verdict_counts(section_title: str) -> dict[str, int]:
+    """Types exact on padfree_varlen, exact only on another backend, unchecked, refused on every backend."""
+    rows = verdict_rows(section_title)
+    exact_elsewhere = [row for row in rows if row[0] != "exact" and "exact" in row]
+    unchecked = [row for row in rows if row[0] == "unchecked"]
+    exact = [row for row in rows if row[0] == "exact"]
+    return {
+        "types": len(rows),
+        "exact": len(exact),
+        "exact elsewhere": len(exact_elsewhere),
+        "unchecked": len(unchecked),
+        "refused": len(rows) - len(exact) - len(exact_elsewhere) - len(unchecked),
+    }
+
+
+VISION = "Every image-text-to-text type of transformers"
+DECODERS = "Every decoder-only type of transformers"
+
+
 def test_the_vision_guide_counts_the_verdicts_the_generated_table_lists():
     guide = " ".join((ROOT / "docs" / "guides" / "vision-language.md").read_text().split())
-    counts = re.search(r"(\d+) of the (\d+) image-text-to-text types exact, (\d+) refused, (\d+) unchecked", guide)
-    assert counts, "the vision guide's counts moved: update this test"
-    cells = padfree_varlen_cells("Every image-text-to-text type of transformers")
-    assert tuple(map(int, counts.groups())) == (
-        cells.count("exact"),
-        len(cells),
-        cells.count("refused"),
-        cells.count("unchecked"),
+    found = re.search(
+        r"(\d+) of the (\d+) image-text-to-text types pack exactly: (\d+) on `padfree_varlen`, HY-V4-VL on `eager` "
+        r"only and Mistral Large 3 on `sdpa` only .*?; (\d+) are refused and (\d+) unchecked",
+        guide,
+    )
+    assert found, "the vision guide's counts moved: update this test"
+    counts = verdict_counts(VISION)
+    assert counts["exact elsewhere"] == 2, "name the types exact on another backend only in the guide"
+    assert tuple(map(int, found.groups())) == (
+        counts["exact"] + counts["exact elsewhere"],
+        counts["types"],
+        counts["exact"],
+        counts["refused"],
+        counts["unchecked"],
+    )
+
+
+def test_the_models_page_counts_the_verdicts_its_tables_list():
+    page = " ".join(MODELS_TABLE.read_text().split())
+    text = re.search(
+        r"(\d+) of (\d+) decoder-only types pack exactly on `padfree_varlen`, (\d+) on some backend", page
+    )
+    vision = re.search(
+        r"On `padfree_varlen`: (\d+) exact, (\d+) refused, (\d+) unchecked; (\d+) exact on some backend", page
+    )
+    assert text and vision, "models.md's counts moved: update this test"
+    decoders = verdict_counts(DECODERS)
+    assert tuple(map(int, text.groups())) == (
+        decoders["exact"],
+        decoders["types"],
+        decoders["exact"] + decoders["exact elsewhere"],
+    )
+    images = verdict_counts(VISION)
+    assert tuple(map(int, vision.groups())) == (
+        images["exact"],
+        images["types"] - images["exact"] - images["unchecked"],
+        images["unchecked"],
+        images["exact"] + images["exact elsewhere"],
     )

@@ -1,13 +1,14 @@
 """Write the generated docs pages, from the code and the measurements they describe.
 
-    python -m tools.generate_docs            # from the repository root: rewrites both pages
+    python -m tools.generate_docs            # from the repository root: rewrites the pages
     python -m tools.generate_docs --check    # exit 1, naming the stale page, when a committed page differs
 
 docs/reference/config.md   every field `trl_padfree.DPOConfig` adds to `trl.DPOConfig`, from the class docstring
+docs/reference/errors.md   every message trl_padfree/refusals.py raises, by the module's sections
 docs/benchmarks.md         one table per file in docs/bench/*.json, with the machine, versions and command
 
-The config is read from source with `ast`, not imported: importing TRL (peft, torch, transformers' trainer) takes
-seconds, and tests/test_generated_docs.py runs on every change.
+The config and the refusals are read from source with `ast`, not imported: importing TRL (peft, torch, transformers'
+trainer) takes seconds, and tests/test_generated_docs.py runs on every change.
 """
 
 from __future__ import annotations
@@ -36,9 +37,14 @@ def wrap(text: str) -> str:
     return textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
 
 
-def bullet(text: str) -> str:
+def bullet(text: str, indent: str = "") -> str:
     return textwrap.fill(
-        text, WIDTH, initial_indent="- ", subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        text,
+        WIDTH,
+        initial_indent=indent + "- ",
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
     )
 
 
@@ -270,7 +276,7 @@ SOURCES = {
         machine=EPYC,
         versions=CPU_VERSIONS_21,
         date="2026-11-21",
-        setup="float32; the `small` demo model; an earlier harness that recorded mean step times only",
+        setup="float32; the `small` demo model; mean step times recorded, no per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED,
         notes=[
             "Packed `sdpa` builds one block-diagonal mask over the whole row (the square of the row's length): "
@@ -282,7 +288,7 @@ SOURCES = {
         machine=EPYC,
         versions=CPU_VERSIONS_21,
         date="2026-11-21",
-        setup="float32; the `tiny` demo model; an earlier harness that recorded mean step times only",
+        setup="float32; the `tiny` demo model; mean step times recorded, no per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED,
     ),
     "prefix-sharing-cpu.json": dict(
@@ -290,8 +296,8 @@ SOURCES = {
         machine=EPYC,
         versions=CPU_VERSIONS_21,
         date="2026-11-21",
-        setup="float32; the `small` demo model; `prefix_sharing_min_prompt_tokens=8`; an earlier harness that "
-        "recorded mean step times only",
+        setup="float32; the `small` demo model; `prefix_sharing_min_prompt_tokens=8`; mean step times recorded, no "
+        "per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED + " The last column is prefix sharing's speedup over the unshared row, its token "
         "ideal (sequence tokens / row tokens) in brackets.",
     ),
@@ -313,7 +319,7 @@ SOURCES = {
         measured="**Measured**: per process and micro-batch, `training_step`'s time without the waits at collectives "
         "(compute) and its own CPU time (thread), as the slowest process over the mean, averaged over the steps; "
         "the wall time of the slowest process's step. Estimated by the cost model: the cost ratio (the trainer's "
-        "logged `balance/cost_max_over_mean` in brackets). Not here: the gain at GPU scale, which `trl-padfree "
+        "logged `padfree/balance_cost_max_over_mean` in brackets). Not here: the gain at GPU scale, which `trl-padfree "
         "balance` simulates ([balancing](concepts/balancing.md)).",
         notes=[
             "With more processes than cores (4 on 2), processes also wait for a core: the thread ratio, not the "
@@ -338,7 +344,7 @@ SOURCES = {
         "pairs with two 224 x 224 images per prompt (`pixel_values` included); one hand-out round (every rank gets "
         "every rank's batch), medians of 3, the slowest rank; another job used the cores",
         measured="**Measured**: one round's time three ways: as tensors (two in-place all-gathers, what training "
-        "runs), pickled (`all_gather_object`, before), and recollated (an index all-gather, then collating the other "
+        "runs), pickled (`all_gather_object`), and recollated (an index all-gather, then collating the other "
         "rank's pairs again); one collation alone. Counted: collectives and host reads of the tensor round.",
     ),
     "gpu_qwen0.5b.json": dict(
@@ -347,8 +353,8 @@ SOURCES = {
         machine=H200,
         versions=H200_VERSIONS,
         date="2026-11-25",
-        setup="bf16 weights, no autocast; Qwen2.5-0.5B's shape with random weights; an earlier harness that emptied "
-        "the CUDA cache before every timed step and recorded mean step times only",
+        setup="bf16 weights, no autocast; Qwen2.5-0.5B's shape with random weights; the CUDA cache emptied before "
+        "every timed step; mean step times recorded, no host time",
         measured=TEXT_MEASURED,
     ),
     "gpu_vision_qwen2.5-vl-3b.json": dict(
@@ -410,7 +416,7 @@ def provenance(name: str, recorded: dict | None = None, files: list[str] | None 
 def host_note(rows: list[dict]) -> str:
     """Host-bound, as the rows record it: a mode whose host CPU time is at least 0.8 of its step time on CUDA."""
     if not any("padfree_host_bound" in row for row in rows):
-        return "The file records no host time, so no row is flagged host-bound."
+        return "The file records no host time: whether a step was host-bound is not measured."
     if all(row.get("padded_host_bound") is None and row.get("padfree_host_bound") is None for row in rows):
         return "Host-bound not judged (on a CPU the host does the compute)."
     return (
@@ -675,13 +681,13 @@ def gpu_text_notes() -> list[str]:
     rows = load("gpu_qwen0.5b.json")
     varlen = [row["padfree_step_s"] for row in rows if row["backend"] == "padfree_varlen"]
     return [
-        f"Read these rows as host-bound: the `padfree_varlen` steps took {min(varlen):.2f}-{max(varlen):.2f} s "
-        "whatever their tokens, a fixed cost per step that does not shrink with padding (the CUDA cache emptied "
-        "before each step among it), so the speedups measure that overhead as much as packing.",
+        f"The `padfree_varlen` steps took {min(varlen):.2f}-{max(varlen):.2f} s whatever their tokens: a fixed cost "
+        "per step that does not shrink with padding (the CUDA cache emptied before each step among it), so these "
+        "speedups measure that cost as much as packing.",
         "Packed `sdpa` runs each sequence apart on CUDA (a kernel launch per sequence per layer): on a GPU use "
         '`padfree_varlen`, which `packed_attn_implementation="auto"` picks.',
-        "The prefix-sharing rows ran two attention kernel calls per layer; the current layout makes one, not yet "
-        "measured on a GPU.",
+        "Prefix sharing in this run made two attention kernel calls per layer; the package makes one, which no GPU "
+        "has timed.",
     ]
 
 
@@ -764,8 +770,175 @@ def benchmarks_page() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# docs/reference/errors.md
 
-PAGES = {"docs/reference/config.md": config_reference, "docs/benchmarks.md": benchmarks_page}
+REFUSALS = ("trl_padfree", "refusals.py")
+SECTION_COMMENT = re.compile(r"^# ---- (?P<title>.+) ----$")
+# Calls that wrap a value only to print it: the placeholder names the value itself
+PRINTING_CALLS = {"list", "sorted", "tuple", "set", "repr", "str"}
+
+
+@dataclass
+class Refusal:
+    function: str
+    error: str  # the exception class raised
+    message: str  # the message, each value it formats shown as *its name*
+
+
+# A formatted value stands as OPEN name CLOSE until the message is whole: then it is *name* in text, <name> in code
+OPEN, CLOSE = "\x00", "\x01"
+
+
+def placeholder(value: ast.expr) -> str:
+    while (
+        isinstance(value, ast.Call)
+        and value.args
+        and (
+            getattr(value.func, "id", None) in PRINTING_CALLS
+            or (isinstance(value.func, ast.Attribute) and value.func.attr == "join")
+        )
+    ):
+        value = value.args[0]
+    return OPEN + ast.unparse(value) + CLOSE
+
+
+def marked_placeholders(message: str) -> str:
+    """`message` with its placeholders written as markdown shows them: *name* in text, <name> inside `code`."""
+    pieces = re.split(f"{OPEN}(.*?){CLOSE}", message)  # text, name, text, name, ..., text
+    out = []
+    in_code = False
+    for index, piece in enumerate(pieces):
+        if index % 2:
+            out.append(f"<{piece}>" if in_code else f"*{piece}*")
+        else:
+            out.append(piece)
+            in_code ^= piece.count("`") % 2 == 1
+    return "".join(out)
+
+
+class MessageRenderer:
+    """The messages a refusal function can raise, read from its source: literals kept, formatted values shown as
+    placeholders, a local message variable followed through its assignments (one message per way it is built)."""
+
+    def __init__(self, function: ast.FunctionDef, constants: dict[str, str]):
+        self.constants = constants
+        self.assigned: dict[str, list[ast.expr]] = {}
+        self.extended: dict[str, list[ast.expr]] = {}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.assigned.setdefault(node.targets[0].id, []).append(node.value)
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                self.extended.setdefault(node.target.id, []).append(node.value)
+
+    def variants(self, value: ast.expr) -> list[str]:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return [value.value]
+        if isinstance(value, ast.JoinedStr):
+            return self.joined([self.variants_of_part(part) for part in value.values])
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+            return self.joined([self.variants(value.left), self.variants(value.right)])
+        if isinstance(value, ast.IfExp):
+            return self.variants(value.body) + self.variants(value.orelse)
+        if isinstance(value, ast.Name) and value.id in self.constants:
+            return [self.constants[value.id]]
+        if isinstance(value, ast.Name) and self.is_text(value.id):
+            built = [text for assigned in self.assigned[value.id] for text in self.variants(assigned)]
+            extensions = [text for extension in self.extended.get(value.id, []) for text in self.variants(extension)]
+            return [start + end for start in built for end in extensions] if extensions else built
+        return [placeholder(value)]
+
+    def variants_of_part(self, part: ast.expr) -> list[str]:
+        return self.variants(part.value) if isinstance(part, ast.FormattedValue) else self.variants(part)
+
+    def is_text(self, name: str) -> bool:
+        """A local variable assigned text only (a message, or a piece of one)."""
+        values = self.assigned.get(name, [])
+        return bool(values) and all(
+            isinstance(value, (ast.JoinedStr, ast.IfExp, ast.BinOp))
+            or (isinstance(value, ast.Constant) and isinstance(value.value, str))
+            for value in values
+        )
+
+    @staticmethod
+    def joined(parts: list[list[str]]) -> list[str]:
+        return ["".join(texts) for texts in itertools.product(*parts)]
+
+
+def refusal_sections(source: str) -> dict[str, list[Refusal]]:
+    """The refusals of `source` (refusals.py) by section (its `# ---- title ----` comments), in source order."""
+    tree = ast.parse(source)
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+    titles = {
+        number: match["title"]
+        for number, line in enumerate(source.splitlines(), 1)
+        if (match := SECTION_COMMENT.match(line))
+    }
+    sections: dict[str, list[Refusal]] = {}
+    for function in (node for node in tree.body if isinstance(node, ast.FunctionDef)):
+        section = next((titles[n] for n in sorted(titles, reverse=True) if n < function.lineno), "")
+        renderer = MessageRenderer(function, constants)
+        raises = sorted(
+            (node for node in ast.walk(function) if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)),
+            key=lambda node: node.lineno,
+        )
+        for node in raises:
+            if not node.exc.args:
+                continue
+            error = ast.unparse(node.exc.func)
+            for message in renderer.variants(node.exc.args[0]):
+                text = marked_placeholders(" ".join(message.split()))
+                sections.setdefault(section, []).append(Refusal(function.name, error, text))
+    return sections
+
+
+ERRORS_INTRO = """\
+# Errors
+
+Every refusal of padding-free training: a setting that would train silently wrong, or cannot run, stops with one of
+these messages, which say what to change. They are raised where the information is first known (the config, the
+trainer's construction, a batch, a forward), all from one module,
+[`trl_padfree/refusals.py`](../../trl_padfree/refusals.py). `ValueError` unless marked; *a name in italics* is a value
+of your run. Errors of the command line itself (an unknown option, a missing file or model) are one line each:
+[cli.md](cli.md#errors).
+"""
+
+
+def errors_page() -> str:
+    sections = refusal_sections(package_file(*REFUSALS).read_text())
+    out = [generated_note("the messages of trl_padfree/refusals.py"), ERRORS_INTRO]
+    for title, refusals in sections.items():
+        out.append(f"## {title[:1].upper()}{title[1:]}\n")
+        lines = []
+        for function, group in itertools.groupby(refusals, key=lambda refusal: refusal.function):
+            group = list(group)
+            if len(group) == 1:
+                lines.append(bullet(f"`{function}`: {error_text(group[0])}"))
+            else:
+                lines.append(f"- `{function}`:")
+                lines += [bullet(error_text(refusal), indent="  ") for refusal in group]
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def error_text(refusal: Refusal) -> str:
+    marked = "" if refusal.error == "ValueError" else f"(`{refusal.error}`) "
+    return marked + refusal.message
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+PAGES = {
+    "docs/reference/config.md": config_reference,
+    "docs/benchmarks.md": benchmarks_page,
+    "docs/reference/errors.md": errors_page,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
