@@ -39,7 +39,7 @@ from trl_padfree.modeling.attention import varlen as attention
 from trl_padfree.modeling.attention.interface import attention_chunk_size, padfree_varlen_attention
 from trl_padfree.modeling.attention.plan import varlen_kernel_plan
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
-from trl_padfree.modeling.kernels import varlen_kernel
+from trl_padfree.modeling.kernels import FlexKernel, FusedKernels, varlen_kernel
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import (
@@ -594,13 +594,65 @@ def test_kernel_plan_pads_a_head_dim_that_is_not_a_multiple_of_8_and_keeps_its_s
 
 
 @pytest.mark.parametrize("head_dims", [(512, 512), (288, 256), (192, 320)])
-def test_kernel_plan_runs_head_dims_above_256_per_segment(head_dims):
+def test_kernel_plan_runs_head_dims_above_256_on_the_memory_efficient_kernel(head_dims):
     head_dim, value_head_dim = head_dims
-    plan = varlen_kernel_plan(
-        TORCH_SIGNATURES["2.12"], **{**PLAIN_LAYER, "head_dim": head_dim, "value_head_dim": value_head_dim}
+    layer = {**PLAIN_LAYER, "head_dim": head_dim, "value_head_dim": value_head_dim}
+
+    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **layer, fused=ALL_FUSED)
+    alone = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **layer)  # a machine without the kernel
+
+    assert plan.kernel == "efficient" and plan.options == {"custom_mask_type": 2, "scale": SCALING}
+    assert plan.padded_head_dim in (None, max(head_dims))
+    assert (
+        alone.fallback == f"head dim {max(head_dims)} (the Flash kernel takes at most 256, and this torch has no "
+        "memory-efficient one)"
     )
 
-    assert plan.fallback == f"head dim {max(head_dims)} (the Flash kernel takes at most 256)"
+
+# Which fused kernels a machine has: any non-None value stands for one (the plan only asks whether it is there)
+ALL_FUSED = FusedKernels(efficient=object(), flash_attn_varlen=object(), flex=FlexKernel(object(), object()))
+FLEX_ONLY = FusedKernels(efficient=object(), flex=FlexKernel(object(), object()))
+
+
+@pytest.mark.parametrize(
+    "fused, kernel",
+    [(ALL_FUSED, "flash_attn"), (FLEX_ONLY, "flex"), (FusedKernels(), None)],
+    ids=["flash_attn", "flex", "none"],
+)
+def test_kernel_plan_of_a_softcapped_layer(fused, kernel):
+    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **PLAIN_LAYER, softcap=50.0, sliding_window=6, fused=fused)
+
+    assert plan.kernel == kernel
+    if kernel == "flash_attn":
+        assert plan.options == dict(softmax_scale=SCALING, causal=True, window_size=(5, 0), softcap=50.0)
+    elif kernel == "flex":
+        assert plan.options == dict(scale=SCALING, causal=True, sliding_window=6, softcap=50.0)
+    else:
+        assert "pip install 'flash-attn>=2.6'" in plan.fallback
+
+
+@pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
+@pytest.mark.parametrize("sink_backward", [True, False])
+def test_kernel_plan_of_a_layer_with_sinks(torch_version, sink_backward):
+    plan = varlen_kernel_plan(
+        TORCH_SIGNATURES[torch_version], **PLAIN_LAYER, sinks=True, fused=ALL_FUSED, sink_backward=sink_backward
+    )
+
+    if sink_backward:  # every signature returns the log-sum-exp
+        assert plan.kernel == "varlen_sinks"
+        assert plan.options == varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **PLAIN_LAYER).options
+    else:
+        assert "attention sinks" in plan.fallback
+
+
+@pytest.mark.parametrize(
+    "needs, reason",
+    [(dict(sinks=True), "with attention sinks"), (dict(sliding_window=8), "with a sliding window")],
+)
+def test_kernel_plan_of_wide_heads_with_what_the_memory_efficient_call_does_not_take(needs, reason):
+    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **{**PLAIN_LAYER, "head_dim": 512}, **needs, fused=ALL_FUSED)
+
+    assert plan.fallback.startswith("head dim 512 " + reason)
 
 
 def test_kernel_plan_casts_mixed_inputs_to_the_dtype_it_computes_in():
@@ -685,13 +737,13 @@ def cuda_boundaries(lengths):
 def varlen_kernel_calls(monkeypatch):
     """Spy on the CUDA kernel path of `padfree_varlen`: the query boundaries of every call."""
     calls = []
-    kernel = attention.torch_varlen_attention
+    kernel = attention.fused_attention
 
-    def spy(query, key, value, cu_seq_lens_q, *args, **kwargs):
-        calls.append(cu_seq_lens_q.tolist())
-        return kernel(query, key, value, cu_seq_lens_q, *args, **kwargs)
+    def spy(query, key, value, boundaries, *args):
+        calls.append(boundaries[0].tolist())
+        return kernel(query, key, value, boundaries, *args)
 
-    monkeypatch.setattr(attention, "torch_varlen_attention", spy)
+    monkeypatch.setattr(attention, "fused_attention", spy)
     return calls
 
 

@@ -44,15 +44,16 @@ def cuda_packed_batch():
 
 @pytest.fixture
 def varlen_kernel_calls(monkeypatch):
-    """Spy on the CUDA kernel path of `padfree_varlen`: the sliding window of every call."""
+    """Spy on the CUDA kernel path of `padfree_varlen`: the window of every call."""
     calls = []
-    kernel = varlen.torch_varlen_attention
+    kernel = varlen.fused_attention
 
-    def spy(*args, sliding_window, **kwargs):
-        calls.append(sliding_window)
-        return kernel(*args, sliding_window=sliding_window, **kwargs)
+    def spy(query, key, value, boundaries, max_lengths, plan, *args):
+        left = plan.options["window_size"][0]  # transformers' window W is (W - 1, 0)
+        calls.append(None if left < 0 else left + 1)
+        return kernel(query, key, value, boundaries, max_lengths, plan, *args)
 
-    monkeypatch.setattr(varlen, "torch_varlen_attention", spy)
+    monkeypatch.setattr(varlen, "fused_attention", spy)
     return calls
 
 

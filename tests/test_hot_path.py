@@ -10,35 +10,53 @@ Both in TRL's default precision (float32 weights under bf16 autocast, where RoPE
 keys and bf16 values) and with bf16 weights: either way every attention call makes one kernel call.
 """
 
+import dataclasses
 import functools
 
 import pytest
 import torch
 from host_reads import HostReads, kernel_call
+from stand_in_fused_kernels import fused_stand_ins
 from stand_in_kernels import CALLS, calls_of, varlen_stand_in
 from trainer_utils import first_batch, make_trainer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
-from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
+from trl_padfree.modeling.kernels import FlexKernel, FusedKernels, VarlenKernel, stand_in_kernels
 
 SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
 # A prefix-sharing or plain packed step may read the host at most this many times more than TRL's padded step
 EXTRA_READS_ALLOWED = 2
+FUSED_KERNELS = ("varlen_attn", "efficient_attention", "flash_attn_varlen_func", "flex_attention")
 # TRL's default (its `bf16=True` autocast over the float32 weights it loads), and a model loaded in bf16
 PRECISIONS = {"trl_default": dict(bf16=True), "bf16_weights": dict(dtype=torch.bfloat16)}
 
 
-def counted_stand_in() -> VarlenKernel:
-    """torch 2.15's stand-in, its own reads (the kernel's work on the device) not counted."""
-    stand_in = varlen_stand_in("2.15")
+def _not_counted(function):
+    """A stand-in whose own reads (the kernel's work on the device) are not counted."""
+    if function is None:
+        return None
 
-    @functools.wraps(stand_in.function)
-    def varlen_attn(*args, **kwargs):
+    @functools.wraps(function)
+    def kernel(*args, **kwargs):
         with kernel_call():
-            return stand_in.function(*args, **kwargs)
+            return function(*args, **kwargs)
 
-    return VarlenKernel(varlen_attn, stand_in.capability)
+    return kernel
+
+
+def counted_stand_in() -> VarlenKernel:
+    """torch 2.15's stand-in, its forward and backward op."""
+    stand_in = varlen_stand_in("2.15")
+    return dataclasses.replace(
+        stand_in, function=_not_counted(stand_in.function), backward=_not_counted(stand_in.backward)
+    )
+
+
+def counted_fused(flash_attn: bool = True) -> FusedKernels:
+    fused = fused_stand_ins(flash_attn)
+    flex = FlexKernel(_not_counted(fused.flex.attention), _not_counted(fused.flex.create_block_mask))
+    return FusedKernels(_not_counted(fused.efficient), _not_counted(fused.flash_attn_varlen), flex)
 
 
 class AttentionCalls:
@@ -50,19 +68,26 @@ class AttentionCalls:
     def wrap(self, attention):
         @functools.wraps(attention)
         def counted(*args, **kwargs):
-            reads, ops, kernels = self.reads.count, self.reads.ops, len(calls_of("varlen_attn"))
+            reads, ops, kernels = self.reads.count, self.reads.ops, fused_calls()
             output = attention(*args, **kwargs)
-            self.calls.append((self.reads.count - reads, self.reads.ops - ops, len(calls_of("varlen_attn")) - kernels))
+            self.calls.append((self.reads.count - reads, self.reads.ops - ops, fused_calls() - kernels))
             return output
 
         return counted
 
 
-def step_counts(monkeypatch, padding_free: bool, on_step=None, **options) -> tuple[HostReads, AttentionCalls]:
+def fused_calls() -> int:
+    return sum(len(calls_of(kernel)) for kernel in FUSED_KERNELS)
+
+
+def step_counts(
+    monkeypatch, padding_free: bool, on_step=None, flash_attn: bool = True, **options
+) -> tuple[HostReads, AttentionCalls]:
     """One training step (forward, loss, metrics, backward) on the first batch, counted; `on_step()` is called right
-    before it (after the trainer's construction, whose architecture check runs forwards too)."""
+    before it (after the trainer's construction, whose architecture check runs forwards too); `flash_attn`: whether
+    flash-attn's kernel is installed (else FlexAttention takes softcapping)."""
     make_trainer(padding_free, **options)  # imports the model's modules before the stand-ins are in force
-    with stand_in_kernels(varlen=counted_stand_in()):
+    with stand_in_kernels(varlen=counted_stand_in(), fused=counted_fused(flash_attn)):
         trainer = make_trainer(padding_free, **options)
         trainer.model.train()
         batch = first_batch(trainer)
@@ -143,3 +168,27 @@ def test_the_flash_backend_is_chosen_once_per_forward_and_the_users_flags_restor
         assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
     finally:
         torch.backends.cuda.enable_flash_sdp(flags[0])
+
+
+# ---- the fused kernels of the layers torch's varlen kernel cannot compute, at their real head dims ----
+
+FUSED_LAYERS = {
+    "gpt_oss": dict(model_type="gpt_oss"),  # sinks: the varlen kernel and its log-sum-exp correction
+    "gemma2_flash_attn": dict(model_type="gemma2"),  # softcap: flash-attn
+    "gemma2_flex": dict(model_type="gemma2", flash_attn=False),  # softcap: FlexAttention
+    "gemma4_text": dict(model_type="gemma4_text"),  # 512-wide global layers: the memory-efficient kernel
+}
+
+
+@pytest.mark.parametrize("layers", list(FUSED_LAYERS))
+def test_fused_attention_calls_make_one_kernel_call_and_never_read_the_host(monkeypatch, layers):
+    from test_kernel_coverage import real_head_dims
+
+    options = dict(FUSED_LAYERS[layers])
+    factory = real_head_dims(options.pop("model_type"))
+    _, attention = step_counts(monkeypatch, True, model_factory=factory, bf16=True, **options)
+
+    assert attention.calls, "the registered attention never ran"
+    for reads, _, kernels in attention.calls:
+        assert reads == 0
+        assert kernels == 1

@@ -2,9 +2,9 @@
 ATen's Flash kernel refuses (head dims above 256 or not a multiple of 8, a value head dim other than the query's,
 float32, mixed dtypes):
 
-    one step      Gemma 4 (256 sliding, 512 global) and DeepSeek-V3 (multi-head latent attention: 192 query and key,
-                  128 value) at their real head dims train one step equal to padded TRL in TRL's default precision:
-                  Gemma 4's global layers per segment, DeepSeek-V3's value padded to 192 and the output cropped
+    one step      DeepSeek-V3 (multi-head latent attention: 192 query and key, 128 value) at its real head dims trains
+                  one step equal to padded TRL in TRL's default precision, its value padded to 192 and the output
+                  cropped (Gemma 4, GPT-OSS and Gemma 2 on their fused kernels: test_fused_kernels.py)
     coverage      `kernel_coverage` plans each layer of an architecture at its real head dims; the same twin's packed
                   forward through the strict stand-in makes exactly the kernel calls it plans, and no kernel refuses
                   one (a sample of types here; every type the models table calls exact with `-m slow`)
@@ -17,17 +17,20 @@ import logging
 
 import pytest
 import torch
+from stand_in_fused_kernels import fused_stand_ins
+from stand_in_fused_kernels import scaled_dot_product_attention as recorded_sdpa
 from stand_in_kernels import CALLS, calls_of, varlen_stand_in
 from tiny_architectures import make_tiny_model
 from tiny_fixtures import make_tokenizer
-from trainer_utils import HALF_GRAD_ATOL_BY_MODEL, PRECISIONS, assert_same_step, make_trainer, one_step
+from trainer_utils import PRECISIONS, assert_same_step, make_trainer, one_step
 from transformers import AutoConfig
 
 from trl_padfree.cli.models import decoder_model_types, model_class_for
 from trl_padfree.modeling.attention import varlen
+from trl_padfree.modeling.attention.plan import SOFTCAP_WAY_OUT
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.kernel_coverage import COVERAGE_AUTOCAST, kernel_coverage, planned_forward
-from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.modeling.kernels import FusedKernels, stand_in_kernels
 from trl_padfree.modeling.packability import CHECK_PAIRS, check_architecture, check_row
 from trl_padfree.modeling.twin import build_twin
 
@@ -77,24 +80,6 @@ def steps(model_type: str, padded_attention: str | None = None, precision=TRL_DE
 # ---- real head dims, one step ----
 
 
-def test_gemma4_at_its_real_head_dims_trains_one_step_equal_to_padded_trl(caplog):
-    # In bf16, TRL's own padded step on this model moves by 2.4e-3 in the loss and 1.55 of its largest gradient
-    # between sdpa and eager (tests/measure_precision_noise.py); the packed step is within 4e-5 and 2.9e-2 of eager,
-    # whose float32 softmax the kernel shares, and is compared with it
-    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.attention.varlen"):
-        trainer, padded, packed = steps("gemma4_text", padded_attention="eager")
-
-    assert_same_step(padded, packed, HALF_GRAD_ATOL_BY_MODEL["gemma4_text"], tolerances=TRL_DEFAULT.tolerances)
-    config = trainer.model.config
-    full = [index for index, kind in enumerate(config.layer_types) if kind == "full_attention"]
-    assert full
-    # The sliding layers (head dim 256) on the kernel, policy and reference forward; the global ones (512) per segment
-    calls = calls_of("varlen_attn")
-    assert {call.details["head_dim"] for call in calls} == {256}
-    assert len(calls) == 2 * (config.num_hidden_layers - len(full))
-    assert "head dim 512 (the Flash kernel takes at most 256)" in caplog.text
-
-
 def test_deepseek_v3_mla_at_its_real_head_dims_trains_one_step_equal_to_padded_trl():
     trainer, padded, packed = steps("deepseek_v3")
 
@@ -111,16 +96,20 @@ def test_deepseek_v3_mla_at_its_real_head_dims_trains_one_step_equal_to_padded_t
 
 
 def strict_forward_calls(model_type: str) -> int:
-    """Kernel calls of one packed forward of `model_type`'s real-head-dim twin in TRL's default precision, through
-    the strict stand-in (the kernel branch taken, as on a GPU); raises what the kernel would refuse."""
+    """Fused kernel calls of one packed forward of `model_type`'s real-head-dim twin in TRL's default precision,
+    through the strict stand-ins (the kernel branch taken, as on a GPU without flash-attn, like this machine); raises
+    what a kernel would refuse, and if a segment would run sdpa's math backend."""
     model_class, config = model_class_for(AutoConfig.for_model(model_type))
     twin = build_twin(model_class, config, ATTN_IMPLEMENTATION, real_head_dims=True, dtype=torch.float32)
     _, packed = check_row(twin, CHECK_PAIRS, prefix_sharing=False, seed=1)
     CALLS.clear()
-    with stand_in_kernels(varlen=varlen_stand_in("2.15")), torch.no_grad():
+    stand_ins = dict(varlen=varlen_stand_in("2.15"), fused=fused_stand_ins(flash_attn=False), sdpa=recorded_sdpa)
+    with stand_in_kernels(**stand_ins), torch.no_grad():
         with torch.autocast("cpu", dtype=COVERAGE_AUTOCAST):
             twin(packed_batch=packed, use_cache=False)
-    return len(calls_of("varlen_attn"))
+    math = [call for call in calls_of("sdpa") if call.details["backend"] == "math"]
+    assert not math, f"{len(math)} segments on sdpa's math backend"
+    return sum(len(calls_of(kernel)) for kernel in FUSED_KERNELS)
 
 
 def coverage_of(model_type: str):
@@ -135,7 +124,8 @@ SAMPLE_TYPES = ("llama", "gpt_oss") + tuple(
     pytest.param(model_type, marks=pytest.mark.slow)
     for model_type in ("gemma4_text", "deepseek_v3", "qwen3", "mistral", "gemma2", "minicpm3", "phi")
 )
-EXPECTED_CELLS = {"gemma2": "0/26", "gemma4_text": "25/30", "gpt_oss": "0/36", "deepseek_v3": "61/61"}
+EXPECTED_CELLS = {"gemma2": "26/26", "gemma4_text": "30/30", "gpt_oss": "36/36", "deepseek_v3": "61/61"}
+FUSED_KERNELS = ("varlen_attn", "efficient_attention", "flash_attn_varlen_func", "flex_attention")
 
 
 @pytest.mark.parametrize("model_type", SAMPLE_TYPES)
@@ -148,11 +138,22 @@ def test_the_kernel_takes_every_layer_the_coverage_plans_onto_it(model_type):
         assert coverage.cell == EXPECTED_CELLS[model_type], coverage.describe()
 
 
-def test_the_coverage_says_why_layers_run_per_segment():
-    assert coverage_of("gemma4_text").per_segment == (("head dim 512 (the Flash kernel takes at most 256)", 5),)
-    assert coverage_of("gpt_oss").per_segment == (("attention sinks", 36),)
-    assert coverage_of("gemma2").per_segment == (("attention logit softcapping", 26),)
+def test_the_coverage_names_each_layers_kernel():
+    # On a machine without flash-attn (this one): softcapping on FlexAttention
+    assert coverage_of("gemma4_text").kernels == (("varlen", 25), ("efficient", 5))
+    assert coverage_of("gpt_oss").kernels == (("varlen_sinks", 36),)
+    assert coverage_of("gemma2").kernels == (("flex", 26),)
     assert coverage_of("deepseek_v3").padded == (("the value padded from 128 to the query's 192", 61),)
+    assert not any(coverage_of(model_type).per_segment for model_type in ("gemma4_text", "gpt_oss", "gemma2"))
+
+
+def test_the_coverage_says_why_layers_run_per_segment_where_a_kernel_is_missing():
+    model_class, config = model_class_for(AutoConfig.for_model("gemma2"))
+    coverage = kernel_coverage(model_class, config, varlen_stand_in("2.11"), FusedKernels())
+
+    assert coverage.per_segment == (
+        ("attention logit softcapping (no fused kernel here takes it: " + SOFTCAP_WAY_OUT + ")", 26),
+    )
 
 
 @pytest.mark.slow
@@ -174,7 +175,7 @@ def test_every_exact_type_runs_through_the_strict_kernel_at_its_real_head_dims()
         except Exception as error:  # noqa: BLE001 - every failure is reported, not the first
             failures[model_type] = f"{type(error).__name__}: {error}"
             continue
-        if coverage.error is not None or calls != coverage.on_kernel:
+        if coverage.error is not None or calls != coverage.on_kernel or coverage.per_segment:
             failures[model_type] = f"planned {coverage.describe()}, the kernel was called {calls} times"
     assert swept > 100
     assert not failures, failures

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..integrations.torch import varlen_attn_backward_op
 from ..integrations.transformers import KernelWrapper, kernel_wrappers_called, kernel_wrappers_replaced
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ class VarlenKernel:
     function: Callable
     capability: tuple[int, int] | None = None  # of the GPU a stand-in plays; None: ask the device
     limits: FlashLimits = FLASH_LIMITS
+    # `torch_attn::_varlen_attn_backward` (its schema), called by the sink correction (attention/sinks.py) with the
+    # corrected output; None where this torch has none
+    backward: Callable | None = None
 
     @functools.cached_property
     def parameters(self) -> frozenset[str]:
@@ -87,7 +91,7 @@ def torch_varlen_kernel() -> VarlenKernel:
     """torch's own `varlen_attn` (CUDA; its signature and limits are known on any machine)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    return VarlenKernel(varlen_attn)
+    return VarlenKernel(varlen_attn, backward=varlen_attn_backward_op())
 
 
 def varlen_kernel() -> VarlenKernel:
@@ -96,15 +100,19 @@ def varlen_kernel() -> VarlenKernel:
     stand_ins = _STAND_INS.get()
     kernel = stand_ins.varlen if stand_ins is not None and stand_ins.varlen is not None else torch_varlen_kernel()
     counter = _VARLEN_CALLS.get()
-    if counter is None:
-        return kernel
+    return kernel if counter is None else dataclasses.replace(kernel, function=_counted(kernel.function, counter))
 
-    @functools.wraps(kernel.function)
+
+def _counted(function: Callable | None, counter: KernelCalls) -> Callable | None:
+    if function is None:
+        return None
+
+    @functools.wraps(function)
     def counted(*args, **kwargs):
         counter.calls += 1
-        return kernel.function(*args, **kwargs)
+        return function(*args, **kwargs)
 
-    return dataclasses.replace(kernel, function=counted)
+    return counted
 
 
 @dataclass
@@ -119,14 +127,81 @@ _VARLEN_CALLS: contextvars.ContextVar[KernelCalls | None] = contextvars.ContextV
 
 @contextlib.contextmanager
 def varlen_calls_counted() -> Iterator[KernelCalls]:
-    """Count the varlen kernel calls of the forwards that start inside the block (benchmarks and reports: a row
-    that fell back says so). Each forward reads the kernel once, so counting adds no work per attention call."""
+    """Count the fused kernel calls (torch's varlen kernel and the others, `FusedKernels`) of the forwards that start
+    inside the block (benchmarks and reports: a row that fell back says so). Each forward reads the kernels once, so
+    counting adds no work per attention call."""
     counter = KernelCalls()
     token = _VARLEN_CALLS.set(counter)
     try:
         yield counter
     finally:
         _VARLEN_CALLS.reset(token)
+
+
+# ---- attention: the fused kernels for what torch's varlen kernel cannot compute ----
+
+
+@dataclass(frozen=True)
+class FlexKernel:
+    """torch's FlexAttention: `attention` (compiled on a GPU, as its kernel needs) and `create_block_mask`."""
+
+    attention: Callable
+    create_block_mask: Callable
+
+
+@dataclass(frozen=True)
+class FusedKernels:
+    """The kernels that compute a whole packed row for the layers torch's `varlen_attn` cannot (attention/plan.py
+    chooses among them per layer); each None where this machine has none.
+
+    efficient          ATen's memory-efficient kernel with `cu_seqlens` (`aten::_efficient_attention_forward`, the
+                       varlen call under sdpa's nested tensors): head dims above 256 (Gemma 4's global layers)
+    flash_attn_varlen  flash-attn's `flash_attn_varlen_func` (2.6 or newer): logit softcapping (Gemma 2)
+    flex               torch's FlexAttention over the row's document mask: softcapping where flash-attn is not
+                       installed
+    """
+
+    efficient: Callable | None = None
+    flash_attn_varlen: Callable | None = None
+    flex: FlexKernel | None = None
+
+
+@functools.cache
+def installed_fused_kernels() -> FusedKernels:
+    """The fused kernels this machine has: torch's own, and flash-attn's when a release that takes `softcap` is
+    installed."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from ..integrations.torch import efficient_attention_op, flash_attn_varlen_with_softcap
+
+    # FlexAttention runs its fused kernel only compiled (eager, it materialises the score matrix); compiling is lazy,
+    # at the first call, and shapes that change from step to step are marked dynamic by torch's automatic dynamism
+    return FusedKernels(
+        efficient=efficient_attention_op(),
+        flash_attn_varlen=flash_attn_varlen_with_softcap(),
+        flex=FlexKernel(torch.compile(flex_attention), create_block_mask),
+    )
+
+
+def fused_kernels() -> FusedKernels:
+    """The fused kernels packed attention calls on its CUDA branch: this machine's, or the stand-ins in force (read
+    once per forward, by its `KernelSession`); counted inside `varlen_calls_counted`."""
+    stand_ins = _STAND_INS.get()
+    kernels = stand_ins.fused if stand_ins is not None else installed_fused_kernels()
+    counter = _VARLEN_CALLS.get()
+    if counter is None:
+        return kernels
+    flex = kernels.flex and dataclasses.replace(kernels.flex, attention=_counted(kernels.flex.attention, counter))
+    return FusedKernels(_counted(kernels.efficient, counter), _counted(kernels.flash_attn_varlen, counter), flex)
+
+
+def sdpa_function() -> Callable:
+    """The `scaled_dot_product_attention` a segment runs on the CUDA branch: torch's, or the stand-in in force (which
+    records the backend ATen would pick)."""
+    stand_ins = _STAND_INS.get()
+    if stand_ins is not None and stand_ins.sdpa is not None:
+        return stand_ins.sdpa
+    return torch.nn.functional.scaled_dot_product_attention
 
 
 @contextlib.contextmanager
@@ -324,6 +399,8 @@ StandInFactory = Callable[[dict[str, Callable]], Callable]
 class StandIns:
     varlen: VarlenKernel | None = None
     mixer_kernels: tuple[tuple[str, StandInFactory], ...] = ()
+    fused: FusedKernels = FusedKernels()  # none unless given: the layers they would compute run per segment
+    sdpa: Callable | None = None
 
 
 _STAND_INS: contextvars.ContextVar[StandIns | None] = contextvars.ContextVar("trl_padfree_stand_ins", default=None)
@@ -335,17 +412,24 @@ def branch_key() -> object:
 
 
 @contextlib.contextmanager
-def stand_in_kernels(varlen: VarlenKernel | None = None, mixer_kernels: dict[str, StandInFactory] | None = None):
+def stand_in_kernels(
+    varlen: VarlenKernel | None = None,
+    mixer_kernels: dict[str, StandInFactory] | None = None,
+    fused: FusedKernels | None = None,
+    sdpa: Callable | None = None,
+):
     """Run the packed forward's CUDA branches on CPU tensors, with stand-ins in place of the CUDA kernels: `varlen`
-    for torch's `varlen_attn`, and for each mixer kernel named in `mixer_kernels` (by transformers' kernel-hub name,
-    e.g. `causal_conv1d_fn`), the function its factory makes from each imported transformers model module's PyTorch
-    fallbacks, which that module's kernel wrapper then resolves to. Build the models (import their modules) before
-    entering. For tests: the stand-ins compute the reference result and record what they were given."""
+    for torch's `varlen_attn`, `fused` for the kernels of the layers it cannot compute (none given: those layers run
+    per segment), `sdpa` for `scaled_dot_product_attention` on a segment, and for each mixer kernel named in
+    `mixer_kernels` (by transformers' kernel-hub name, e.g. `causal_conv1d_fn`), the function its factory makes from
+    each imported transformers model module's PyTorch fallbacks, which that module's kernel wrapper then resolves to.
+    Build the models (import their modules) before entering. For tests: the stand-ins compute the reference result
+    and record what they were given."""
     mixer_kernels = mixer_kernels or {}
     unknown = set(mixer_kernels) - set(BOUNDARY_ARGUMENTS) - DECODE_ONLY_KERNELS
     if unknown:
         raise ValueError(f"No transformers mixer kernel is named {sorted(unknown)}.")
-    token = _STAND_INS.set(StandIns(varlen, tuple(sorted(mixer_kernels.items()))))
+    token = _STAND_INS.set(StandIns(varlen, tuple(sorted(mixer_kernels.items())), fused or FusedKernels(), sdpa))
 
     def stand_in(wrapper: KernelWrapper, fallbacks: dict[str, Callable]) -> Callable | None:
         factory = mixer_kernels.get(wrapper.name)

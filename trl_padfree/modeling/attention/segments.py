@@ -9,7 +9,7 @@ with the sum of the squared segment lengths, not with the square of the row as a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,9 +55,9 @@ def explicit_attention(
     return weights @ value
 
 
-def _segment_attention(query, key, value, scaling, sliding_window, dropout, softcap, sinks, causal) -> torch.Tensor:
-    """Attention of one segment `(1, heads, T, dim)`, causal (or not) aligned to the bottom-right corner: sdpa, which
-    on CUDA runs a kernel that keeps no score matrix, unless the layer softcaps or has sinks."""
+def _segment_attention(query, key, value, scaling, sliding_window, dropout, softcap, sinks, causal, sdpa):
+    """Attention of one segment `(1, heads, T, dim)`, causal (or not) aligned to the bottom-right corner: `sdpa`,
+    unless the layer softcaps or has sinks."""
     queries, keys = query.shape[2], key.shape[2]
     if softcap is not None or sinks is not None:
         mask = _segment_mask(queries, keys, sliding_window, causal, query.device)
@@ -66,7 +66,7 @@ def _segment_attention(query, key, value, scaling, sliding_window, dropout, soft
     windowed = sliding_window is not None and keys > sliding_window  # else the window bounds no query
     if (causal and keys != queries) or windowed:
         mask, is_causal = _segment_mask(queries, keys, sliding_window, causal, query.device), False
-    return F.scaled_dot_product_attention(
+    return sdpa(
         query,
         key,
         value,
@@ -91,6 +91,7 @@ def per_segment_attention(
     sinks: torch.Tensor | None = None,
     causal: bool = True,
     bounds: tuple[Sequence[int], Sequence[int]] | None = None,
+    sdpa: Callable = F.scaled_dot_product_attention,
 ) -> torch.Tensor:
     """Exact attention per segment, one `scaled_dot_product_attention` each (or `explicit_attention` with `softcap`
     or `sinks`). Inputs `(1, heads, T, dim)`; returns `(1, T_q, heads, dim)`.
@@ -98,7 +99,8 @@ def per_segment_attention(
     Same semantics as flash attention's varlen kernel: segment i has queries `cu_seq_lens_q[i]:cu_seq_lens_q[i + 1]`
     and keys `cu_seq_lens_k[i]:cu_seq_lens_k[i + 1]`, causal (or, `causal=False`, every key within the window before
     it) aligned to the bottom-right corner when it has more keys. `bounds`: the same boundaries as host integers,
-    when the caller has them (else read from the tensors).
+    when the caller has them (else read from the tensors). `sdpa`: torch's `scaled_dot_product_attention`, or a
+    stand-in that records the backend a GPU would pick.
     """
     outputs = []
     if bounds is not None:
@@ -121,6 +123,7 @@ def per_segment_attention(
                 softcap,
                 sinks,
                 causal,
+                sdpa,
             )
         )
     return torch.cat(outputs, dim=2).transpose(1, 2)

@@ -1,14 +1,17 @@
-"""A row's attention on its segments: torch's varlen kernel (`torch.nn.attention.varlen.varlen_attn`) on CUDA where it
-can compute the layer, else the exact per-segment attention (segments.py).
+"""A row's attention on its segments: on CUDA, one fused kernel call over the whole row where a kernel can compute
+the layer (plan.py chooses: torch's varlen kernel, with the sink correction for attention sinks; flash-attn or
+FlexAttention for softcapping; the memory-efficient kernel for head dims above 256; fused.py), else the exact
+per-segment attention (segments.py).
 
-How each layer calls the kernel is planned once per forward and layer signature (plan.py: the installed torch's
-keywords, the kernel's limits, the dtype the layer computes in, value padding for multi-head latent attention). A layer
-the kernel cannot compute (logit softcapping, attention sinks, dropout, a head dim above 256, float32 without autocast,
-a GPU older than SM80) runs per segment, and says so once in an INFO line on this module's logger.
+How each layer calls its kernel is planned once per forward and layer signature (plan.py: the installed torch's
+keywords, the kernels' limits, the dtype the layer computes in, value padding for multi-head latent attention). A layer
+no kernel can compute (float32 without autocast, dropout, a GPU older than SM80, a fused kernel this machine lacks)
+runs per segment, and says so once in an INFO line on this module's logger; the kernel a layer takes is logged once
+too.
 
 An attention call does its kernel and the reshapes around it, nothing more: what depends only on the forward (which
-kernel is in force, each layer signature's plan, the GPU's capability, the Flash backend's flags) is decided once per
-forward by its `KernelSession`, which the row carries (rows.py).
+kernels are in force, each layer signature's plan, the GPU's capability, the Flash backend's flags, FlexAttention's
+block masks) is decided once per forward by its `KernelSession`, which the row carries (rows.py).
 """
 
 from __future__ import annotations
@@ -16,13 +19,36 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..backends import ATTN_IMPLEMENTATION
-from ..kernels import VarlenKernel, flash_backend, log_varlen_backend, takes_cuda_branch, user_backends, varlen_kernel
-from .plan import VarlenKernelPlan, kernel_dtype, varlen_kernel_plan
+from ..kernels import (
+    FusedKernels,
+    VarlenKernel,
+    flash_backend,
+    fused_kernels,
+    log_once,
+    log_varlen_backend,
+    sdpa_function,
+    takes_cuda_branch,
+    user_backends,
+    varlen_kernel,
+)
+from . import fused
+from .plan import (
+    EFFICIENT,
+    FLASH_ATTN,
+    FLEX,
+    KERNEL_NAMES,
+    VARLEN,
+    VARLEN_SINKS,
+    VarlenKernelPlan,
+    kernel_dtype,
+    varlen_kernel_plan,
+)
 from .segments import per_segment_attention
 
 logger = logging.getLogger(__name__)
@@ -42,8 +68,10 @@ class KernelSession:
     def __init__(self):
         self.cuda_branch: bool | None = None
         self.kernel: VarlenKernel | None = None
+        self.fused: FusedKernels | None = None
         self.capability: tuple[int, int] | None = None
         self.plans: dict[tuple, VarlenKernelPlan] = {}
+        self.block_masks: dict[tuple, object] = {}  # FlexAttention's, per row boundaries, window and causality
         self.flash_chosen = False
         self.user_backends: tuple | None = None
 
@@ -57,6 +85,20 @@ class KernelSession:
             self.kernel = varlen_kernel()
         return self.kernel
 
+    def fused_in_force(self) -> FusedKernels:
+        if self.fused is None:
+            self.fused = fused_kernels()
+        return self.fused
+
+    def block_mask(self, bounds, sliding_window, causal, device):
+        """FlexAttention's block mask of this row (its query and key boundaries as host integers), made once per
+        forward for each window and causality."""
+        key = (id(bounds[0]), id(bounds[1]), sliding_window, causal)
+        if key not in self.block_masks:
+            create = self.fused_in_force().flex.create_block_mask
+            self.block_masks[key] = fused.document_block_mask(create, *bounds, sliding_window, causal, device)
+        return self.block_masks[key]
+
     def plan(self, query, key, value, module=None, **options) -> VarlenKernelPlan:
         """This layer's plan (plan.py), made at the first call of its signature in this forward."""
         signature = (query.dtype, key.dtype, value.dtype, query.shape[1], key.shape[1], query.shape[-1])
@@ -67,9 +109,14 @@ class KernelSession:
             kernel = self.kernel_in_force()
             if self.capability is None:
                 self.capability = kernel.device_capability(query.device)
-            plan = self.plans[signature] = layer_plan(kernel, self.capability, query, key, value, module, **options)
-            if plan.fallback is None:
+            plan = layer_plan(
+                kernel, self.capability, query, key, value, module, fused=self.fused_in_force(), **options
+            )
+            self.plans[signature] = plan
+            if plan.kernel in (VARLEN, VARLEN_SINKS):
                 log_varlen_backend()
+            if plan.kernel is not None:
+                log_once(f"`{ATTN_IMPLEMENTATION}` attention runs layers on {KERNEL_NAMES[plan.kernel]}.")
             else:
                 _log_fallback_once(
                     f"`{ATTN_IMPLEMENTATION}` attention runs exact per-segment attention on CUDA, not torch's varlen "
@@ -118,10 +165,12 @@ def layer_plan(
     sinks=None,
     causal: bool = True,
     autocast: torch.dtype | None = None,
+    fused: FusedKernels | None = None,
 ) -> VarlenKernelPlan:
-    """The plan of an attention call with these inputs (`(1, heads, T, dim)`) and options, for `kernel` on a GPU of
-    `capability`: what training runs (through `KernelSession`), and what the kernel coverage reports. `autocast`: the
-    autocast dtype to plan for (default: the one in force on the query's device)."""
+    """The plan of an attention call with these inputs (`(1, heads, T, dim)`) and options, for `kernel` and the
+    `fused` kernels on a GPU of `capability`: what training runs (through `KernelSession`), and what the kernel
+    coverage reports. `autocast`: the autocast dtype to plan for (default: the one in force on the query's
+    device)."""
     dtypes = (query.dtype, key.dtype, value.dtype)
     autocast = autocast or autocast_dtype(query.device)
     return varlen_kernel_plan(
@@ -140,6 +189,8 @@ def layer_plan(
         causal=causal,
         capability=capability,
         limits=kernel.limits,
+        fused=fused,
+        sink_backward=kernel.backward is not None,
     )
 
 
@@ -177,35 +228,46 @@ def _fitted(tensor: torch.Tensor, plan: VarlenKernelPlan) -> torch.Tensor:
     return tensor[0].transpose(0, 1)
 
 
-def torch_varlen_attention(
+def fused_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    cu_seq_lens_q: torch.Tensor,
-    cu_seq_lens_k: torch.Tensor,
-    max_length_q: int,
-    max_length_k: int,
+    boundaries: tuple[torch.Tensor, torch.Tensor],
+    max_lengths: tuple[int, int],
     plan: VarlenKernelPlan,
     session: KernelSession,
+    bounds: tuple[Sequence[int], Sequence[int]] | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """PyTorch's varlen attention (CUDA) on its Flash backend, called as `plan` says. Inputs `(1, heads, T, dim)`;
-    returns `(1, T_q, heads, value dim)` in the dtype the kernel computed in."""
-    # Grouped key/value heads go in as they are on every release: 2.12+ takes `enable_gqa`, and 2.10-2.11's wrapper
-    # hands them straight to ATen's Flash kernel, which shares divisible heads in its forward and sums their
-    # gradients in its backward. Expanding them first would have the kernel save the expanded copies for the backward
-    boundaries_q = _int32_on(cu_seq_lens_q, query.device)
-    # Self-attention passes one tensor for both, as torch's kernels expect of it
-    boundaries_k = boundaries_q if cu_seq_lens_k is cu_seq_lens_q else _int32_on(cu_seq_lens_k, query.device)
-    with session.kernel_backend():
-        output = session.kernel_in_force().function(
-            _fitted(query, plan),
-            _fitted(key, plan),
-            _fitted(value, plan),
-            boundaries_q,
-            boundaries_k,
-            max_length_q,
-            max_length_k,
-            **plan.options,
+    """The row's attention in one call of the kernel `plan` chose (plan.py). Inputs `(1, heads, T, dim)`; returns
+    `(1, T_q, heads, value dim)` in the dtype the kernel computed in."""
+    if plan.kernel == FLEX:
+        bounds = bounds or (boundaries[0].tolist(), boundaries[1].tolist())
+        options = plan.options
+        mask = session.block_mask(bounds, options["sliding_window"], options["causal"], query.device)
+        cast = (lambda tensor: tensor) if plan.cast_to is None else (lambda tensor: tensor.to(plan.cast_to))
+        score_mod = fused.softcap_score_mod(options["softcap"])
+        flex = session.fused_in_force().flex.attention
+        return fused.flex_softcap(cast(query), cast(key), cast(value), mask, score_mod, flex, options)
+    query_in, key_in, value_in = (_fitted(tensor, plan) for tensor in (query, key, value))
+    if plan.kernel == VARLEN:
+        with session.kernel_backend():
+            function = session.kernel_in_force().function
+            output = function(query_in, key_in, value_in, *boundaries, *max_lengths, **plan.options)
+    elif plan.kernel == VARLEN_SINKS:
+        with session.kernel_backend():
+            kernel = session.kernel_in_force()
+            output = fused.varlen_with_sinks(
+                query_in, key_in, value_in, sinks, boundaries, max_lengths, kernel, plan.options
+            )
+    elif plan.kernel == FLASH_ATTN:
+        function = session.fused_in_force().flash_attn_varlen
+        output = fused.flash_attn_softcap(query_in, key_in, value_in, boundaries, max_lengths, function, plan.options)
+    else:
+        assert plan.kernel == EFFICIENT, plan.kernel
+        function = session.fused_in_force().efficient
+        output = fused.efficient_wide_heads(
+            query_in, key_in, value_in, boundaries, max_lengths, function, plan.options
         )
     if plan.value_head_dim is not None:  # the value was padded: its zeros' output cropped
         output = output[..., : plan.value_head_dim]
@@ -226,13 +288,14 @@ def varlen_attention(
     module: torch.nn.Module | None = None,
     **options,
 ):
-    """The CUDA kernel where it can compute this layer's attention, else the per-segment reference with the same
-    semantics.
+    """A fused kernel where one can compute this layer's attention on the whole row, else the per-segment reference
+    with the same semantics.
 
     `session`: the forward's (a call on its own gets one of its own); `bounds`: the query and key boundaries as host
-    integers, when known (the per-segment path reads them from the tensors otherwise); `module`: the attention layer,
-    whose weights' dtype the kernel computes in when its inputs are float32 outside autocast. `options`: `scaling`,
-    `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `causal` (default True).
+    integers, when known (the per-segment path and FlexAttention's mask read them from the tensors otherwise);
+    `module`: the attention layer, whose weights' dtype the kernel computes in when its inputs are float32 outside
+    autocast. `options`: `scaling`, `sliding_window`, `dropout`, and optionally `softcap`, `sinks`, `causal`
+    (default True).
     """
     session = session or KernelSession()
     if session.takes_kernel(query):
@@ -241,8 +304,15 @@ def varlen_attention(
             if max_length_q is None:  # a direct call without the row's lengths: read them
                 max_length_q = int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
                 max_length_k = int((cu_seq_lens_k[1:] - cu_seq_lens_k[:-1]).max())
-            return torch_varlen_attention(
-                query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, plan, session
+            boundaries_q = _int32_on(cu_seq_lens_q, query.device)
+            # Self-attention passes one tensor for both, as torch's kernels expect of it
+            boundaries_k = boundaries_q if cu_seq_lens_k is cu_seq_lens_q else _int32_on(cu_seq_lens_k, query.device)
+            return fused_attention(
+                query, key, value, (boundaries_q, boundaries_k), (max_length_q, max_length_k), plan, session, bounds,
+                options.get("sinks"),
+            )  # fmt: skip
+        with session.segment_backends():
+            return per_segment_attention(
+                query, key, value, cu_seq_lens_q, cu_seq_lens_k, bounds=bounds, sdpa=sdpa_function(), **options
             )
-    with session.segment_backends():
-        return per_segment_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, bounds=bounds, **options)
+    return per_segment_attention(query, key, value, cu_seq_lens_q, cu_seq_lens_k, bounds=bounds, **options)
