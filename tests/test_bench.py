@@ -127,8 +127,8 @@ def test_rows_carry_their_precision_and_varlen_calls_per_attention_call(tmp_path
         for backend in ("padfree_varlen", "sdpa", PREFIX_SHARING_AUTO)
     }
     layers = make_bench_model("tiny", "sdpa", torch.float32).config.num_hidden_layers
-    for row in rows:  # policy and reference forward, every layer, one measured step
-        assert row["attention_calls"] == 2 * layers
+    for row in rows:  # policy forward, its recompute in the backward (checkpointing on), reference forward
+        assert row["activation_checkpointing"] and row["attention_calls"] == 3 * layers
     out = capsys.readouterr().out
     assert "| precision | distribution | backend |" in out and "| varlen calls / attention call |" in out
     assert "| trl_default | ultrafeedback | padfree_varlen |" in out and "| bf16 | ultrafeedback | padded |" in out
@@ -153,7 +153,9 @@ def test_lora_rows_train_adapters_over_shared_weights():
     from trl_padfree.cli.bench.precision import PRECISIONS
     from trl_padfree.cli.bench.rows import build_trainers
 
-    options = argparse.Namespace(model="tiny", lora=True, backends=["padfree_varlen"], prefix_sharing="auto")
+    options = argparse.Namespace(
+        model="tiny", lora=True, backends=["padfree_varlen"], prefix_sharing="auto", activation_checkpointing=True
+    )
     trainers = build_trainers(options, PRECISIONS["trl_default"], torch.device("cpu"))
     assert list(trainers) == [None, "padfree_varlen", PREFIX_SHARING_AUTO]
     storages = set()
@@ -278,7 +280,7 @@ class _FakeTrainer:
 
 
 def test_no_cache_is_emptied_inside_the_timed_steps(monkeypatch):
-    """The CUDA path of the timer, with CUDA's calls logged: `empty_cache` runs once per mode before its warm-ups,
+    """The CUDA path of the timer, with CUDA's calls logged: `empty_cache` runs once, before every mode's warm-ups,
     never between a measured step's opening synchronisation and its closing one, nor between measured steps."""
     log = []
     fakes = dict(
@@ -294,15 +296,14 @@ def test_no_cache_is_emptied_inside_the_timed_steps(monkeypatch):
     monkeypatch.setattr(harness.gc, "collect", lambda: 0)  # a full collection per step: seconds in a test process
     trainer, modes = _FakeTrainer(log), ("padded", "padfree")
     timer = StepTimer(torch.device("cuda"), modes)
-    for _mode in modes:
-        timer.warm_up(trainer, [["warm-up batch"]] * 3)
+    timer.warm_up((trainer, ["warm-up batch"]) for _mode in modes for _ in range(3))
     warm_up_log, log[:] = list(log), []
     for index in range(4):
         for mode in modes if index % 2 == 0 else reversed(modes):
             timer.step(mode, trainer, ["batch"])
 
     one_step = ["reset_peak", "synchronize", "event", "step", "event", "synchronize"]
-    assert warm_up_log == (["empty_cache"] + 3 * one_step) * 2
+    assert warm_up_log == ["empty_cache"] + 3 * one_step * 2  # emptied once, before every mode's warm-ups
     assert log == one_step * 8  # measured: no empty_cache anywhere
     stats = timer.stats("padded")
     assert stats.times_s == [0.002] * 4 and len(stats.host_times_s) == 4 and stats.peak_mb == 3.0

@@ -17,7 +17,7 @@ from ...tiny import DEMO_MODEL_SIZES
 from .budget import format_batching_table, run_batching_bench
 from .harness import DISTRIBUTIONS, MODEL_SHAPES
 from .precision import PRECISION_CHOICES, PRECISIONS, BenchPrecision, bench_precisions
-from .report import format_step_table, format_table, plot, write_rows
+from .report import format_conditions, format_step_table, format_table, plot, write_rows
 from .rows import (
     CPU_STEPS,
     CPU_WARMUP,
@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
+        "--no-activation-checkpointing",
+        dest="activation_checkpointing",
+        action="store_false",
+        help="run every mode without activation checkpointing (default: on, as TRL's DPOConfig has it; the text "
+        "bench and --batching)",
+    )
+    parser.add_argument(
         "--prefix-sharing",
         choices=SHARING_CHOICES,
         default="both",
@@ -166,7 +173,7 @@ def run(options: argparse.Namespace) -> int:
         print(format_batching_table(rows))
     else:
         rows = run_bench(options)
-        print(format_table(rows) + "\n\n" + format_step_table(rows))
+        print(format_conditions(rows) + "\n\n" + format_table(rows) + "\n\n" + format_step_table(rows))
     if options.output:
         write_rows(rows, options.output)
     if options.plot and not options.batching:

@@ -85,7 +85,7 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
     fixed, budgeted, budget = batching_schemes(pairs, options.pairs_per_batch, options.seed)
     schemes = {"fixed": fixed, "budget": budgeted}
     timer = StepTimer(device, schemes)
-    timer.warm_up(trainer, [fixed[index % len(fixed)] for index in range(options.warmup)])
+    timer.warm_up((trainer, fixed[index % len(fixed)]) for index in range(options.warmup))
     progress = tqdm(total=REPEATS * (len(fixed) + len(budgeted)), desc=distribution, unit="batch", leave=False)
     for repeat in range(REPEATS):
         for name in schemes if repeat % 2 == 0 else reversed(list(schemes)):
@@ -120,7 +120,9 @@ def bench_batching_distribution(distribution: str, trainer, options: argparse.Na
 
 def run_batching_bench(options: argparse.Namespace) -> list[BatchingRow]:
     device, dtype = bench_device(options.device)
-    trainer = make_bench_trainer(options.model, "padfree_varlen", device, dtype)
+    trainer = make_bench_trainer(
+        options.model, "padfree_varlen", device, dtype, activation_checkpointing=options.activation_checkpointing
+    )
     return [bench_batching_distribution(name, trainer, options, device) for name in options.distributions]
 
 

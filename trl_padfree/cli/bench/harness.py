@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import gc
+import importlib.util
 import platform
 import random
 import statistics
@@ -97,6 +98,59 @@ MODEL_SHAPES = {
         num_key_value_heads=2,
         layer_types=["conv", "conv", "full_attention", "conv"],
     ),
+    # Attention that torch's varlen kernel cannot compute, at the real models' widths, 4 layers deep so a step fits
+    # the GPU report's minutes. GPT-OSS (20B and 120B share the attention): sinks, 64 query heads and 8 key/value
+    # heads of dim 64, a 128-token window on every other layer; 4 experts, all active, so each token computes what it
+    # does in GPT-OSS (its top 4 experts) without the others' weights
+    "gpt-oss-4-layers": dict(
+        model_type="gpt_oss",
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=4,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=4,
+        num_experts_per_tok=4,
+        vocab_size=201088,
+    ),
+    # Gemma 2 9B: logit softcapping (attention 50, final 30), head dim 256, a 4,096-token window on every other layer
+    "gemma2-9b-4-layers": dict(
+        model_type="gemma2",
+        hidden_size=3584,
+        intermediate_size=14336,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        vocab_size=256000,
+    ),
+    # The same attention at the tiny demo model's widths (the GPU report's dry run): sinks; softcapping, a window
+    # shorter than the pairs
+    "gpt-oss-tiny": dict(
+        model_type="gpt_oss",
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=2,
+        num_experts_per_tok=2,
+        sliding_window=8,
+    ),
+    "gemma2-tiny": dict(
+        model_type="gemma2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+    ),
 }
 
 
@@ -163,6 +217,33 @@ def shipped_lengths() -> list[tuple[int, int, int]]:
 # Models and trainers
 
 
+@dataclass(frozen=True)
+class PaddedAttention:
+    """The attention padded TRL runs a bench model on, and why: the kernel its users pick, among those that run with
+    no download."""
+
+    implementation: str
+    why: str
+
+
+def padded_attention(name: str) -> PaddedAttention:
+    """What padded TRL runs bench model `name` on. Softcapping (Gemma 2) and sinks (GPT-OSS) are refused by
+    transformers' sdpa; flash-attn 2 takes softcap, but transformers passes it no sinks (`s_aux` reaches FA3 and FA4
+    only: it would drop them silently)."""
+    model_type = MODEL_SHAPES.get(name, {}).get("model_type", "llama")
+    if model_type == "gemma2":
+        if importlib.util.find_spec("flash_attn") is not None:
+            return PaddedAttention("flash_attention_2", "flash-attn's kernel takes Gemma 2's softcap")
+        return PaddedAttention("eager", "flash-attn (softcap) is not installed; transformers refuses sdpa for softcap")
+    if model_type == "gpt_oss":
+        return PaddedAttention(
+            "eager",
+            "GPT-OSS users run the kernels hub's vllm-flash-attn3 (sinks), which cannot be downloaded offline; "
+            "transformers refuses sdpa for sinks and would drop them on flash_attention_2",
+        )
+    return PaddedAttention("sdpa", "transformers' default")
+
+
 def make_bench_model(
     name: str, attn_implementation: str, dtype: torch.dtype, seed: int = 0, device: torch.device | str = "cpu"
 ):
@@ -195,9 +276,11 @@ class BenchWeights:
 
     def model(self, role: str) -> torch.nn.Module:
         """A fresh model of `role` ("policy" or "reference") over that role's weights (both built with seed 0, as
-        a run's reference starts equal to its policy)."""
+        a run's reference starts equal to its policy), on padded TRL's attention (a padding-free trainer switches
+        its own copy)."""
         if role not in self._templates:
-            self._templates[role] = make_bench_model(self.name, "sdpa", self.dtype, device=self.device)
+            attention = padded_attention(self.name).implementation
+            self._templates[role] = make_bench_model(self.name, attention, self.dtype, device=self.device)
         template = self._templates[role]
         # New parameters over the template's storage; a tied LM head stays tied (one parameter, one entry)
         memo = {id(p): torch.nn.Parameter(p.data, requires_grad=p.requires_grad) for p in template.parameters()}
@@ -212,12 +295,15 @@ def make_bench_trainer(
     prefix_sharing: bool | str = False,
     *,
     bf16_autocast: bool = False,
+    activation_checkpointing: bool = True,
     lora: bool = False,
     weights: BenchWeights | None = None,
 ) -> DPOTrainer:
     """A padded (`backend=None`) or padding-free trainer whose models sit on `device`, built in `dtype` (over
     `weights` when given, shared with other trainers), stepping under bf16 autocast with `bf16_autocast`: float32
-    weights under bf16 autocast is TRL's default precision (`DPOConfig.bf16=True`, the model loaded in float32)."""
+    weights under bf16 autocast is TRL's default precision (`DPOConfig.bf16=True`, the model loaded in float32).
+    `activation_checkpointing` is on by default, as in TRL's `DPOConfig` (`gradient_checkpointing=True`): each
+    layer's forward runs again in the backward."""
     config = DPOConfig(
         output_dir="/tmp/trl-padfree-bench",
         padding_free=backend is not None,
@@ -225,7 +311,7 @@ def make_bench_trainer(
         packed_attn_implementation=backend or "auto",
         bf16=bf16_autocast,
         use_cpu=device.type == "cpu",
-        activation_checkpointing=False,
+        activation_checkpointing=activation_checkpointing,
         max_length=None,  # batches arrive truncated
         report_to="none",
     )
@@ -241,11 +327,22 @@ def make_bench_trainer(
         processing_class=load_demo_tokenizer(),
         peft_config=peft_config,
     )
-    # What `train()`, which the benchmark does not run, sets up: the step count it weighs by, and the policy prepared,
-    # its forward wrapped in place in accelerate's autocast under mixed precision (the reference is, at init)
+    # What `train()`, which the benchmark does not run, sets up: the step count it weighs by, activation checkpointing
+    # (as `train()` turns it on), and the policy prepared, its forward wrapped in place in accelerate's autocast under
+    # mixed precision (the reference is, at init)
     trainer.current_gradient_accumulation_steps = 1
+    if config.activation_checkpointing:
+        enable_activation_checkpointing(trainer)
     trainer.accelerator.prepare_model(trainer.model)
     return trainer
+
+
+def enable_activation_checkpointing(trainer: DPOTrainer) -> None:
+    """Turn the policy's activation checkpointing on as `Trainer.train()` does with `activation_checkpointing=True`
+    and no `activation_checkpointing_kwargs` (non-reentrant, every layer), and check that it took."""
+    trainer.model.activation_checkpointing_enable()
+    if not trainer.model.is_activation_checkpointing:
+        raise RuntimeError(f"{type(trainer.model).__name__} did not turn activation checkpointing on.")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -253,8 +350,9 @@ def make_bench_trainer(
 #
 # One timed step:   collate | reset peak | sync | [host clock, start event | training_step | end event, sync] | ...
 #                   (untimed)                     (timed)
-# Nothing in the timed bracket frees or trims memory: `torch.cuda.empty_cache()` runs once per mode, before its
-# warm-ups (`StepTimer.warm_up`), so a timed step meets the caching allocator as training does, warm.
+# Nothing in the timed bracket frees or trims memory: `torch.cuda.empty_cache()` runs once, before every mode's
+# warm-ups (`StepTimer.warm_up`), so each mode's timed steps meet the caching allocator as training does, warm, and
+# no mode starts from an allocator another mode's warm-up has filled while the others start from an empty one.
 
 CU_CTX_SCHED_BLOCKING_SYNC = 4  # cuda.h: the host thread sleeps in a synchronisation instead of spinning
 CU_CTX_SCHED_MASK = 7
@@ -269,7 +367,7 @@ class PeakMemory:
         self._libc = ctypes.CDLL("libc.so.6") if device.type == "cpu" and platform.system() == "Linux" else None
 
     def release_cached(self) -> None:
-        """Hand cached blocks back: once per mode before its warm-ups, never before a timed step (the next steps
+        """Hand cached blocks back: once, before the warm-ups of every mode, never before a timed step (the next steps
         would pay the allocator's cudaMalloc calls, which training never does). On CPU there is no cache to hand back:
         `reset` trims the heap before every step, outside the timed bracket."""
         if self.device.type == "cuda":
@@ -297,8 +395,8 @@ class PeakMemory:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """One timed step: its time (CUDA events on GPU, wall clock on CPU), the CPU time of the training thread over
-    it, and the peak memory."""
+    """One timed step: its time (CUDA events on GPU, wall clock on CPU), the host CPU time over it (every thread of
+    the process), and the peak memory."""
 
     seconds: float
     host_seconds: float
@@ -315,20 +413,21 @@ def timed_step(trainer: DPOTrainer, batch: list[dict], memory: PeakMemory) -> St
 
 
 def _run_timed(run, device: torch.device) -> tuple[float, float]:
-    """Seconds and host CPU seconds (`time.thread_time`, this thread only) of `run()`; on CUDA, synchronised before
-    and after, timed by events on the stream."""
+    """Seconds and host CPU seconds of `run()`; on CUDA, synchronised before and after, timed by events on the
+    stream. Host time is the process's CPU time (`time.process_time`, every thread): on CUDA the backward's kernels
+    are launched by autograd's device thread, which the training thread's own CPU time would miss."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)  # the previous step's kernels are not this one's
         start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    host_start, wall_start = time.thread_time(), time.perf_counter()
+    host_start, wall_start = time.process_time(), time.perf_counter()
     if cuda:
         start_event.record()
     run()
     if cuda:
         end_event.record()
         torch.cuda.synchronize(device)
-    host_seconds, seconds = time.thread_time() - host_start, time.perf_counter() - wall_start
+    host_seconds, seconds = time.process_time() - host_start, time.perf_counter() - wall_start
     if cuda:
         seconds = start_event.elapsed_time(end_event) / 1000
     return seconds, host_seconds
@@ -338,9 +437,10 @@ def _run_timed(run, device: torch.device) -> tuple[float, float]:
 class StepStats:
     """A mode's measured steps: their times and host CPU times, in order, and its peak memory over them.
 
-    `host_bound` is True when the training thread was busy for at least `HOST_BOUND_FRACTION` of the steps' time on
-    CUDA: the GPU waited on Python, kernel launches or collation. None on CPU, where the host does the compute, and
-    where CUDA spins in synchronisations (they would count as host time).
+    `host_bound` is True when the process's threads (Python's, and autograd's device thread that launches the
+    backward) spent CPU time of at least `HOST_BOUND_FRACTION` of the steps' time on CUDA: the GPU waited on Python
+    and kernel launches. None on CPU, where the host does the compute, and where CUDA spins in synchronisations
+    (waiting would count as host time).
     """
 
     times_s: list[float]
@@ -373,10 +473,11 @@ class StepTimer:
         # Host time means host work only where a waiting thread sleeps (see `request_blocking_cuda_sync`)
         self.host_time_is_work = device.type == "cuda" and cuda_sync_blocks(device)
 
-    def warm_up(self, trainer: DPOTrainer, batches: Iterable[list[dict]]) -> None:
-        """Untimed steps of one mode, after handing the cached memory back (the only place it is)."""
+    def warm_up(self, steps: Iterable[tuple[DPOTrainer, list[dict]]]) -> None:
+        """Untimed steps (a mode's trainer and a batch each) of every mode, after handing the cached memory back once
+        (the only place it is): every mode's timed steps then meet an allocator as warm as the others'."""
         self.memory.release_cached()
-        for batch in batches:
+        for trainer, batch in steps:
             timed_step(trainer, batch, self.memory)
 
     def step(self, mode, trainer: DPOTrainer, batch: list[dict]) -> None:
@@ -399,7 +500,7 @@ class StepTimer:
 
 def request_blocking_cuda_sync(device: torch.device) -> bool:
     """Ask the CUDA driver to put a waiting host thread to sleep (CU_CTX_SCHED_BLOCKING_SYNC) rather than spin: a
-    spinning wait (the default with fewer CUDA contexts than cores) burns CPU time, so the training thread's CPU time
+    spinning wait (the default with fewer CUDA contexts than cores) burns CPU time, so the process's CPU time
     would equal the step's time whatever the host did. Costs microseconds of wake-up per synchronisation. Set on the
     primary context before it is created (before any model is built), through the driver API (`libcuda.so.1`, the
     one every CUDA runtime in the process shares). Returns whether the flag holds."""

@@ -29,7 +29,7 @@ TABLE_COLUMNS = (
     "peak MB padding-free",
     "real tokens/s",
     "varlen calls / attention call",
-    "sharing vs unshared (ideal)",
+    "sharing vs unshared (ideal), batches shared",
 )
 STEP_TABLE_COLUMNS = (
     "precision",
@@ -45,6 +45,14 @@ STEP_TABLE_COLUMNS = (
     "GFLOP/step",
     "GFLOP/s",
 )
+
+
+def format_conditions(rows: list[BenchRow]) -> str:
+    """One line under which the rows ran: activation checkpointing, and padded TRL's attention."""
+    checkpointing = {row.activation_checkpointing for row in rows}
+    states = " and ".join("on (TRL's default)" if on else "off" for on in sorted(checkpointing, reverse=True))
+    attention = ", ".join(sorted({row.padded_attention for row in rows}))
+    return f"Activation checkpointing {states} in every mode; padded TRL's attention: {attention}."
 
 
 def format_table(rows: list[BenchRow]) -> str:
@@ -113,9 +121,12 @@ def _host_cell(seconds: float, host_bound: bool | None) -> str:
 
 
 def _sharing_cell(row: BenchRow) -> str:
-    if row.speedup_over_unshared is None:
+    if row.shared_batches is None:
         return ""
-    return f"{row.speedup_over_unshared:.2f}x ({row.ideal_speedup_over_unshared:.2f}x)"
+    shared = f"{row.shared_batches}/{row.batches} batches shared"
+    if row.speedup_over_unshared is None:
+        return shared
+    return f"{row.speedup_over_unshared:.2f}x ({row.ideal_speedup_over_unshared:.2f}x), {shared}"
 
 
 def plot(rows: list[BenchRow], path: str) -> None:

@@ -1,13 +1,14 @@
 """The text bench's rows: padded TRL against each padding-free mode, timed step by step on the same batches, in each
 precision asked for (precision.py).
 
-For each precision, one trainer per mode: padded TRL, padding-free with each attention backend, and with
-`padfree_varlen` the prefix-sharing modes; all over one copy of the weights (harness.BenchWeights). Each mode first
-runs `--warmup` untimed steps; then every measured batch is run by every mode before the next batch, in alternating
-order, so machine drift hits all modes alike. Over the measured steps each padding-free mode counts its varlen kernel
-calls and its attention calls: one kernel call per attention call says every layer ran on the kernel; 0 says none did
-(CPU, a backend other than `padfree_varlen`, or a precision the kernel does not take, such as float32 without
-autocast).
+For each precision, one trainer per mode: padded TRL (on the attention its users pick, `harness.padded_attention`),
+padding-free with each attention backend, and with `padfree_varlen` the prefix-sharing modes; all over one copy of
+the weights (harness.BenchWeights), with activation checkpointing on as in TRL's defaults unless turned off. Each mode
+first runs `--warmup` untimed steps; then every measured batch is run by every mode before the next batch, in
+alternating order, so machine drift hits all modes alike. Over the measured steps each padding-free mode counts its
+varlen kernel calls and its attention calls: one kernel call per attention call says every layer ran on the kernel; 0
+says none did (CPU, a backend other than `padfree_varlen`, or a precision the kernel does not take, such as float32
+without autocast).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .harness import (
     device_name,
     make_batches,
     make_bench_trainer,
+    padded_attention,
 )
 from .precision import BenchPrecision, bench_precisions
 
@@ -68,6 +70,7 @@ ROW_KEYS = (
     "padfree_peak_mem_mb",
     "real_tokens_per_s",
     "varlen_calls_per_attention_call",
+    "activation_checkpointing",
 )
 
 
@@ -86,6 +89,8 @@ class BenchRow:
     real_tokens_per_s: float
     # Varlen kernel calls / attention calls over the measured steps: 1.0 when every layer ran on the kernel
     varlen_calls_per_attention_call: float
+    activation_checkpointing: bool  # every mode's, TRL's default (on): each layer's forward runs again in the backward
+    padded_attention: str  # the attention padded TRL ran on (harness.padded_attention)
     # Beyond the required keys: what was measured, so a row can be checked
     varlen_calls: int
     attention_calls: int
@@ -99,9 +104,11 @@ class BenchRow:
     padded_tokens: int
     # Tokens the mode's packed rows hold: `real_tokens`, less the prompts prefix sharing computes once
     row_tokens: int
-    # Prefix-sharing rows only: against padding-free without sharing (padfree_varlen) on the same batches
+    # Prefix-sharing rows only: against padding-free without sharing (padfree_varlen) on the same batches, and the
+    # measured batches laid out shared (with prefix_sharing="auto", those the cost model found worth it)
     speedup_over_unshared: float | None = None
     ideal_speedup_over_unshared: float | None = None
+    shared_batches: int | None = None
     # The spread: per-step times of each mode (batch order), and the speedup batch by batch
     warmup_steps: int = 0
     padded_step_times_s: list[float] = field(default_factory=list)
@@ -111,7 +118,7 @@ class BenchRow:
     speedup_per_batch_min: float = 0.0
     speedup_per_batch_median: float = 0.0
     speedup_per_batch_max: float = 0.0
-    # The training thread's CPU time per step (mean); host-bound: at least 80% of the step's time, on CUDA only
+    # The process's CPU time per step (mean, every thread); host-bound: at least 80% of the step's time, on CUDA only
     padded_host_step_s: float = 0.0
     padfree_host_step_s: float = 0.0
     padded_host_times_s: list[float] = field(default_factory=list)
@@ -127,11 +134,12 @@ class BenchRow:
 
 @dataclass(frozen=True)
 class ModeWork:
-    """What a mode's trainer computes on the measured batches, from its own collator: tokens its rows hold and
-    training FLOPs per step."""
+    """What a mode's trainer computes on the measured batches, from its own collator: tokens its rows hold, training
+    FLOPs per step, and the batches it laid out with shared prefixes."""
 
     row_tokens: int
     step_flops: float
+    shared_batches: int
 
     @classmethod
     def of(cls, trainer: DPOTrainer, batches: list[list[dict]], shape: DecoderShape) -> ModeWork:
@@ -141,7 +149,8 @@ class ModeWork:
             row_tokens = sum(PackedBatch.from_collated(batch).real_row_tokens for batch in collated)
         else:
             row_tokens = sum(batch["input_ids"].numel() for batch in collated)
-        return cls(row_tokens, flops / len(batches))
+        shared = sum(int(batch["shared_prefix_lens"].sum()) > 0 for batch in collated if "shared_prefix_lens" in batch)
+        return cls(row_tokens, flops / len(batches), shared)
 
 
 @dataclass
@@ -197,6 +206,7 @@ def build_trainers(
             precision.weights,
             prefix_sharing,
             bf16_autocast=precision.bf16_autocast,
+            activation_checkpointing=options.activation_checkpointing,
             lora=options.lora,
             weights=weights,
         )
@@ -239,8 +249,7 @@ def measure_steps(
     modes = list(trainers)
     timer = StepTimer(device, modes)
     uses = {mode: KernelUse.of_mode(mode) for mode in modes[1:]}
-    for mode in modes:
-        timer.warm_up(trainers[mode], warmup)
+    timer.warm_up((trainer, batch) for trainer in trainers.values() for batch in warmup)
     for index, batch in enumerate(tqdm(measured, desc=distribution, unit="batch", leave=False)):
         for mode in modes if index % 2 == 0 else reversed(modes):
             with uses[mode].counting() if mode is not None else contextlib.nullcontext():
@@ -276,14 +285,18 @@ def bench_distribution(
         real_tokens=real_tokens,
         padded_mode_real_tokens=padded_mode_real,
         padded_tokens=padded_tokens,
+        activation_checkpointing=trainers[None].args.activation_checkpointing,
+        padded_attention=padded_attention(options.model).implementation,
     )
     rows = []
     for mode in modes[1:]:
         work = ModeWork.of(trainers[mode], measured, shape)
         row = bench_row(mode, timer.stats(None), timer.stats(mode), padded_work, work, uses[mode], common)
-        if mode in SHARING_MODES and "padfree_varlen" in trainers:
-            row.speedup_over_unshared = timer.seconds["padfree_varlen"] / timer.seconds[mode]
-            row.ideal_speedup_over_unshared = real_tokens / row.row_tokens
+        if mode in SHARING_MODES:
+            row.shared_batches = work.shared_batches
+            if "padfree_varlen" in trainers:
+                row.speedup_over_unshared = timer.seconds["padfree_varlen"] / timer.seconds[mode]
+                row.ideal_speedup_over_unshared = real_tokens / row.row_tokens
         rows.append(row)
     return rows
 

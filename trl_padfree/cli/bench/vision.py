@@ -219,9 +219,9 @@ def run_vision_bench(options: argparse.Namespace) -> list[VisionBenchRow]:
     trainers = {mode: make_vision_bench_trainer(mode, shape, processor, batches[0], device, dtype) for mode in MODES}
     timer = StepTimer(device, MODES)
     encoded = {mode: count_encoded_images(trainer) for mode, trainer in trainers.items()}
-    for mode in MODES:
-        timer.warm_up(trainers[mode], [fresh(batch) for batch in warmup])
-        encoded[mode].clear()
+    timer.warm_up((trainer, fresh(batch)) for trainer in trainers.values() for batch in warmup)
+    for calls in encoded.values():
+        calls.clear()
     for index, batch in enumerate(tqdm(measured, desc="vision", unit="batch", leave=False)):
         for mode in MODES if index % 2 == 0 else reversed(MODES):
             timer.step(mode, trainers[mode], fresh(batch))
