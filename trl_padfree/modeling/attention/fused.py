@@ -38,6 +38,8 @@ class _SinkCorrectedVarlen(torch.autograd.Function):
         output, lse = kernel.function(
             query, key, value, cu_seq_q, cu_seq_k, *max_lengths, return_aux=AuxRequest(lse=True), **options
         )
+        if lse.shape != (query.shape[1], query.shape[0]):  # the layout the correction reads: (heads, tokens)
+            raise RuntimeError(f"varlen_attn returned a log-sum-exp of shape {tuple(lse.shape)}, not (heads, tokens)")
         kept = torch.sigmoid(lse - _wide(sinks).unsqueeze(1)).t().unsqueeze(-1)  # (T, heads, 1): the share not sunk
         corrected = (_wide(output) * kept).to(output.dtype)
         ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, corrected, lse, kept)
