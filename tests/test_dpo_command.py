@@ -1,8 +1,11 @@
 """`trl-padfree dpo`: a shipped config trains from the installed package (a wheel built from the sources, unpacked
 into a folder of its own, run from another folder), in one process and under `accelerate launch` with two CPU
-processes; `--help` lists our options; dataset mixtures from a YAML's `datasets:`; `push_to_hub` reaches the trainer
-(no network: the Hub calls are recorded)."""
+processes; `--help` lists our options with our help and the command's defaults, from the text rendered ahead, without
+importing TRL; the command trains padding-free unless told otherwise and says so; every argument of TRL's script is
+honoured (`dataset_streaming`, `ignore_bias_buffers` among them); dataset mixtures from a YAML's `datasets:`;
+`push_to_hub` reaches the trainer (no network: the Hub calls are recorded)."""
 
+import ast
 import dataclasses
 import json
 import os
@@ -14,8 +17,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 import trl
 import yaml
+from datasets import IterableDataset
 from distributed_runs import free_port
 from test_cli import assert_one_line_error
 
@@ -110,17 +115,66 @@ def test_a_bad_launch_option_is_one_line(capsys):
 
 
 def test_help_lists_our_options_with_their_help(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["dpo", "--help"])
-    assert exit_info.value.code == 0
+    assert main(["dpo", "--help"]) == 0
     printed = " ".join(capsys.readouterr().out.split())
-    ours = [field for field in dataclasses.fields(DPOConfig) if field.name not in trl.DPOConfig.__dataclass_fields__]
-    assert ours, "DPOConfig adds no field"
-    for field in ours:
+    trl_fields = {field.name: field for field in dataclasses.fields(trl.DPOConfig)}
+    ours = [field for field in dataclasses.fields(DPOConfig) if field.name not in trl_fields]
+    # TRL's fields whose help is ours: what they do here differs from what TRL's help says
+    changed = [field for field in dataclasses.fields(DPOConfig) if field.metadata != trl_fields.get(field.name, field).metadata]  # fmt: skip
+    assert ours and {field.name for field in changed} == {"padding_free", "pad_to_multiple_of", "train_sampling_strategy"}  # fmt: skip
+    for field in ours + changed:
         help_text = " ".join(field.metadata["help"].split())
         assert f"--{field.name}" in printed and help_text[:60] in printed, field.name
     for option in ("--dataset_name", "--model_name_or_path", "--use_peft", "--datasets", "--push_to_hub"):
         assert option in printed  # TRL's ScriptArguments, ModelConfig, DatasetMixtureConfig and TrainingArguments
+    assert "Temporarily unavailable" not in printed  # TRL's own help for padding_free
+    padding_free_help = printed[printed.index("--padding_free [PADDING_FREE], --padding-free") :]
+    assert "(default: True)" in padding_free_help[: padding_free_help.index("--pad_to_multiple_of")]
+
+
+def test_the_help_rendered_ahead_is_what_the_parser_prints():
+    from trl_padfree.cli.dpo_help_text import HELP, RENDERED_FOR
+
+    installed = dpo.help_inputs()
+    if installed["python"] != RENDERED_FOR["python"]:
+        pytest.skip(f"rendered with Python {RENDERED_FOR['python']}, whose argparse lays options out its own way")
+    regenerate = "run `python -c 'from trl_padfree.cli.dpo import write_shipped_help; write_shipped_help()'`"
+    assert RENDERED_FOR == installed, f"rendered for {RENDERED_FOR}, installed {installed}: {regenerate}"
+    assert HELP == dpo.render_help(dpo.HELP_COLUMNS), f"an option or its help changed: {regenerate}"
+
+
+def test_help_imports_neither_trls_trainer_nor_its_configs():
+    # --help prints the text rendered ahead: TRL's and transformers' configs (seconds to import) stay unimported
+    code = (
+        "import json, sys; from trl_padfree.cli import main; status = main(['dpo', '--help']); "
+        "print(json.dumps([status, sorted(sys.modules)]), file=sys.stderr)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    status, modules = json.loads(result.stderr.strip().splitlines()[-1])
+    assert status == 0 and "--padding_free" in result.stdout
+    heavy = ["trl.trainer.dpo_trainer", "trl.trainer.dpo_config", "transformers.training_args", "torch"]
+    assert not [module for module in heavy if module in modules], [module for module in heavy if module in modules]
+
+
+def test_help_renders_the_parsers_text_for_other_versions(capsys, monkeypatch):
+    monkeypatch.setattr(dpo, "help_inputs", lambda: {"python": "3.11", "trl": "1.16.0", "transformers": "0.0"})
+    assert dpo.shipped_help() is None
+    assert main(["dpo", "--help"]) == 0
+    assert "--padding_free" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "recipe, arguments, padding_free",
+    [({}, [], True), ({}, ["--padding_free", "false"], False), ({"padding_free": False}, [], False)],
+    ids=["the command's default", "the command line", "the config"],
+)
+def test_the_command_trains_padding_free_unless_told_otherwise(tmp_path, recipe, arguments, padding_free):
+    # TRL's default (False) is a script's; the command packs unless its config or command line says otherwise
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"dataset_name": "trl-padfree/demo-preferences", "use_cpu": True, **recipe}))
+    _, training_args, *_ = dpo.parse_script_arguments(["--config", str(path), *arguments])
+    assert training_args.padding_free is padding_free
+    assert DPOConfig(output_dir=str(tmp_path), use_cpu=True).padding_free is False
 
 
 @pytest.fixture
@@ -157,6 +211,92 @@ def test_a_dataset_mixture_reaches_the_trainer(in_process, tmp_path, monkeypatch
     train_in_process({"datasets": datasets}, tmp_path)
     assert len(trained_on[0]) == 40
     assert (tmp_path / "model" / "model.safetensors").exists()
+
+
+def trained(monkeypatch) -> list[DPOTrainer]:
+    """The trainers the script builds, each recorded at `train()` instead of training."""
+    trainers = []
+    monkeypatch.setattr(DPOTrainer, "train", lambda self, **kwargs: trainers.append(self))
+    return trainers
+
+
+def test_the_run_says_first_which_mode_trains(in_process, tmp_path, monkeypatch, capsys):
+    trained(monkeypatch)
+    train_in_process({}, tmp_path)
+    printed = capsys.readouterr().out
+    assert printed.startswith(dpo.training_mode(True)) and printed.count("trl-padfree dpo: ") == 1
+    train_in_process({"padding_free": False, "prefix_sharing": False}, tmp_path)
+    assert capsys.readouterr().out.startswith("trl-padfree dpo: padded training on TRL's batches (padding_free=False")
+
+
+def test_dataset_streaming_trains_on_a_stream(in_process, tmp_path):
+    # As TRL's script: the dataset is loaded streaming (an IterableDataset, read as training goes), max_steps set
+    original_init = DPOTrainer.__init__
+    datasets_trained = []
+
+    def init(self, *args, **kwargs):
+        datasets_trained.append(kwargs["train_dataset"])
+        original_init(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DPOTrainer, "__init__", init)
+        train_in_process({}, tmp_path, "--dataset_streaming", "true")
+    assert isinstance(datasets_trained[0], IterableDataset)
+    assert (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_ignore_bias_buffers_leaves_the_models_boolean_buffers_to_ddp(in_process, tmp_path, monkeypatch):
+    trainers = trained(monkeypatch)
+    train_in_process({}, tmp_path)
+    train_in_process({}, tmp_path, "--ignore_bias_buffers", "true")
+    without, with_flag = trainers
+    assert not hasattr(without.model, "_ddp_params_and_buffers_to_ignore")
+    boolean = [name for name, buffer in with_flag.model.named_buffers() if buffer.dtype == torch.bool]
+    assert with_flag.model._ddp_params_and_buffers_to_ignore == boolean
+
+
+def test_ddp_leaves_the_boolean_buffers_it_is_told_to(monkeypatch):
+    # What TRL's script relies on: DistributedDataParallel reads the list when it wraps the model
+    from trl_padfree.integrations.trl import ignore_boolean_buffers_in_ddp
+
+    model = torch.nn.Linear(2, 2)
+    model.register_buffer("causal_mask", torch.ones(3, 3, dtype=torch.bool))
+    model.register_buffer("scale", torch.ones(1))
+    ignore_boolean_buffers_in_ddp(model)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        assert torch.nn.parallel.DistributedDataParallel(model).parameters_to_ignore == {"causal_mask"}
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_every_argument_of_trls_script_is_honoured():
+    """Each field of TRL's `ScriptArguments` and `ModelConfig` is read by the script (`main`) or by the TRL helpers
+    it hands `model_args` to, as in TRL's script; a field TRL adds fails here until it is honoured or refused."""
+    from trl import ModelConfig, ScriptArguments, get_peft_config, get_quantization_config
+
+    read = {"script_args": set(), "model_args": set()}
+    for node in ast.walk(ast.parse(Path(dpo.__file__).read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in read:
+            read[node.value.id].add(node.attr)
+
+    class Recording:  # the fields a TRL helper reads
+        def __init__(self, arguments):
+            self.arguments = arguments
+
+        def __getattr__(self, name):
+            read["model_args"].add(name)
+            return getattr(self.arguments, name)
+
+    for options in ({"use_peft": True}, {"load_in_4bit": True}, {"load_in_8bit": True}):
+        model_args = Recording(ModelConfig(**options))
+        get_peft_config(model_args)
+        get_quantization_config(model_args)
+    for name, arguments_class in (("script_args", ScriptArguments), ("model_args", ModelConfig)):
+        unread = [field.name for field in dataclasses.fields(arguments_class) if field.name not in read[name]]
+        assert not unread, f"{arguments_class.__name__} fields neither honoured nor refused by the script: {unread}"
 
 
 def test_push_to_hub_reaches_the_trainer(in_process, tmp_path, monkeypatch):

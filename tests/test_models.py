@@ -229,3 +229,20 @@ def test_a_padfree_varlen_model_ignores_an_all_ones_mask_on_a_packed_row(model_t
         ).logits.log_softmax(-1)[0, :num_real_tokens]
 
     assert max_error(masked, packed_log_probs(model, packed_batch)) <= ATOL[torch.float32]
+
+
+def test_a_vision_language_config_without_its_vision_tower_gets_the_verdict_of_its_text_model(tmp_path):
+    # transformers' default Gemma4Config() leaves its vision tower out: Gemma4ForConditionalGeneration then builds its
+    # language model alone, which padded TRL trains on text. `models --check` judges that, not a twin it cannot build
+    import transformers
+    from transformers import Gemma4Config
+
+    from trl_padfree.cli.models import check_pretrained
+    from trl_padfree.modeling.packability import check_architecture
+
+    Gemma4Config().save_pretrained(tmp_path)
+    answer = check_pretrained(str(tmp_path), backends=(ATTN_IMPLEMENTATION,))
+    assert "Gemma4ForConditionalGeneration" in answer and "no vision tower in its config: a text model" in answer
+    assert "packs exactly" in answer and "Error" not in answer, answer
+    on_images = check_architecture(transformers.Gemma4ForConditionalGeneration, Gemma4Config(), "sdpa", images=True)
+    assert not on_images.exact and on_images.reason.startswith("its config has no vision tower (vision_config=None)")

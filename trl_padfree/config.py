@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import trl
 
 from .modeling.backends import PACKING_AWARE
-from .placement.fsdp2 import planned_fsdp_version
 from .refusals import (
     check_at_least_one,
     check_context_parallel_config,
@@ -22,13 +21,18 @@ from .refusals import (
 )
 
 
+def changed_field(name: str, help_text: str):
+    """A field of `trl.DPOConfig` (or of transformers' `TrainingArguments` under it) whose meaning trl-padfree changes:
+    its default and metadata (choices) as there, with our help text."""
+    inherited = {trl_field.name: trl_field for trl_field in fields(trl.DPOConfig)}[name]
+    return field(default=inherited.default, metadata={**inherited.metadata, "help": help_text})
+
+
 @dataclass
 class DPOConfig(trl.DPOConfig):
     r"""
-    Configuration for [`trl_padfree.DPOTrainer`]: every field of [`trl.DPOConfig`], plus the ones below.
-
-    `padding_free=True` (a TRL field, disabled in TRL 1.16) is honoured: every chosen and rejected sequence of a batch
-    is packed into one row with no padding, and losses, gradients and metrics equal those of padded training.
+    Configuration for [`trl_padfree.DPOTrainer`]: every field of [`trl.DPOConfig`], plus the ones below; three of TRL's
+    fields mean more here (the last group).
 
     > Parameters that control padding-free training
 
@@ -49,15 +53,6 @@ class DPOConfig(trl.DPOConfig):
             optimizer step is the mean over all of its pairs, across gradient accumulation and processes, as in
             padded training of the same pairs. Needs `padding_free=True`. A pair longer than the budget is an error;
             set `max_length` to at most half the budget to have TRL truncate every pair to fit.
-
-        train_sampling_strategy (`str`, *optional*, defaults to `"random"`):
-            transformers' field. With `padding_free=True`, `"batch_rebalance"` splits each optimizer step's pairs
-            (the default sampler's, same seed) across processes and micro-steps by estimated FLOPs, so every
-            data-parallel process's packed row costs about the same; each process's loss is weighted by its share of
-            the step's pairs, so training equals padded TRL on the same global batches. Logs
-            `padfree/balance_cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
-            `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
-            `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/concepts/balancing.md.
 
         token_budget_window (`int`, *optional*, defaults to `1000`):
             With `max_tokens_per_batch`: pairs are shuffled (with `data_seed`, else `seed`), cut into windows of this
@@ -143,8 +138,51 @@ class DPOConfig(trl.DPOConfig):
             unit per decoder layer under FSDP2's `CPUOffloadPolicy` (pinned), whatever the policy's
             `fsdp_offload_params` (docs/guides/multi-gpu.md). Raises without ZeRO-3 or FSDP2, or when there is no separate
             reference model (PEFT; or, under DeepSpeed, precomputed log-probs without a `ref_model`).
+
+    > TRL's and transformers' fields whose meaning trl-padfree changes
+
+        padding_free (`bool`, *optional*, defaults to `False`):
+            TRL's field, which TRL 1.16 switches off ("temporarily unavailable"); trl-padfree honours it. `True`: every
+            chosen and rejected sequence of a batch is packed into one row with no padding (`position_ids` restarting
+            at 0 for each sequence, no attention mask), and losses, gradients and metrics equal those of padded TRL on
+            the same pairs. `False`: TRL's padded batches. `trl_padfree.DPOConfig` keeps TRL's default, `False`, so a
+            script that swaps it in trains padded until it sets `padding_free=True`; the `trl-padfree dpo` command
+            defaults to `True` (set `padding_free: false` in its config, or `--padding_free false`, to train padded)
+            and its first line says which mode trains.
+
+        pad_to_multiple_of (`int` or `str`, *optional*, defaults to `"auto"`):
+            TRL's field. With `padding_free=True` it pads the packed row, not each sequence: one padding segment at
+            the end of the row brings its length to a multiple of this value. `"auto"` pads to a multiple of 128 on
+            Neuron (AWS Trainium), which compiles once per input shape, and does not pad elsewhere, as in TRL.
+
+        train_sampling_strategy (`str`, *optional*, defaults to `"random"`):
+            transformers' field. With `padding_free=True`, `"batch_rebalance"` splits each optimizer step's pairs
+            (the default sampler's, same seed) across processes and micro-steps by estimated FLOPs, so every
+            data-parallel process's packed row costs about the same; each process's loss is weighted by its share of
+            the step's pairs, so training equals padded TRL on the same global batches. Logs
+            `padfree/balance_cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
+            `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
+            `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/concepts/balancing.md.
     """
 
+    # TRL's fields whose meaning changes here: TRL's default and choices, our help (what `trl-padfree dpo --help` shows)
+    padding_free: bool = changed_field(
+        "padding_free",
+        "Pack each batch's chosen and rejected sequences into one row, no padding, with the losses, gradients and "
+        "metrics of padded TRL (trl-padfree honours this TRL field, which TRL 1.16 switches off). false: TRL's padded "
+        "batches. Defaults to true in `trl-padfree dpo`, to false (TRL's default) in trl_padfree.DPOConfig.",
+    )
+    pad_to_multiple_of: int | str | None = changed_field(
+        "pad_to_multiple_of",
+        "Pad to a multiple of this value: with padding_free=true the packed row (one padding segment at its end), "
+        "else each sequence, as TRL. 'auto' pads to a multiple of 128 on Neuron (AWS Trainium), not elsewhere.",
+    )
+    train_sampling_strategy: str = changed_field(
+        "train_sampling_strategy",
+        "Sampler for training: 'random' (default), 'sequential', 'group_by_length', or 'batch_rebalance' (with "
+        "padding_free=true: each step's pairs split over processes and micro-steps so every packed row costs about "
+        "the same, training equal to padded TRL on the same batches; docs/concepts/balancing.md).",
+    )
     packed_attn_implementation: str = field(
         default="auto",
         metadata={
@@ -248,6 +286,9 @@ class DPOConfig(trl.DPOConfig):
                 sp_backend="deepspeed", sp_size=self.sequence_parallel_size, sp_handler=handler
             )
         super().__post_init__()
+        # Imported here: placement/ imports TRL's trainer, which the command line's parser need not wait for
+        from .placement.fsdp2 import planned_fsdp_version
+
         check_sequence_parallel_not_under_fsdp(self.sequence_parallel_size, planned_fsdp_version(self))
 
 

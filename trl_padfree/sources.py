@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from datasets import DatasetDict, load_dataset
+from datasets import DatasetDict, IterableDatasetDict, load_dataset
 
 from .data import DEMO_DATASET_NAME, load_demo_dataset, load_demo_tokenizer
 from .placement.deepspeed import zero3_init_config
@@ -73,17 +73,20 @@ def _save_atomically(directory: Path, save) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def load_preference_dataset(name_or_path: str, config_name: str | None = None) -> DatasetDict:
-    """The shipped demo data, a local data file or folder, or a hub dataset, as a `DatasetDict`."""
+def load_preference_dataset(
+    name_or_path: str, config_name: str | None = None, streaming: bool = False
+) -> DatasetDict | IterableDatasetDict:
+    """The shipped demo data, a local data file or folder, or a hub dataset, as a `DatasetDict`; with `streaming`
+    (TRL's `dataset_streaming`), read as it is iterated, an `IterableDatasetDict`."""
     if name_or_path == DEMO_DATASET_NAME:
-        return load_demo_dataset()
+        return load_demo_dataset(streaming=streaming)
     path = Path(name_or_path).expanduser()
     if path.suffix in DATA_FILE_FORMATS:
         if not path.is_file():
             raise FileNotFoundError(f"Dataset file {str(path)!r} does not exist.")
-        return load_dataset(DATA_FILE_FORMATS[path.suffix], data_files=str(path))
+        return load_dataset(DATA_FILE_FORMATS[path.suffix], data_files=str(path), streaming=streaming)
     if path.is_dir() or _looks_like_path(name_or_path):
         if not path.is_dir():
             raise FileNotFoundError(f"Dataset folder {str(path)!r} does not exist.")
-        return load_dataset(str(path), name=config_name)
-    return load_dataset(name_or_path, name=config_name)
+        return load_dataset(str(path), name=config_name, streaming=streaming)
+    return load_dataset(name_or_path, name=config_name, streaming=streaming)

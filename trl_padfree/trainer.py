@@ -21,10 +21,12 @@ import os
 from torch.utils.data import DataLoader
 
 from .config import fp32_log_probs_enabled
-from .integrations.trl import TRLSeams, bound_init_argument
+from .data.preference_format import checked_preference_datasets
+from .integrations.trl import TRLSeams, bound_init_arguments
 from .modeling.fused_lm_head import fused_lm_head_lookups
 from .modeling.packed_forward import PACKED_BATCH_KWARG
 from .modeling.padding_free import PaddingFree
+from .modeling.vision import why_no_images
 from .packing.balanced_batches import BalancedBatches
 from .packing.collator import is_packed_batch
 from .packing.pair_weights import EpochOfBatchSampler, PairWeightedSteps, batch_sampler_dataloader
@@ -51,17 +53,21 @@ class DPOTrainer(TRLSeams):
     """
 
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
+        arguments = bound_init_arguments(model, ref_model, args, data_collator, *more_args, **kwargs)
+        # Padding-free or not, before TRL reads them: bad data stops here with its row and column named
+        arguments["train_dataset"], arguments["eval_dataset"] = checked_preference_datasets(
+            arguments.get("train_dataset"),
+            arguments.get("eval_dataset"),
+            why_no_images=lambda: why_no_images(model, arguments.get("processing_class"), args),
+        )
         self._padding_free = PaddingFree.before_init(args, model, data_collator)
         self._token_budget = None  # max_tokens_per_batch, once TRL has tokenized the data
         self._balanced = None  # train_sampling_strategy="batch_rebalance", once TRL has tokenized the data
         self._pair_weights = None  # either of them: micro-batches of uneven pair counts
         self._row_split = None  # rows shared by several ranks
-        peft_config = None
-        if getattr(args, "ref_offload", False):  # the only setting that reads it before TRL's __init__
-            peft_config = bound_init_argument(
-                "peft_config", model, ref_model, args, data_collator, *more_args, **kwargs
-            )
-        self._reference, ref_model = ReferencePlacement.before_init(args, model, ref_model, peft_config)
+        self._reference, arguments["ref_model"] = ReferencePlacement.before_init(
+            args, model, ref_model, arguments.get("peft_config")
+        )
         fp32_log_probs = fp32_log_probs_enabled(args, self._padding_free.requested)
         with contextlib.ExitStack() as scopes:
             scopes.enter_context(self._padding_free.around_init(args))
@@ -69,7 +75,7 @@ class DPOTrainer(TRLSeams):
             scopes.enter_context(
                 fused_lm_head_lookups(self, fp32_log_probs, getattr(args, "cast_lm_head_to_fp32", False))
             )
-            super().__init__(model, ref_model, args, data_collator, *more_args, **kwargs)
+            super().__init__(**arguments)
         self._reference.check(self)
         self._padding_free.after_init(self)
         self._row_split = RowSplit.set_up(self)

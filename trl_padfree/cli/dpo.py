@@ -11,13 +11,21 @@ Arguments that are no field of those dataclasses go to `accelerate launch` (`--n
 name, or a file. This module is also the training script each process runs (`python -m trl_padfree.cli.dpo`).
 
 Besides what TRL takes, `model_name_or_path` takes a demo model built locally (`trl-padfree/<tiny|small|base>-<type>`),
-and `dataset_name` the data shipped in the package (`trl-padfree/demo-preferences`) or a local data file.
+and `dataset_name` the data shipped in the package (`trl-padfree/demo-preferences`) or a local data file. Unlike a
+script's `trl_padfree.DPOConfig` (TRL's default, `padding_free=False`), the command trains padding-free unless told
+otherwise (`--padding_free false`), and its first line says which mode trains.
+
+`--help` prints the text rendered ahead into `dpo_help_text.py` when the installed TRL and transformers are the ones it
+was rendered with (importing their configs takes seconds), else renders it.
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
+from importlib.metadata import version
+from pathlib import Path
 
 from trl_padfree.cli import exit_without_finalizing, one_line_errors, one_line_usage_errors
 from trl_padfree.cli.launch import (
@@ -29,15 +37,20 @@ from trl_padfree.cli.launch import (
 )
 
 MODULE = "trl_padfree.cli.dpo"
+# What the command trains unless the command line or the config says otherwise: padding-free, the reason to run it
+COMMAND_DEFAULTS = {"padding_free": True}
 
 
 def main(script_args, training_args, model_args, dataset_args) -> int:
     """Train, save, and push to the Hub if asked; returns the number of processes the run used."""
     from trl import get_dataset, get_peft_config, get_quantization_config
 
-    from trl_padfree import DPOTrainer
+    from trl_padfree.integrations.trl import ignore_boolean_buffers_in_ddp
     from trl_padfree.sources import load_preference_dataset, resolve_model
+    from trl_padfree.trainer import DPOTrainer
 
+    if training_args.process_index == 0:
+        print(training_mode(training_args.padding_free), flush=True)
     # The policy and the reference model are both loaded from these, as in TRL's script
     training_args.model_init_kwargs = {
         "revision": model_args.model_revision,
@@ -49,7 +62,9 @@ def main(script_args, training_args, model_args, dataset_args) -> int:
     if dataset_args.datasets:  # a mixture (`datasets:` in the YAML) wins over dataset_name, as in TRL's script
         dataset = get_dataset(dataset_args)
     elif script_args.dataset_name:
-        dataset = load_preference_dataset(script_args.dataset_name, script_args.dataset_config)
+        dataset = load_preference_dataset(
+            script_args.dataset_name, script_args.dataset_config, streaming=script_args.dataset_streaming
+        )
     else:
         raise ValueError(
             "Set `dataset_name` (a hub dataset, a local file, trl-padfree/demo-preferences) or `datasets`."
@@ -67,6 +82,8 @@ def main(script_args, training_args, model_args, dataset_args) -> int:
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
     )
+    if script_args.ignore_bias_buffers:  # as TRL's script does: DDP leaves the model's boolean buffers alone
+        ignore_boolean_buffers_in_ddp(trainer.model)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}")
@@ -77,11 +94,21 @@ def main(script_args, training_args, model_args, dataset_args) -> int:
     return trainer.accelerator.num_processes
 
 
+def training_mode(padding_free: bool) -> str:
+    """The line a run starts with: which mode trains, and why."""
+    if padding_free:
+        return (
+            "trl-padfree dpo: padding-free training (padding_free=True, the command's default): each batch's pairs "
+            "are packed into one row. --padding_free false trains on TRL's padded batches."
+        )
+    return "trl-padfree dpo: padded training on TRL's batches (padding_free=False, as set; the command's default is True)."
+
+
 def make_parser(prog: str = "trl-padfree dpo"):
-    """TRL's DPO script's parser, with our `DPOConfig`; bad flags are one line."""
+    """TRL's DPO script's parser, with our `DPOConfig` and the command's defaults; bad flags are one line."""
     from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
-    from trl_padfree import DPOConfig
+    from trl_padfree.config import DPOConfig
 
     epilog = (
         "Options that none of the above reads go to `accelerate launch` (--num_processes, --mixed_precision, "
@@ -90,11 +117,60 @@ def make_parser(prog: str = "trl-padfree dpo"):
         f"one: {', '.join(shipped_configs('accelerate_configs'))}."
     )
     dataclass_types = (ScriptArguments, DPOConfig, ModelConfig, DatasetMixtureConfig)
-    return one_line_usage_errors(TrlParser(dataclass_types, prog=prog, epilog=epilog))
+    parser = TrlParser(dataclass_types, prog=prog, epilog=epilog)
+    parser.set_defaults(**COMMAND_DEFAULTS)  # a config's values and the command line still override them
+    return one_line_usage_errors(parser)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The subcommand: parse here (so --help and bad flags answer at once), train in the processes accelerate launches
+# --help, rendered ahead: TRL's and transformers' configs take seconds to import, the text milliseconds to print
+
+HELP_COLUMNS = 100  # the width dpo_help_text.py is rendered at
+
+
+def help_inputs() -> dict[str, str]:
+    """What the help text depends on besides this package: the libraries whose configs it lists, and Python, whose
+    argparse lays it out."""
+    python = ".".join(platform.python_version_tuple()[:2])
+    return {"python": python, "trl": version("trl"), "transformers": version("transformers")}
+
+
+def render_help(columns: int | None = None) -> str:
+    """The help `make_parser()` prints, `columns` wide (default: the terminal's)."""
+    parser = make_parser()
+    if columns is not None:
+        formatter_class = parser.formatter_class
+        parser.formatter_class = lambda prog: formatter_class(prog, width=columns)
+    return parser.format_help()
+
+
+def shipped_help() -> str | None:
+    """The help rendered ahead, or None if it was rendered for another TRL or transformers (another Python only lays
+    it out a little differently)."""
+    from trl_padfree.cli.dpo_help_text import HELP, RENDERED_FOR
+
+    libraries = ("trl", "transformers")
+    installed = help_inputs()
+    return HELP if all(RENDERED_FOR[name] == installed[name] for name in libraries) else None
+
+
+def write_shipped_help() -> Path:
+    """Render the help into dpo_help_text.py for the installed versions: after any change to an option or its help."""
+    text = render_help(HELP_COLUMNS)
+    if "'''" in text or "\\" in text:
+        raise ValueError("The help holds triple quotes or a backslash, which dpo_help_text.py cannot hold raw.")
+    path = Path(__file__).with_name("dpo_help_text.py")
+    header = (
+        '"""`trl-padfree dpo --help`, rendered ahead by `trl_padfree.cli.dpo.write_shipped_help()`: do not edit.\n\n'
+        "Printed when the installed TRL and transformers are the ones below; tests/test_dpo_command.py checks that it "
+        'is\nwhat the parser prints.\n"""\n'
+    )
+    path.write_text(f"{header}\nRENDERED_FOR = {help_inputs()!r}\n\nHELP = r'''{text}'''\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The subcommand: parse here (so bad flags answer at once), train in the processes accelerate launches
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +179,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    if {"-h", "--help"} & set(options.arguments):
+        text = shipped_help()
+        print(render_help() if text is None else text, end="")
+        return 0
     argv = resolve_config_arguments(options.arguments)
     # Like `trl dpo`: what none of the dataclasses reads, from the command line or the YAML, is accelerate launch's
     *_, config_remaining, cli_remaining = make_parser().parse_args_and_config(

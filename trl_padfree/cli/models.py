@@ -39,7 +39,7 @@ from ..modeling.backends import ATTN_IMPLEMENTATION
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
 from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
 from ..modeling.packability import Verdict, check_architecture
-from ..modeling.vision import cross_attention_refusal, image_family
+from ..modeling.vision import cross_attention_refusal, image_family, vision_tower_left_out
 from ..modeling.vision_unsupported import UNCHECKED, refusal, unchecked
 
 # Default configs whose layers are all of one kind, where the released checkpoints mix state-space or convolution layers
@@ -259,7 +259,10 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     vision-language model's on image pairs, as TRL's vision trainer loads it)."""
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     vision_class = image_text_to_text_class_names().get(config.model_type)
-    if vision_class is not None and hasattr(transformers, vision_class):
+    # A vision-language config without its vision tower (Gemma 4's default) builds its language model alone: checked
+    # on text pairs, as padded TRL trains it
+    takes_images = not vision_tower_left_out(config)
+    if vision_class is not None and hasattr(transformers, vision_class) and takes_images:
         model_class = getattr(transformers, vision_class)
         reason = refusal(config.model_type)
         if reason is None and image_family(config.model_type) is None and cross_attention_refusal(config) is None:
@@ -283,6 +286,8 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     else:
         advice = "padding_free=True refuses it; train it with padding_free=False."
     title = f"{name_or_path}: {model_class.__name__} (model type {config.model_type!r})"
+    if not takes_images:
+        title += ", no vision tower in its config: a text model, checked on text pairs"
     return f"{title}\n{describe(verdicts, coverage)}\n{advice}"
 
 

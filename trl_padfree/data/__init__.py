@@ -19,16 +19,19 @@ TOKENIZER_FILE = "tokenizer.json"
 __all__ = ["DATA_DIR", "DEMO_DATASET_NAME", "length_statistics", "load_demo_dataset", "load_demo_tokenizer"]
 
 
-def load_demo_dataset(split: str | None = None):
+def load_demo_dataset(split: str | None = None, streaming: bool = False):
     """Load the shipped preference pairs, in TRL's standard (non-conversational) preference format.
 
     Args:
         split (`str`, *optional*):
             `"train"` (320 pairs) or `"test"` (40 pairs). If `None`, both.
+        streaming (`bool`, *optional*, defaults to `False`):
+            Read the files as they are iterated (`IterableDataset`s), as `load_dataset(..., streaming=True)` does.
 
     Returns:
         `datasets.DatasetDict` with `"train"` and `"test"` when `split` is `None`, else that split's
-        `datasets.Dataset`. Columns: `prompt`, `chosen`, `rejected` (strings; completions start with a space).
+        `datasets.Dataset` (`IterableDatasetDict` and `IterableDataset` when streaming). Columns: `prompt`, `chosen`,
+        `rejected` (strings; completions start with a space).
 
     Example:
 
@@ -44,7 +47,7 @@ def load_demo_dataset(split: str | None = None):
     if split is not None and split not in SPLIT_FILES:
         raise ValueError(f"Unknown split {split!r} of {DEMO_DATASET_NAME}: use one of {sorted(SPLIT_FILES)} or None.")
     data_files = {name: str(DATA_DIR / file) for name, file in SPLIT_FILES.items()}
-    dataset = load_dataset("json", data_files=data_files)
+    dataset = load_dataset("json", data_files=data_files, streaming=streaming)
     return dataset if split is None else dataset[split]
 
 

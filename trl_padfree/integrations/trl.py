@@ -7,7 +7,8 @@
   TRL stops going through them;
 - the tile sizes of TRL's fused LM head, for the memory planner;
 - the templating `DataCollatorForVisionPreference` runs on each example (`trl.data_utils`, read from the collator's
-  module so that a pair counted from its image sizes is templated by the same functions: packing/pair_sizes.py).
+  module so that a pair counted from its image sizes is templated by the same functions: packing/pair_sizes.py);
+- what TRL's `trl dpo` script does with `--ignore_bias_buffers` (torch DDP's list of buffers to leave alone).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import torch
 import trl
 import trl.trainer.dpo_trainer as trl_dpo_trainer
 from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE as LOGITS_TILE_TOKENS
@@ -36,10 +38,11 @@ __all__ = [
     "DataCollatorForVisionPreference",
     "TRLSeams",
     "apply_chat_template",
-    "bound_init_argument",
+    "bound_init_arguments",
     "create_model_from_path",
     "fused_lm_head_added_with",
     "get_config_model_id",
+    "ignore_boolean_buffers_in_ddp",
     "is_conversational",
     "padding_free_hidden",
     "prepare_multimodal_messages",
@@ -82,10 +85,19 @@ class TRLSeams(trl.DPOTrainer):
         return self._prepare_inputs(inputs)
 
 
-def bound_init_argument(name: str, *args, **kwargs):
-    """The value `trl.DPOTrainer.__init__` would receive for `name`, however it was passed."""
+def bound_init_arguments(*args, **kwargs) -> dict:
+    """The arguments `trl.DPOTrainer.__init__` receives, by name, however they were passed (those left out absent)."""
     bound = inspect.signature(trl.DPOTrainer.__init__).bind(None, *args, **kwargs)
-    return bound.arguments.get(name)
+    return {name: value for name, value in bound.arguments.items() if name != "self"}
+
+
+def ignore_boolean_buffers_in_ddp(model: torch.nn.Module) -> None:
+    """`--ignore_bias_buffers`, as TRL's `trl dpo` script applies it: torch's DistributedDataParallel leaves the
+    model's boolean buffers (attention masks some models keep) out of its broadcasts, the fix for DDP's "invalid scalar
+    type" with them (transformers#22482). DDP reads the list when it wraps the model, in `train()`."""
+    model._ddp_params_and_buffers_to_ignore = [
+        name for name, buffer in model.named_buffers() if buffer.dtype == torch.bool
+    ]
 
 
 def padding_free_hidden(args):

@@ -47,7 +47,7 @@ from .kernels import cpu_twin_kernels
 from .mixers import mixer_calls, mixer_classes
 from .packed_forward import PackedBatch
 from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
-from .vision import cross_attention_refusal, image_family, image_token_id
+from .vision import cross_attention_refusal, image_family, image_token_id, vision_tower_left_out
 from .vision_twin import twin_image_inputs
 from .vision_unsupported import refusal, unchecked
 
@@ -317,14 +317,9 @@ def _measure(
             time.perf_counter() - start,
         )
 
-    cross_attention = cross_attention_refusal(config) if images else None
-    if cross_attention is not None:
-        return verdict(cross_attention)
-    known_refusal = refusal(model_type) if images else None
-    if known_refusal is not None:  # looked at: refused on image data whatever its twin would measure
-        return verdict(known_refusal)
-    if images and image_family(model_type) is None:
-        return verdict(unchecked(model_type))
+    refused_on_images = _refused_on_images(config) if images else None
+    if refused_on_images is not None:
+        return verdict(refused_on_images)
     try:
         twin = build_twin(model_class, config, attn_implementation)
     except TwinError as error:
@@ -356,6 +351,19 @@ def _measure(
             shared_error,
         )
     return verdict(None, errors, shared_error)
+
+
+def _refused_on_images(config: PretrainedConfig) -> str | None:
+    """Why image data is refused whatever a twin would measure (looked at, or not checked yet), or None."""
+    if vision_tower_left_out(config):  # nothing to encode images with: it trains on text, as padded TRL trains it
+        return (
+            "its config has no vision tower (vision_config=None), so it takes no images: the model is its language "
+            "model alone, checked on text pairs (`trl-padfree models --check` on this config says how it packs)"
+        )
+    known_refusal = cross_attention_refusal(config) or refusal(config.model_type)
+    if known_refusal is not None:
+        return known_refusal
+    return unchecked(config.model_type) if image_family(config.model_type) is None else None
 
 
 def _packing_refusal(twin: PreTrainedModel, attn_implementation: str, errors: PackingErrors) -> str | None:

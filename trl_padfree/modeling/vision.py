@@ -12,6 +12,7 @@
   tokens attend to their whole image: the row carries those spans to `padfree_varlen` (attention/bidirectional.py).
 - **Families.** The vision-language models trl-padfree packs images for, and how each lays its images out; each is
   still decided by the architecture check on a twin with images (modeling/vision_twin.py).
+- **Which models take images** at all, as TRL's trainer will run them (`why_no_images`), for the data check.
 """
 
 from __future__ import annotations
@@ -254,3 +255,39 @@ def is_vision_language(config) -> bool:
     if getattr(config, "vision_config", None) is None:
         return False
     return image_token_id(config) is not None or image_family(getattr(config, "model_type", None)) is not None
+
+
+def vision_tower_left_out(config) -> bool:
+    """A vision-language class whose config leaves its vision tower out (Gemma 4's default config): the model it
+    builds is its language model alone, and takes no images."""
+    return hasattr(config, "vision_config") and config.vision_config is None
+
+
+def why_no_images(model, processing_class, args) -> str | None:
+    """Why `model` (a model, or a name TRL will load) takes no images as TRL's `DPOTrainer` will run it, or None if it
+    takes them. TRL reads images only through a processor, the one passed or the one `AutoProcessor` loads for the
+    model; and a model without a vision tower has nothing to encode them with."""
+    from transformers import AutoConfig, AutoProcessor, ProcessorMixin
+
+    from ..integrations.trl import get_config_model_id
+
+    trust_remote_code = getattr(args, "trust_remote_code", False)
+    revision = None  # TRL passes the model's revision on to the processor only for a model it loads by name
+    if isinstance(model, str):
+        revision = (getattr(args, "model_init_kwargs", None) or {}).get("revision")
+        config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    else:
+        config = model.config
+    if vision_tower_left_out(config):
+        return f"its config ({type(config).__name__}) has no vision tower (vision_config=None)"
+    if processing_class is None:  # as TRL loads it
+        model_id = model if isinstance(model, str) else get_config_model_id(model.config)
+        processing_class = AutoProcessor.from_pretrained(
+            model_id, revision=revision, trust_remote_code=trust_remote_code
+        )
+    if not isinstance(processing_class, ProcessorMixin):
+        return (
+            f"its processing class is {type(processing_class).__name__}, a tokenizer; TRL reads images only through "
+            "a vision-language model's processor"
+        )
+    return None
