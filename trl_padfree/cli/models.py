@@ -7,8 +7,9 @@ is refused, and how long the check took. `--markdown` prints the table of docs/r
 that model will pack: the same check the trainer runs at start-up.
 
 For `padfree_varlen`, each exact type also gets its kernel coverage (modeling/kernel_coverage.py): how many of its
-attention layers reach torch's varlen kernel on a GPU in TRL's default precision, planned at the default config's real
-head dims, and why the others run per segment (softcapping, sinks, a head dim above 256).
+attention layers run one fused kernel call on a GPU in TRL's default precision, planned at the default config's real
+head dims, which kernel beyond torch's varlen kernel (the sink correction, flash-attn or FlexAttention for softcapping,
+the memory-efficient kernel for head dims above 256), and why any other runs per segment.
 
 `--vision` checks the image-text-to-text types instead (`AutoModelForImageTextToText`), each on image pairs: a tiny
 twin with its vision tower, images laid out as TRL's vision collator lays them out and packed as training packs them.
@@ -35,6 +36,7 @@ from ..integrations.transformers import (
     image_text_to_text_class_names,
     not_decoder_only_types,
 )
+from ..modeling.attention.plan import VARLEN
 from ..modeling.backends import ATTN_IMPLEMENTATION
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
 from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
@@ -192,25 +194,33 @@ def summary_counts(rows: list[CoverageRow], backend: str) -> dict[str, int]:
 def _kernel_cells(coverage: KernelCoverage | None) -> list[str]:
     if coverage is None:
         return ["", ""]
-    per_segment = "; ".join(f"{count}: {why}" for why, count in coverage.per_segment)
-    return [coverage.cell, (coverage.error or per_segment).replace("|", "\\|")[:120]]
+    others = [f"{count} {kernel}" for kernel, count in coverage.kernels if kernel != VARLEN]
+    per_segment = [f"{count} per segment: {why}" for why, count in coverage.per_segment]
+    return [coverage.cell, (coverage.error or "; ".join(others + per_segment)).replace("|", "\\|")[:120]]
 
 
 def kernel_summary(coverages: list[KernelCoverage]) -> str:
-    """One line over the exact types' kernel coverage: types wholly on the kernel, layers on it, and why not."""
+    """One line over the exact types' kernel coverage: types wholly on fused kernels, layers on each, and why not."""
     planned = [coverage for coverage in coverages if coverage.error is None]
     whole = sum(coverage.on_kernel == coverage.layers for coverage in planned)
     layers = sum(coverage.layers for coverage in planned)
     on_kernel = sum(coverage.on_kernel for coverage in planned)
+    kernels: dict[str, int] = {}
     reasons: dict[str, int] = {}
     for coverage in planned:
+        for kernel, count in coverage.kernels:
+            kernels[kernel] = kernels.get(kernel, 0) + count
         for why, count in coverage.per_segment:
             reason = why.split(" (")[0] if why.startswith("head dim") else why
             reasons[reason] = reasons.get(reason, 0) + count
-    why = "; ".join(f"{count} {reason}" for reason, count in sorted(reasons.items(), key=lambda item: -item[1]))
+
+    def most_first(counts: dict[str, int]) -> str:
+        return "; ".join(f"{count} {name}" for name, count in sorted(counts.items(), key=lambda item: -item[1]))
+
     return (
         f"{ATTN_IMPLEMENTATION} on a GPU (bf16): {whole} of {len(planned)} exact types with every attention layer on "
-        f"torch's varlen kernel; {on_kernel} of {layers} layers on it; per segment: {why or 'none'}"
+        f"a fused kernel; {on_kernel} of {layers} layers on one ({most_first(kernels) or 'none'}); per segment: "
+        f"{most_first(reasons) or 'none'}"
         + (f"; {len(coverages) - len(planned)} not planned" if len(planned) < len(coverages) else "")
     )
 
@@ -218,8 +228,8 @@ def kernel_summary(coverages: list[KernelCoverage]) -> str:
 def markdown_table(rows: list[CoverageRow], backends=CHECKED_ATTENTION) -> str:
     header = ["Model type", "Class", *backends, "Check (s)", "Why not (first refused backend)"]
     kernel = any(row.kernel is not None for row in rows)
-    if kernel:  # after the verdicts: layers on torch's varlen kernel on a GPU (bf16), and why the rest are not
-        header[2 + len(backends) : 2 + len(backends)] = ["Varlen kernel layers (bf16)", "Per segment on a GPU"]
+    if kernel:  # after the verdicts: layers on a fused kernel on a GPU (bf16), which kernels, and why not
+        header[2 + len(backends) : 2 + len(backends)] = ["Fused-kernel layers (bf16)", "Other kernels; per segment"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [_cell(row.verdicts[backend]) for backend in backends]
