@@ -5,10 +5,11 @@ keys and values. The multi-process runs over gloo are further down."""
 import pytest
 import torch
 
+from trl_padfree.modeling.attention.gathered import GatheredKeys
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
 from trl_padfree.packing.layout import HostRow
-from trl_padfree.packing.prefix_sharing import SharedPrefixAttention
+from trl_padfree.packing.prefix_sharing import shared_prefix_keys
 from trl_padfree.parallel.context import ContextParallelRow, localize
 from trl_padfree.parallel.groups import RowGroup
 
@@ -91,7 +92,7 @@ def test_a_rejected_branch_reads_its_prefix_from_another_rank():
     prefix_starts[starts.index(19)], prefix_lens[starts.index(19)] = 7, 6
     lengths = tuple(end - start for start, end in zip(bounds, bounds[1:], strict=False))
     host = HostRow(bounds, lengths, starts, tuple(prefix_starts), tuple(prefix_lens))
-    shared = SharedPrefixAttention.of_row(host)
+    shared = shared_prefix_keys(host)
     query, key, value = row_tensors(3)
     expected, _ = padfree_varlen_attention(
         Layer(), query, key, value, None, packed_row=SharedPrefixRow(CU_SEQ_LENS, None, shared=shared)
@@ -102,16 +103,17 @@ def test_a_rejected_branch_reads_its_prefix_from_another_rank():
 
 
 def test_localize_keeps_the_keys_up_to_the_chunks_last_query():
-    positions = torch.arange(ROW)
     bounds = CU_SEQ_LENS.tolist()
-    ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
-    local = localize(positions, bounds, ranges, chunk=(8, 16))
+    pieces = [(range(start, end), (range(start, end),)) for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    segments = localize(pieces, chunk=(8, 16))
+    local = GatheredKeys.of_pieces(segments.values(), torch.device("cpu"))
     # Chunk 8..16 holds queries 8..16 of segment 2 (7..19): keys 7..16
-    assert local.segments == (2,)
+    assert tuple(segments) == (2,)
     assert local.cu_seq_lens_q.tolist() == [0, 8] and local.cu_seq_lens_k.tolist() == [0, 9]
     assert local.key_index.tolist() == list(range(7, 16))
-    local = localize(positions, bounds, ranges, chunk=(16, 24))
-    assert local.segments == (2, 3, 4)
+    segments = localize(pieces, chunk=(16, 24))
+    local = GatheredKeys.of_pieces(segments.values(), torch.device("cpu"))
+    assert tuple(segments) == (2, 3, 4)
     assert local.cu_seq_lens_q.tolist() == [0, 3, 6, 8] and local.cu_seq_lens_k.tolist() == [0, 12, 15, 17]
 
 

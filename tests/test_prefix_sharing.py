@@ -33,6 +33,7 @@ from trainer_utils import (
 
 from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, DPOTrainer, PaddingFreePreferenceCollator
 from trl_padfree.modeling import packability as architecture
+from trl_padfree.modeling.attention.gathered import GatheredKeys
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
 from trl_padfree.modeling.attention.segments import per_segment_attention
@@ -43,9 +44,9 @@ from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import HostRow, cu_seq_lens_from_lengths, kept_prompt_and_completion
 from trl_padfree.packing.prefix_sharing import (
     GATHER_FLOPS_PER_ELEMENT,
-    SharedPrefixAttention,
     SharingCost,
     pair_row_tokens,
+    shared_prefix_keys,
     shared_prefix_length,
     shares_pay,
 )
@@ -239,12 +240,13 @@ def test_shared_prefix_keys_put_each_branchs_prefix_before_it():
         prefix_starts=(0, 0, 0, 7),
         prefix_lens=(0, 0, 2, 1),
     )
-    shared = SharedPrefixAttention.of_row(row)
+    keys = shared_prefix_keys(row)
+    shared = GatheredKeys.of_pieces(keys, torch.device("cpu"))
     assert shared.key_index.tolist() == [0, 1, 2, 3, 4, 0, 1, 5, 6, 7, 8, 9, 7, 10, 11, 12]
     assert shared.bounds_k == (0, 5, 9, 12, 16) and shared.cu_seq_lens_k.tolist() == [0, 5, 9, 12, 16]
     assert shared.cu_seq_lens_k.dtype == torch.int32 and shared.max_length_k == 5
-    assert shared.branch_segments == {1, 3}
-    assert SharedPrefixAttention.of_row(dataclasses.replace(row, prefix_lens=(0, 0, 0, 0))) is None
+    assert {segment for segment, (_, ranges) in enumerate(keys) if len(ranges) > 1} == {1, 3}  # the branches
+    assert shared_prefix_keys(dataclasses.replace(row, prefix_lens=(0, 0, 0, 0))) is None
 
 
 def test_attention_without_the_layout_during_a_shared_forward_is_an_error():

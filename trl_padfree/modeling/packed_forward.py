@@ -21,7 +21,7 @@ import torch
 
 from ..integrations.transformers import attn_implementation, mask_creation_skipped
 from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view, token_runs
-from ..packing.prefix_sharing import SharedPrefixAttention
+from ..packing.prefix_sharing import shared_prefix_keys
 from ..packing.vision import IMAGE_INPUTS, IMAGE_UNITS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS, ImageUnitSizes
 from ..refusals import (
     check_image_within_window,
@@ -90,9 +90,10 @@ class PackedBatch:
         # (With prefix sharing, a rejected sequence's last prefix cell reads the output that scores the chosen
         # branch's first token: the same prompt token, never scored.)
         self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1, *prefix)
+        # Each segment's queries and keys as host integers (packing/prefix_sharing.py); None: no prompt shared
         self.shared_prefix = None
         if self.shared_prefix_lens is not None:  # laid out by a prefix-sharing collator
-            self.shared_prefix = SharedPrefixAttention.of_row(self.host, self.input_ids.device)
+            self.shared_prefix = shared_prefix_keys(self.host)
 
     @classmethod
     def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:

@@ -19,7 +19,8 @@ the keys are gathered so that each segment has its own tokens, except a rejected
 
 Causal attention aligned to the bottom-right corner (flash attention's varlen convention, and the per-segment
 reference's) then lets branch token i see the whole prefix and the branch up to itself: exactly the keys of the
-unshared rejected sequence. `SharedPrefixAttention` holds that gather, built once per step from host integers.
+unshared rejected sequence. `shared_prefix_keys` lays those keys out as host integers; the attention gathers them
+(modeling/attention/gathered.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
-from .layout import HostRow, host_to_device, kept_prompt_and_completion, pair_tokens
+from .layout import HostRow, kept_prompt_and_completion, pair_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -72,38 +73,17 @@ def pair_row_tokens(
     return pair_tokens(prompt, chosen, rejected, max_length) - prefix
 
 
-@dataclass(frozen=True)
-class SharedPrefixAttention:
-    """The keys of a prefix-sharing row's attention: every segment's own tokens, a rejected branch's prefix first.
-
-    One call per layer computes the row: queries `cu_seq_lens_q` (the row's segments) against the keys
-    `key_index` gathers, segment by segment (`cu_seq_lens_k`), causal aligned to the bottom-right corner.
-    """
-
-    key_index: torch.Tensor  # (K,) row positions of the keys, segment after segment
-    cu_seq_lens_k: torch.Tensor  # (segments + 1,) int32
-    bounds_k: tuple[int, ...]  # the same boundaries, on the host
-    max_length_k: int
-    branch_segments: frozenset[int]  # the segments that read a prefix
-
-    @classmethod
-    def of_row(cls, row: HostRow, device: torch.device | None = None) -> SharedPrefixAttention | None:
-        """From the row's host integers; None when no pair of the row shares its prefix."""
-        segment_ranges = row.segment_key_ranges()
-        branches = frozenset(segment for segment, ranges in enumerate(segment_ranges) if len(ranges) > 1)
-        if not branches:
-            return None
-        key_lens = [sum(end - start for start, end in ranges) for ranges in segment_ranges]
-        key_index = torch.cat([torch.arange(start, end) for ranges in segment_ranges for start, end in ranges])
-        bounds_k = tuple(itertools.accumulate(key_lens, initial=0))
-        device = device or torch.device("cpu")
-        return cls(
-            key_index=host_to_device(key_index, device),
-            cu_seq_lens_k=host_to_device(torch.tensor(bounds_k, dtype=torch.int32), device),
-            bounds_k=bounds_k,
-            max_length_k=max(key_lens),
-            branch_segments=branches,
-        )
+def shared_prefix_keys(row: HostRow) -> tuple[tuple[range, tuple[range, ...]], ...] | None:
+    """The keys of a prefix-sharing row's attention, as host integers: per segment, its queries (its row positions)
+    and the row ranges of its keys, its own tokens after a rejected branch's prefix; None when no pair of the row
+    shares its prefix."""
+    segment_keys = row.segment_key_ranges()
+    if all(len(ranges) == 1 for ranges in segment_keys):
+        return None
+    return tuple(
+        (range(start, end), tuple(range(*keys) for keys in ranges))
+        for (start, end), ranges in zip(itertools.pairwise(row.cu_seq_lens), segment_keys, strict=True)
+    )
 
 
 # ---- prefix_sharing="auto": share a batch's prompts when the cost model says it pays ----

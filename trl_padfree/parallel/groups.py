@@ -1,7 +1,8 @@
-"""The ranks that share a packed row, and the differentiable gather of their chunks.
+"""The ranks that share a packed row: their groups, made once per process, and the collectives between them.
 
 One type for every group of ranks a split row uses (DeepSpeed Ulysses', context parallelism's, both together): its
-chunk of a `(1, T, ...)` row, and the whole row from every rank's chunk.
+chunk of a `(1, T, ...)` row, and the whole row from every rank's chunk. DeepSpeed makes Ulysses' groups; this module
+makes context parallelism's (`context_parallel_groups`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..refusals import check_processes_share_rows
 
 
 @dataclass(frozen=True)
@@ -104,3 +107,39 @@ class _GatherUneven(torch.autograd.Function):
         dist.all_reduce(grad, group=ctx.group.group)
         start = sum(ctx.sizes[: ctx.group.rank])
         return grad[start : start + ctx.sizes[ctx.group.rank]], None, None
+
+
+# ---- the groups ----
+
+# torch.distributed makes a group once, with every rank taking part: the groups made, by (context, Ulysses) size,
+# for the process's lifetime
+_GROUPS: dict[tuple[int, int], tuple[RowGroup, RowGroup]] = {}
+
+
+def context_parallel_groups(size: int, ulysses_size: int = 1) -> tuple[RowGroup, RowGroup]:
+    """This rank's context-parallel group, and the group of every rank that shares its row.
+
+    A row is shared by `size x ulysses_size` consecutive ranks, each feeding the model one chunk of it. Alone
+    (`ulysses_size` 1) those ranks are the context-parallel group. With Ulysses, whose groups DeepSpeed makes of
+    `ulysses_size` consecutive ranks, a Ulysses group gathers its ranks' adjacent chunks into one context-parallel
+    chunk for `ulysses_size`-th of the heads; the context-parallel group is then the ranks at the same place in each
+    Ulysses group of the row, which hold the same heads (row of 4 ranks, ulysses 2: context-parallel groups {0, 2} and
+    {1, 3}). Created once per process: every rank creates every group, as `torch.distributed.new_group` requires.
+    """
+    if (size, ulysses_size) in _GROUPS:
+        return _GROUPS[size, ulysses_size]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    row_size = size * ulysses_size
+    check_processes_share_rows(row_size, world)
+    mine = {}
+    for first in range(0, world, row_size):
+        row_ranks = list(range(first, first + row_size))
+        row_group = dist.new_group(row_ranks) if ulysses_size > 1 else None
+        for place in range(ulysses_size):
+            ranks = row_ranks[place::ulysses_size]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine["context"] = RowGroup(group, ranks.index(rank), size)
+                mine["row"] = RowGroup(row_group, rank - first, row_size) if row_group else mine["context"]
+    _GROUPS[size, ulysses_size] = mine["context"], mine["row"]
+    return _GROUPS[size, ulysses_size]

@@ -34,8 +34,8 @@ from ..refusals import (
     check_ulysses_without_dropout,
 )
 from .batch_hand_out import SameBatchOnEveryRank
-from .context import ContextParallelRow, context_parallel_groups
-from .groups import RowGroup
+from .context import ContextParallelRow
+from .groups import RowGroup, context_parallel_groups
 from .image_shares import images_dealt
 from .ulysses import (
     active_group,

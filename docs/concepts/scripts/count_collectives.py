@@ -23,7 +23,7 @@ sys.path.insert(0, "tests/distributed")
 import train_dpo  # noqa: E402
 
 import trl_padfree.modeling.packed_forward  # noqa: E402
-from trl_padfree.parallel import context as context_parallel  # noqa: E402
+from trl_padfree.parallel import groups as row_groups_module  # noqa: E402
 
 BYTES = collections.Counter()  # (what, pass, "sent" | "received") -> bytes, this rank
 CALLS = collections.Counter()  # (what, pass) -> collective calls
@@ -31,7 +31,7 @@ ROWS = []  # every packed forward: (row length, with gradients)
 
 
 def row_groups() -> list:
-    groups = [group.group for pair in context_parallel._GROUPS.values() for group in pair if group.group is not None]
+    groups = [group.group for pair in row_groups_module._GROUPS.values() for group in pair if group.group is not None]
     try:
         from deepspeed.utils import groups as deepspeed_groups
 

@@ -15,7 +15,7 @@ import torch.distributed.nn.functional
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from trl_padfree.parallel import context
+from trl_padfree.modeling.attention import gathered
 from trl_padfree.parallel.context import ContextParallelRow
 from trl_padfree.parallel.groups import RowGroup
 
@@ -76,7 +76,7 @@ class FlashAttention(torch.autograd.Function):
 
 def main():
     RowGroup.gather = lambda self, tensor, dim=1: AllGather.apply(tensor, dim)
-    context.varlen_attention = lambda q, k, v, *_, **__: FlashAttention.apply(q, k, v)  # the kernel
+    gathered.varlen_attention = lambda q, k, v, *_, **__: FlashAttention.apply(q, k, v)  # the kernel
     cu_seq_lens = torch.tensor([0, ROW], dtype=torch.int32)
     row = ContextParallelRow(cu_seq_lens, ROW, group=RowGroup(None, C - 1, C), row_length=ROW)
     query = torch.randn(1, HEADS, CHUNK, HEAD_DIM, requires_grad=True)  # the last rank, one sequence filling the row

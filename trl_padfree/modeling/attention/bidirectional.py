@@ -3,9 +3,10 @@
 Gemma 3 lets the tokens of one image see the whole image, later image tokens included, while everything else stays
 causal; on sliding-window layers the window still bounds the keys before a query (transformers: causal OR same image,
 AND the window). Gemma 4 does so on its sliding-window layers alone, where its config sets
-use_bidirectional_attention="vision" (`SpanAttention.sliding_layers_only`). Such a row attends in two calls of the row's kernel, laid out once per forward from the collator's
-host integers (`HostRow.image_spans`): causal pieces (each run of text, with its segment's keys up to the run's end)
-and bidirectional pieces (each image, with its segment's keys up to the image's end), every piece aligned to the
+use_bidirectional_attention="vision" (`SpanAttention.sliding_layers_only`). Such a row attends in two calls over
+gathered queries and keys (gathered.py), laid out once per forward from the collator's host integers
+(`HostRow.image_spans`): causal pieces (each run of text, with its segment's keys up to the run's end) and
+bidirectional pieces (each image, with its segment's keys up to the image's end), every piece aligned to the
 bottom-right corner of its keys, as varlen kernels align a segment with more keys than queries:
 
     segment        | t0 t1 i0 i1 i2 t2 t3 |
@@ -26,62 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from ...packing.layout import host_to_device
-from .varlen import KernelSession, varlen_attention
-
-
-@dataclass(frozen=True)
-class PieceCall:
-    """One kernel call over gathered pieces: queries at row positions `query_index`, keys at `key_index`, the pieces'
-    boundaries on the device and the host."""
-
-    query_index: torch.Tensor
-    key_index: torch.Tensor
-    cu_seq_lens_q: torch.Tensor
-    cu_seq_lens_k: torch.Tensor
-    bounds_q: tuple[int, ...]
-    bounds_k: tuple[int, ...]
-    max_length_q: int
-    max_length_k: int
-    causal: bool
-
-    @classmethod
-    def of_pieces(cls, pieces: list[tuple[range, list[range]]], causal: bool, device) -> PieceCall:
-        """`pieces`: (query positions, key position ranges) each."""
-        lengths_q = [len(queries) for queries, _ in pieces]
-        lengths_k = [sum(map(len, keys)) for _, keys in pieces]
-        bounds_q = tuple(itertools.accumulate(lengths_q, initial=0))
-        bounds_k = tuple(itertools.accumulate(lengths_k, initial=0))
-
-        def on_device(values) -> torch.Tensor:
-            return host_to_device(torch.tensor(values, dtype=torch.long), device)
-
-        return cls(
-            query_index=on_device([position for queries, _ in pieces for position in queries]),
-            key_index=on_device([position for _, keys in pieces for span in keys for position in span]),
-            cu_seq_lens_q=host_to_device(torch.tensor(bounds_q, dtype=torch.int32), device),
-            cu_seq_lens_k=host_to_device(torch.tensor(bounds_k, dtype=torch.int32), device),
-            bounds_q=bounds_q,
-            bounds_k=bounds_k,
-            max_length_q=max(lengths_q),
-            max_length_k=max(lengths_k),
-            causal=causal,
-        )
-
-    def attend(self, query, key, value, session: KernelSession, options: dict) -> torch.Tensor:
-        """`(1, pieces' queries, heads, dim)` for `(1, heads, T, dim)` inputs of the whole row."""
-        return varlen_attention(
-            query.index_select(2, self.query_index),
-            key.index_select(2, self.key_index),
-            value.index_select(2, self.key_index),
-            self.cu_seq_lens_q,
-            self.cu_seq_lens_k,
-            self.max_length_q,
-            self.max_length_k,
-            session=session,
-            bounds=(self.bounds_q, self.bounds_k),
-            causal=self.causal,
-            **options,
-        )
+from .gathered import GatheredKeys, Piece
+from .varlen import KernelSession
 
 
 @dataclass(frozen=True)
@@ -89,7 +36,7 @@ class SpanAttention:
     """A row with image spans, attended in a causal and a bidirectional call; `output_index` puts each row position's
     output back in place from the two calls' outputs, concatenated."""
 
-    calls: tuple[PieceCall, PieceCall]
+    calls: tuple[GatheredKeys, GatheredKeys]
     output_index: torch.Tensor
     sliding_layers_only: bool = False  # Gemma 4: its full-attention layers attend causally, as rows without spans
 
@@ -110,7 +57,7 @@ class SpanAttention:
         its image spans, all host integers; None without a span."""
         if not spans:
             return None
-        pieces: dict[bool, list[tuple[range, list[range]]]] = {True: [], False: []}
+        pieces: dict[bool, list[Piece]] = {True: [], False: []}
         spans = sorted(spans)
         for (start, end), keys in zip(itertools.pairwise(bounds), segment_keys, strict=True):
             inside = [(a, b) for a, b in spans if start <= a < end]
@@ -127,7 +74,10 @@ class SpanAttention:
                 text_start = span_end
             if end > text_start:
                 pieces[True].append((range(text_start, end), [range(start, end)]))
-        calls = tuple(PieceCall.of_pieces(pieces[causal], causal, device) for causal in (True, False))
+        calls = tuple(
+            GatheredKeys.of_pieces(pieces[causal], device, causal=causal, gather_queries=True)
+            for causal in (True, False)
+        )
         order = [position for call in (True, False) for queries, _ in pieces[call] for position in queries]
         output_index = [0] * len(order)
         for index, position in enumerate(order):

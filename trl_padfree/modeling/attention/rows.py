@@ -7,6 +7,8 @@ keyword (transformers passes a model's keyword arguments down to its attention f
                         after its prompt's
     ContextParallelRow  (parallel/context.py) this rank's chunk of the row against the row's gathered keys
 
+The last two, and image spans, attend over gathered keys (gathered.py): one type, laid out by each from host integers.
+
 A row is made for one forward and carries what its attention calls share (`KernelSession`: the kernel and its plans,
 decided once) and its boundaries as host integers (`bounds`), so no call reads the device.
 
@@ -31,7 +33,6 @@ from typing import ClassVar
 import torch
 
 from ...packing.layout import chunked_bounds, chunked_cu_seq_lens, host_to_device
-from ...packing.prefix_sharing import SharedPrefixAttention
 from ...refusals import (
     refuse_image_spans_with_chunked_layers,
     refuse_layout_not_read,
@@ -39,6 +40,7 @@ from ...refusals import (
     refuse_prefix_sharing_with_chunked_layers,
 )
 from .bidirectional import SpanAttention
+from .gathered import GatheredKeys, Piece
 from .varlen import KernelSession, varlen_attention
 
 PACKED_ROW_KWARG = "packed_row"
@@ -118,13 +120,18 @@ class PackedRow:
 @dataclass
 class SharedPrefixRow(PackedRow):
     """A prefix-sharing row: one call, the row's queries against keys gathered so that each rejected branch reads its
-    prefix first (`shared`, packing/prefix_sharing.py); causal alignment to the bottom-right corner does the rest."""
+    prefix first (`shared`: each segment's queries and keys, packing/prefix_sharing.py); causal alignment to the
+    bottom-right corner does the rest."""
 
-    shared: SharedPrefixAttention | None = None
+    shared: tuple[Piece, ...] = field(kw_only=True)
+    keys: GatheredKeys = field(init=False, repr=False, compare=False)  # on the row's device, made once per forward
 
     layout: ClassVar[str] = "prefix-sharing layout"
     consequence: ClassVar[str] = "rejected tokens would not see their prompt"
     way_out: ClassVar[str] = "prefix_sharing=False"
+
+    def __post_init__(self):
+        self.keys = GatheredKeys.of_pieces(self.shared, self.cu_seq_lens.device)
 
     def segments(self, chunk_size: int | None) -> tuple[torch.Tensor, int | None]:
         if chunk_size is not None:
@@ -136,19 +143,7 @@ class SharedPrefixRow(PackedRow):
         # Spans are laid out with each branch's prefix keys too (bidirectional.py)
         if self.spans is not None and self.spans.holds_on(options):
             return self.spans.attend(query, key, value, self.session, options)
-        shared = self.shared
-        return varlen_attention(
-            query,
-            key.index_select(2, shared.key_index),
-            value.index_select(2, shared.key_index),
-            cu_seq_lens,
-            shared.cu_seq_lens_k,
-            max_length,
-            shared.max_length_k,
-            session=self.session,
-            bounds=None if self.bounds is None else (self.bounds, shared.bounds_k),
-            **options,
-        )
+        return self.keys.attend(query, key, value, self.session, options)
 
 
 # The row of the forward in flight, when every attention call must read it
