@@ -99,3 +99,76 @@ def test_every_option_of_every_subcommand_has_help(command):
     assert actions and all(action.help for action in actions), [
         action.option_strings or action.dest for action in actions if not action.help
     ]
+
+
+# ---- trl-padfree configs ----
+
+
+def shipped_names(kind: str) -> list[str]:
+    from trl_padfree.cli.launch import shipped_configs
+
+    return list(shipped_configs(kind))
+
+
+def test_configs_lists_every_shipped_config_with_its_first_sentence(capsys):
+    from trl_padfree.cli.configs_command import description, shipped_config
+
+    assert main(["configs"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # as one line: descriptions wrap to the terminal
+    names = shipped_names("configs") + shipped_names("accelerate_configs")
+    assert len(names) == len(set(names)), "a DPO config and an accelerate config share a name: show is ambiguous"
+    for name in names:
+        assert f"{name} {description(shipped_config(name))}" in printed
+    assert description(shipped_config("zero2")).startswith("DeepSpeed ZeRO-2: optimizer states and gradients")
+    assert description(shipped_config("tiny_cpu")).endswith("CPU only.")
+
+
+def test_configs_show_prints_the_shipped_file(capsys):
+    from trl_padfree.cli.launch import shipped_configs
+
+    for kind, name in [("configs", "tiny_cpu"), ("accelerate_configs", "zero3_sp2")]:
+        assert main(["configs", "show", name]) == 0
+        assert capsys.readouterr().out == shipped_configs(kind)[name].read_text()
+
+
+def test_configs_copy_gives_a_file_accelerate_launches_with(tmp_path, monkeypatch, capsys):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from trl_padfree.cli.launch import shipped_configs
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["configs", "copy", "fsdp2"]) == 0  # into the working directory
+    assert main(["configs", "copy", "zero3.yaml", "my_zero3.yaml"]) == 0  # to a file, the suffix given or not
+    (tmp_path / "recipes").mkdir()
+    assert main(["configs", "copy", "tiny_cpu", "recipes"]) == 0  # into a folder
+    assert "Copied tiny_cpu.yaml to recipes/tiny_cpu.yaml" in capsys.readouterr().out
+    assert (tmp_path / "recipes" / "tiny_cpu.yaml").read_text() == shipped_configs("configs")["tiny_cpu"].read_text()
+    assert load_config_from_file("fsdp2.yaml").fsdp_config["fsdp_version"] == 2
+    assert load_config_from_file("my_zero3.yaml").deepspeed_config["zero_stage"] == 3
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["configs", "show", "zero4"], "No shipped config named 'zero4'. Shipped: "),
+        (["configs", "copy", "zero3", "taken.yaml"], "taken.yaml exists"),
+        (["configs", "show"], "name"),
+        (["configs", "print", "zero3"], "print"),
+    ],
+)
+def test_configs_bad_input_is_one_line_error(args, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken.yaml").write_text("mine")
+    assert_one_line_error(exit_status(lambda: main(args)), capsys.readouterr().err, expected)
+    assert (tmp_path / "taken.yaml").read_text() == "mine"
+
+
+def test_configs_imports_neither_torch_nor_trl():
+    code = (
+        "import json, sys; from trl_padfree.cli import main; status = main(['configs']); "
+        "print(json.dumps([status, sorted(sys.modules)]), file=sys.stderr)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    status, modules = json.loads(result.stderr.strip().splitlines()[-1])
+    assert status == 0 and "zero3_sp2" in result.stdout
+    assert not [module for module in ("torch", "trl", "transformers") if module in modules]

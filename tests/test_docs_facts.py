@@ -114,7 +114,7 @@ def test_every_metric_the_docs_name_is_logged():
 
 # ---- config names ----
 
-NAMED_CONFIG = re.compile(r"(--config|--accelerate_config)[ =]([\w.\-]+)")
+NAMED_CONFIG = re.compile(r"(--config|--accelerate_config|configs (?:show|copy))[ =]([\w.\-]+)")
 
 
 def shipped(folder: Path) -> set[str]:
@@ -127,6 +127,7 @@ def is_placeholder(name: str) -> bool:
 
 def test_every_config_the_docs_name_ships():
     kinds = {"--config": shipped(CONFIGS), "--accelerate_config": shipped(ACCELERATE_CONFIGS)}
+    kinds["configs show"] = kinds["configs copy"] = kinds["--config"] | kinds["--accelerate_config"]
     assert len(kinds["--config"]) >= 5 and len(kinds["--accelerate_config"]) >= 5
     unknown = {
         f"{page.relative_to(ROOT)}: {flag} {name}"

@@ -49,6 +49,19 @@ def test_every_bench_table_states_machine_versions_command_and_date():
         assert "**Measured**" in section, section.splitlines()[0]
 
 
+def test_every_bench_table_says_whether_its_rows_ran_with_activation_checkpointing():
+    # `trl-padfree bench` turns it on by default; a file whose rows lack the field ran without it
+    sections = re.split(r"\n### ", generate_docs.benchmarks_page())[1:]
+    benched = [section for section in sections if "\ntrl-padfree bench " in section]
+    assert len(benched) >= 6
+    for section in benched:
+        assert "activation checkpointing" in section, section.splitlines()[0]
+    note = generate_docs.checkpointing_note
+    assert "ran without activation checkpointing" in note([{"speedup": 2.0}])
+    assert note([{"activation_checkpointing": True}]) == "Activation checkpointing on in every mode (TRL's default)."
+    assert "off in every mode" in note([{"activation_checkpointing": False}])
+
+
 DOCSTRING = textwrap.dedent(
     """
     Intro line one,

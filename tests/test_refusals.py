@@ -119,3 +119,22 @@ def test_dataset_emptied_by_truncation_is_a_clear_error(padding_free):
     # Every tiny prompt has at least one word: max_length=1 leaves TRL nothing to train on
     with pytest.raises(ValueError, match="no examples left.*max_length=1"):
         make_trainer(padding_free, max_length=1)
+
+
+def test_accelerate_context_parallelism_names_ours_first_and_its_way_out_holds(tmp_path):
+    import yaml
+
+    from trl_padfree import DPOConfig
+    from trl_padfree.cli.launch import shipped_configs
+    from trl_padfree.refusals import check_no_context_parallelism
+
+    with pytest.raises(ValueError) as refused:
+        check_no_context_parallelism(4)
+    message = str(refused.value)
+    assert message.index("context_parallel_size=4") < message.index("sequence_parallel_size")
+    assert "--accelerate_config fsdp2" in message and "--accelerate_config zero3_sp2" in message
+    # The way out as written: the shipped fsdp2 config sets no cp_size, and the DPO config takes ours
+    fsdp2 = yaml.safe_load(shipped_configs("accelerate_configs")["fsdp2"].read_text())
+    assert "parallelism_config" not in fsdp2 and fsdp2["fsdp_config"]["fsdp_version"] == 2
+    args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, padding_free=True, context_parallel_size=4)
+    assert args.context_parallel_size == 4

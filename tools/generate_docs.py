@@ -347,6 +347,19 @@ SOURCES = {
         "runs), pickled (`all_gather_object`), and recollated (an index all-gather, then collating the other "
         "rank's pairs again); one collation alone. Counted: collectives and host reads of the tensor round.",
     ),
+    "attention_memory.json": dict(
+        command="python tests/measure_attention_memory.py --out docs/bench/attention_memory.json",
+        machine="2 cores of an AMD EPYC, no GPU (bytes saved, not timings: the machine does not change them)",
+        versions="torch 2.13.0+cpu (other versions not recorded)",
+        date="2026-11-29",
+        setup="one attention layer's call on a 4,096-token packed row of two 2,048-token sequences, in TRL's default "
+        "precision (float32 queries and keys, bf16 values, under bf16 autocast)",
+        measured="**Measured**: the bytes of every tensor autograd saves for the backward during the call, each "
+        "storage once: the per-segment path, and the sink correction around a stand-in of torch's varlen kernel. "
+        "**Documented**: what a kernel saves, from its source: Flash kernels and FlexAttention keep the query, key, "
+        "value and output in bf16 and a float32 log-sum-exp per query and head; the memory-efficient kernel the "
+        "same with keys and values expanded to the query heads; sdpa's math backend float32 copies and the softmax.",
+    ),
     "gpu_qwen0.5b.json": dict(
         command="trl-padfree bench --model qwen2.5-0.5b --batches 4 --output docs/bench/gpu_qwen0.5b.json "
         "--plot docs/bench/gpu_qwen0.5b.png",
@@ -414,14 +427,32 @@ def provenance(name: str, recorded: dict | None = None, files: list[str] | None 
 
 
 def host_note(rows: list[dict]) -> str:
-    """Host-bound, as the rows record it: a mode whose host CPU time is at least 0.8 of its step time on CUDA."""
+    """Host-bound, as the rows record it: on CUDA, a mode whose host CPU time (the process's, over every thread) is
+    at least 0.8 of its step time."""
     if not any("padfree_host_bound" in row for row in rows):
         return "The file records no host time: whether a step was host-bound is not measured."
     if all(row.get("padded_host_bound") is None and row.get("padfree_host_bound") is None for row in rows):
         return "Host-bound not judged (on a CPU the host does the compute)."
     return (
-        "**host-bound**: the mode's host CPU time was at least 0.8 of its step time; a faster kernel would not help."
+        "**host-bound**: the mode's host CPU time (the process's, over every thread) was at least 0.8 of its step "
+        "time; a faster kernel would not help."
     )
+
+
+def checkpointing_note(rows: list[dict]) -> str:
+    """Whether the rows ran with activation checkpointing: a file whose rows lack the field ran without it."""
+    recorded = {row["activation_checkpointing"] for row in rows if "activation_checkpointing" in row}
+    if not recorded:
+        return (
+            "The rows record no `activation_checkpointing`: every mode ran without activation checkpointing, which "
+            "`trl-padfree bench` turns on by default (add `--no-activation-checkpointing` to the command to run as "
+            "these rows did)."
+        )
+    if recorded == {True}:
+        return "Activation checkpointing on in every mode (TRL's default)."
+    if recorded == {False}:
+        return "Activation checkpointing off in every mode (`--no-activation-checkpointing`)."
+    return "Activation checkpointing on in some rows, off in others (each row's `activation_checkpointing`)."
 
 
 def flagged(seconds: float, host_bound: bool | None) -> str:
@@ -470,7 +501,8 @@ def text_bench_section(name: str, title: str, plot: str | None = None, notes: tu
             line.append(f"{times(shared)} ({times(row['ideal_speedup_over_unshared'])})" if shared else "")
         table.append(line)
     out = [f"### {title}\n", provenance(name, {"run": run}), markdown_table(header, table) + "\n"]
-    out += [wrap(note) + "\n" for note in [host_note(rows), *SOURCES[name].get("notes", []), *notes]]
+    notes = [checkpointing_note(rows), host_note(rows), *SOURCES[name].get("notes", []), *notes]
+    out += [wrap(note) + "\n" for note in notes]
     if plot:
         out.append(f"![speedup against the ideal, per distribution](bench/{plot})\n")
     return "\n".join(out)
@@ -513,6 +545,7 @@ def batching_section() -> str:
         for row in rows
     ]
     out = ["### Token-budget batching\n", provenance(name), markdown_table(header, table) + "\n"]
+    out.append(wrap(checkpointing_note(rows)) + "\n")
     return "\n".join(out)
 
 
@@ -653,6 +686,56 @@ def batch_hand_out_section() -> str:
     )
 
 
+def attention_memory_section() -> str:
+    name = "attention_memory.json"
+    data = load(name)
+    header = [
+        "layer",
+        "heads (key-value) x dim",
+        "per segment",
+        "fused kernel",
+        "fused",
+        "padded TRL's kernel",
+        "padded",
+    ]
+
+    def mib(value: float, kind: str) -> str:
+        return f"{number(value)} MiB, {kind}"
+
+    table = []
+    for row in data["rows"]:
+        per_segment = mib(row["per_segment_measured_mib"], "measured")
+        if "per_segment_cuda_mib" in row:
+            cuda = mib(row["per_segment_cuda_mib"], row["per_segment_cuda_kind"])
+            per_segment = f"CUDA: {cuda}; CPU: {per_segment}"
+        table.append(
+            [
+                row["layer"],
+                f"{row['heads']} ({row['kv_heads']}) x {row['head_dim']}",
+                per_segment,
+                row["fused_kernel"],
+                mib(row["fused_mib"], row["fused_kind"]),
+                row["padded_kernel"],
+                mib(row["padded_mib"], row["padded_kind"]),
+            ]
+        )
+    recorded = {"versions": f"torch {data['provenance']['torch']} (other versions not recorded)"}
+    notes = [
+        "**per segment**: what `padfree_varlen` keeps for a layer no fused kernel can compute, one "
+        "`scaled_dot_product_attention` per sequence; **fused**: the one kernel call over the row that it takes on "
+        "CUDA; **padded**: padded TRL on the kernel its users pick, the same pairs as two padded rows. Which layers "
+        "take which kernel: [kernels](concepts/kernels.md)."
+    ]
+    return "\n".join(
+        [
+            "### Attention memory per layer, for the backward\n",
+            provenance(name, recorded),
+            markdown_table(header, table) + "\n",
+            *[wrap(note) + "\n" for note in notes],
+        ]
+    )
+
+
 def vision_gpu_section() -> str:
     header = ["mode", "s/step", "speedup", "token ideal", "peak MB", "images encoded per pair", "LM tokens per step"]
     out = ["### Vision-language, Qwen2.5-VL\n"]
@@ -674,6 +757,7 @@ def vision_gpu_section() -> str:
         run = f"{rows[0]['pairs_per_batch']} pairs per batch, {rows[0]['batches']} measured batches per mode"
         out += [f"**{title}**\n", provenance(name, {"run": run}), markdown_table(header, table) + "\n"]
         out += [wrap(note) + "\n" for note in SOURCES[name].get("notes", [])]
+    out.append(wrap("`trl-padfree bench --vision` runs every mode without activation checkpointing.") + "\n")
     return "\n".join(out)
 
 
@@ -707,7 +791,11 @@ between runs.
 - **peak memory** includes the weights of every mode's trainer (on CPU, the process's peak resident set; on a GPU,
   `max_memory_allocated`).
 - **real tokens/s**: non-padding tokens over the padding-free mode's time.
-- **host-bound**: on CUDA, a mode whose host CPU time is at least 0.8 of its step time; the GPU waited on the host.
+- **host-bound**: on CUDA, a mode whose host CPU time (the process's CPU time over every thread, `time.process_time`:
+  Python's and autograd's, which launches the backward's kernels) is at least 0.8 of its step time; the GPU waited on
+  the host.
+- **activation checkpointing**: `trl-padfree bench` runs every mode with it on, TRL's default
+  (`--no-activation-checkpointing` turns it off); a table says which its rows ran with.
 """
 
 RUNNING = """\
@@ -715,23 +803,31 @@ RUNNING = """\
 
 `trl-padfree bench --help` lists the options (model, precision, LoRA, distributions, backends, prefix sharing,
 warm-up and measured steps, `--batching`, `--vision`). The command under each table rewrites its file; then
-`python -m tools.generate_docs` rewrites this page.
+`python -m tools.generate_docs` rewrites this page. Where a table says its rows ran without activation
+checkpointing, add `--no-activation-checkpointing` to its command.
 
 ### On a GPU: `tools/gpu_report.py`
 
-One command, from a checkout with the package installed, on one H100 or H200 without network, under 8 minutes:
+One command, from the checkout's root (installed or not), on one H100 or H200 without network, under 8 minutes:
 
 ```bash
 python tools/gpu_report.py --out gpu-report
 ```
 
-It runs the GPU tests (`pytest -m gpu`, log in `gpu-report/pytest.log`); benches Qwen2.5-0.5B's shape and
-Llama-3.1-8B's shape with LoRA, in TRL's default precision (float32 weights under bf16 autocast) and in bf16, for
-padded TRL, `padfree_varlen` and `padfree_varlen` with `prefix_sharing="auto"`, with varlen kernel calls per attention
-call and host time beside each row; profiles one step per mode (top kernels, the share of the step the GPU is idle);
-and writes `gpu-report/gpu_report.md` and `gpu-report/gpu_report.json` (device, versions, commit, command, the bench's
-full rows). A failed stage is recorded with its error and the next one runs; the report is rewritten after every
-stage. `--dry-run` runs the same code on CPU with the `tiny` model (tests/test_gpu_report.py).
+Its stages, in order: the device (name, driver, SM, memory); then per model shape, a build, a bench and one profiled
+step per mode: Qwen2.5-0.5B's shape, Llama-3.1-8B's shape with LoRA (TRL's default precision, float32 weights under
+bf16 autocast, and bf16; padded TRL, `padfree_varlen` and `padfree_varlen` with `prefix_sharing="auto"`), GPT-OSS's
+attention sinks (`--model gpt-oss-4-layers`) and Gemma 2's softcapping (`--model gemma2-9b-4-layers`), these two in
+TRL's default precision against padded TRL on the kernel its users pick; then the GPU tests (`pytest -m gpu`, log in
+`gpu-report/pytest.log`) in the last 150 s of a 400 s budget, with whatever the benches leave. Every mode runs with
+activation checkpointing on, as TRL's default; beside each row, varlen kernel calls per attention call, host time and
+the spread of step times; each profile names the top kernels and the share of the step the GPU is idle.
+
+`gpu-report/gpu_report.json` (device, versions, commit, command, the bench's full rows) and `gpu_report.md` are
+rewritten whenever a stage starts or ends and whenever a row lands, so a run killed mid-stage keeps every row measured
+before. A stage past its deadline is stopped and recorded failed, a failed stage (its traceback in
+`gpu-report/errors.log`) does not stop the next, and a stage that would start past its deadline is skipped.
+`--dry-run` runs the same code on CPU with tiny shapes (tests/test_gpu_report.py).
 """
 
 
@@ -752,6 +848,8 @@ def benchmarks_page() -> str:
     out.append(balanced_ranks_section())
     out.append(vision_split_section())
     out.append(batch_hand_out_section())
+    out.append("## Attention memory\n")
+    out.append(attention_memory_section())
     out.append("## GPU\n")
     out.append(
         wrap("The GPU tests' log from the same machine: [bench/gpu_h200_tests.log](bench/gpu_h200_tests.log).") + "\n"
@@ -799,6 +897,8 @@ def placeholder(value: ast.expr) -> str:
         )
     ):
         value = value.args[0]
+    if isinstance(value, (ast.GeneratorExp, ast.ListComp)):  # `repr(name) for name in missing`: the values' name
+        value = value.generators[0].iter
     return OPEN + ast.unparse(value) + CLOSE
 
 

@@ -754,8 +754,11 @@ def check_no_context_parallelism(cp_size: int) -> None:
         raise ValueError(
             f"accelerate's context parallelism (cp_size={cp_size}) is not supported with padding_free=True: its "
             "ring attention treats the packed row as one causal sequence, so each sequence would attend to the ones "
-            "before it. Set cp_size=1 and, to split long pairs over GPUs, use sequence parallelism on DeepSpeed "
-            "(sequence_parallel_size; `trl-padfree dpo --accelerate_config zero3_sp2`)."
+            f"before it. Set context_parallel_size={cp_size} in the DPO config instead (trl-padfree's context "
+            "parallelism keeps the sequences apart, on any engine), launched with an accelerate config without "
+            "parallelism_config_cp_size (for FSDP2, the shipped one: `trl-padfree dpo --accelerate_config fsdp2`); "
+            "or, on DeepSpeed ZeRO-3 with attention heads that divide by it, sequence_parallel_size "
+            "(`trl-padfree dpo --accelerate_config zero3_sp2`)."
         )
 
 

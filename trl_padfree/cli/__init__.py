@@ -1,5 +1,5 @@
-"""The `trl-padfree` command: `dpo`, `demo`, `bench`, `plan`, `models` and `balance`, each imported only when it runs
-(`dpo`, `bench` and `demo` build trainers; `--help` and the other commands need none of that).
+"""The `trl-padfree` command: `dpo`, `configs`, `demo`, `bench`, `plan`, `models` and `balance`, each imported only
+when it runs (`dpo`, `bench` and `demo` build trainers; `--help` and the other commands need none of that).
 
 Errors a user can fix (a bad option, a missing file) print as one line; `TRL_PADFREE_DEBUG=1` shows the traceback.
 """
@@ -74,6 +74,13 @@ SUBCOMMANDS = {
         "TRL's DPO script with padding-free DPO, launched through `accelerate launch`. --config takes a YAML file or "
         "the name of a shipped config, --accelerate_config an accelerate config file or the name of a shipped one; "
         "options that are no training argument go to `accelerate launch`.",
+    ),
+    "configs": (
+        "trl_padfree.cli.configs_command",
+        "list the shipped DPO and accelerate configs; print one (show NAME) or copy it (copy NAME [DEST])",
+        "The configs shipped in the package: without an action, each DPO config (--config NAME) and accelerate "
+        "config (--accelerate_config NAME) with what it is for and its folder; `show NAME` prints one, `copy NAME "
+        "[DEST]` copies it, to edit or to pass to your own `accelerate launch --config_file`.",
     ),
     "demo": (
         "trl_padfree.cli.demo",

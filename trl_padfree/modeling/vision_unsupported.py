@@ -75,12 +75,12 @@ NOT_YET_CHECKED = {
     "granite_docling": "Idefics3's rows, but a 2-D per-tile pixel_attention_mask, which the rows layout does not cut",
     "fuyu": "one row of pixel_values per image token (patches embedded linearly, no grid input): a layout cut by each "
     "row's placeholder count",
-    "inkling_mm_model": "Fuyu's one-pixel-row-per-image-token layout, and a twin of its language model (too large "
-    "today: its text row is refused)",
+    "inkling_mm_model": "Fuyu's one-pixel-row-per-image-token layout, and a twin of its language model (too large: "
+    "its text row is refused)",
     "inkling2": "image patches counted in language-model tokens (no merge), after its language model's twin, too "
-    "large today (its text row is refused)",
+    "large (its text row is refused)",
     "inkling2_loop": "Inkling2's images, after its looped language model's packed forward runs on a twin (a dtype "
-    "error today: its text row is refused)",
+    "error: its text row is refused)",
     "dots3_note": "Qwen2-VL-style image patches, after its language model's twin (dots3_note_text fails to build)",
     "muse_glimmer": "Kimi-K2.5-style image patches: a twin branch; its image processor needs torchvision",
     "muse_spark": "Muse Glimmer's image patches and an audio tower: a twin branch; its image processor needs "
