@@ -176,9 +176,9 @@ def test_refusal_sections_render_each_message_by_section():
 
 
 def test_errors_page_names_every_refusal_that_raises():
-    source = generate_docs.package_file(*generate_docs.REFUSALS).read_text()
     raising = {
         node.name
+        for source in generate_docs.refusal_modules().values()
         for node in ast.parse(source).body
         if isinstance(node, ast.FunctionDef) and any(isinstance(inner, ast.Raise) for inner in ast.walk(node))
     }
@@ -186,3 +186,17 @@ def test_errors_page_names_every_refusal_that_raises():
     assert len(raising) >= 50
     assert not [name for name in sorted(raising) if f"`{name}`" not in page]
     assert "\x00" not in page and "\x01" not in page, "a placeholder was left unmarked"
+
+
+def test_errors_page_has_a_section_per_refusals_module():
+    # Each module of refusals/ is one section, titled by its `# ---- title ----` comment
+    titles = [list(generate_docs.refusal_sections(source)) for source in generate_docs.refusal_modules().values()]
+    assert all(len(module_titles) == 1 for module_titles in titles), titles
+    headings = [line[3:] for line in generate_docs.errors_page().splitlines() if line.startswith("## ")]
+    assert headings == [f"{title[:1].upper()}{title[1:]}" for (title,) in titles]
+
+
+def test_a_refusals_module_left_off_the_page_is_an_error(monkeypatch):
+    monkeypatch.setattr(generate_docs, "REFUSAL_MODULES", generate_docs.REFUSAL_MODULES[:-1])
+    with pytest.raises(ValueError, match="differs from refusals/'s modules"):
+        generate_docs.errors_page()

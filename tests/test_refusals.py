@@ -138,3 +138,47 @@ def test_accelerate_context_parallelism_names_ours_first_and_its_way_out_holds(t
     assert "parallelism_config" not in fsdp2 and fsdp2["fsdp_config"]["fsdp_version"] == 2
     args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, padding_free=True, context_parallel_size=4)
     assert args.context_parallel_size == 4
+
+
+def test_the_forward_reads_what_set_up_decided_and_checks_only_the_batch(monkeypatch):
+    # Set-up records each model's attention, row limit and image rules (packed_forward.ForwardPlan); a forward derives
+    # none of them again, and compares its batch with them: a row longer than the recorded limit is refused
+    import dataclasses
+
+    import torch
+
+    from trl_padfree.modeling import packed_forward
+    from trl_padfree.refusals import PADFREE_VARLEN
+
+    trainer = make_trainer(True, prefix_sharing=True)
+    plan = trainer.model._padfree_forward_plan
+    assert plan.attention == PADFREE_VARLEN and plan.row_limit is None and plan.image_marks is None
+
+    def derived_again(*args, **kwargs):
+        raise AssertionError("a forward re-derived what set-up decided")
+
+    for name in ("attn_implementation", "packed_row_limit", "bidirectional_image_marks", "image_family"):
+        monkeypatch.setattr(packed_forward, name, derived_again)
+    packed_batch = PackedBatch.from_collated(first_batch(trainer, 2))
+    assert packed_batch.shared_prefix is not None
+    with torch.no_grad():
+        trainer.model(use_cache=False, **{PACKED_BATCH_KWARG: packed_batch})  # derives nothing
+
+    limit = packed_batch.row_length - 1
+    trainer.model._padfree_forward_plan = dataclasses.replace(plan, model_type="llama4_text", row_limit=limit)
+    with pytest.raises(ValueError, match=f"A packed row of {limit + 1} tokens is too long for 'llama4_text'"):
+        trainer.model(use_cache=False, **{PACKED_BATCH_KWARG: packed_batch})
+    trainer.model._padfree_forward_plan = dataclasses.replace(plan, attention="sdpa")
+    with pytest.raises(ValueError, match="prefix_sharing=True needs the `padfree_varlen` attention"):
+        trainer.model(use_cache=False, **{PACKED_BATCH_KWARG: packed_batch})
+
+
+def test_set_up_records_the_plan_again_when_a_model_is_set_up_again():
+    from trl_padfree.integrations.transformers import set_language_model_attention
+    from trl_padfree.modeling.packed_forward import add_packed_forward
+
+    trainer = make_trainer(True)
+    model = trainer.model
+    set_language_model_attention(model, "sdpa")
+    add_packed_forward(model)  # already wrapped: the plan alone is decided again
+    assert model._padfree_forward_plan.attention == "sdpa"

@@ -4,7 +4,7 @@
     python -m tools.generate_docs --check    # exit 1, naming the stale page, when a committed page differs
 
 docs/reference/config.md   every field `trl_padfree.DPOConfig` adds to `trl.DPOConfig`, from the class docstring
-docs/reference/errors.md   every message trl_padfree/refusals.py raises, by the module's sections
+docs/reference/errors.md   every message trl_padfree/refusals/ raises, a section per module
 docs/benchmarks.md         one table per file in docs/bench/*.json, with the machine, versions and command
 
 The config and the refusals are read from source with `ast`, not imported: importing TRL (peft, torch, transformers'
@@ -870,7 +870,9 @@ def benchmarks_page() -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # docs/reference/errors.md
 
-REFUSALS = ("trl_padfree", "refusals.py")
+REFUSALS = ("trl_padfree", "refusals")
+# The page's sections, in the order a run meets them: one per module of refusals/, titled by its `# ---- title ----`
+REFUSAL_MODULES = ("config", "models", "vision", "data", "batches", "forward", "parallel", "token_budget", "placement")
 SECTION_COMMENT = re.compile(r"^# ---- (?P<title>.+) ----$")
 # Calls that wrap a value only to print it: the placeholder names the value itself
 PRINTING_CALLS = {"list", "sorted", "tuple", "set", "repr", "str"}
@@ -964,10 +966,9 @@ class MessageRenderer:
         return ["".join(texts) for texts in itertools.product(*parts)]
 
 
-def refusal_sections(source: str) -> dict[str, list[Refusal]]:
-    """The refusals of `source` (refusals.py) by section (its `# ---- title ----` comments), in source order."""
-    tree = ast.parse(source)
-    constants = {
+def string_constants(tree: ast.Module) -> dict[str, str]:
+    """The module-level string constants of a module (a message may format one, e.g. `PADFREE_VARLEN`)."""
+    return {
         node.targets[0].id: node.value.value
         for node in tree.body
         if isinstance(node, ast.Assign)
@@ -975,6 +976,23 @@ def refusal_sections(source: str) -> dict[str, list[Refusal]]:
         and isinstance(node.value, ast.Constant)
         and isinstance(node.value.value, str)
     }
+
+
+def refusal_modules() -> dict[str, str]:
+    """The source of each module of refusals/, in `REFUSAL_MODULES` order; a module missing from that list is an
+    error, not a section left off the page."""
+    folder = package_file(*REFUSALS)
+    found = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    if found != set(REFUSAL_MODULES):
+        raise ValueError(f"REFUSAL_MODULES {sorted(REFUSAL_MODULES)} differs from refusals/'s modules {sorted(found)}")
+    return {module: (folder / f"{module}.py").read_text() for module in REFUSAL_MODULES}
+
+
+def refusal_sections(source: str, constants: dict[str, str] | None = None) -> dict[str, list[Refusal]]:
+    """The refusals of `source` (a module of refusals/) by section (its `# ---- title ----` comments), in source
+    order; `constants`: string constants its messages may format, beside its own."""
+    tree = ast.parse(source)
+    constants = {**(constants or {}), **string_constants(tree)}
     titles = {
         number: match["title"]
         for number, line in enumerate(source.splitlines(), 1)
@@ -998,21 +1016,34 @@ def refusal_sections(source: str) -> dict[str, list[Refusal]]:
     return sections
 
 
+def package_refusal_sections() -> dict[str, list[Refusal]]:
+    """Every module's refusals, by section, the package's string constants shared (a module imports them)."""
+    sources = refusal_modules()
+    constants = {
+        name: text for source in sources.values() for name, text in string_constants(ast.parse(source)).items()
+    }
+    sections: dict[str, list[Refusal]] = {}
+    for source in sources.values():
+        for title, refusals in refusal_sections(source, constants).items():
+            sections.setdefault(title, []).extend(refusals)
+    return sections
+
+
 ERRORS_INTRO = """\
 # Errors
 
 Every refusal of padding-free training: a setting that would train silently wrong, or cannot run, stops with one of
 these messages, which say what to change. They are raised where the information is first known (the config, the
-trainer's construction, a batch, a forward), all from one module,
-[`trl_padfree/refusals.py`](../../trl_padfree/refusals.py). `ValueError` unless marked; *a name in italics* is a value
-of your run. Errors of the command line itself (an unknown option, a missing file or model) are one line each:
-[cli.md](cli.md#errors).
+trainer's construction, a batch, a forward), all from one package,
+[`trl_padfree/refusals/`](../../trl_padfree/refusals/), a module per section below. `ValueError` unless marked; *a name
+in italics* is a value of your run. Errors of the command line itself (an unknown option, a missing file or model) are
+one line each: [cli.md](cli.md#errors).
 """
 
 
 def errors_page() -> str:
-    sections = refusal_sections(package_file(*REFUSALS).read_text())
-    out = [generated_note("the messages of trl_padfree/refusals.py"), ERRORS_INTRO]
+    sections = package_refusal_sections()
+    out = [generated_note("the messages of trl_padfree/refusals/"), ERRORS_INTRO]
     for title, refusals in sections.items():
         out.append(f"## {title[:1].upper()}{title[1:]}\n")
         lines = []

@@ -8,226 +8,35 @@ own code on the same numbers; only the forward differs.
 
     packed log-probs   | a1 a2 a3 a4 x | b1 b2 x | ...      (x: scores the next segment's first token, unused)
     padded view        [[a1 a2 a3 a4], [b1 b2 0 0], ...]
+
+What the forward needs to know of the model (its attention, the longest exact row, how its images attend) is decided
+once, when the model gets the packed forward at the trainer's set-up (`ForwardPlan`); each batch is only compared with
+it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..integrations.transformers import attn_implementation, mask_creation_skipped
-from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view, token_runs
-from ..packing.prefix_sharing import shared_prefix_keys
-from ..packing.vision import IMAGE_INPUTS, IMAGE_UNITS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS, ImageUnitSizes
 from ..refusals import (
     check_image_within_window,
     check_no_cache,
     check_packed_row_length,
     check_prefix_sharing_attention,
 )
-from .attention.bidirectional import SpanAttention
-from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow, row_in_flight
+from .attention.rows import PACKED_ROW_KWARG, PackedRow, row_in_flight
 from .backends import ATTN_IMPLEMENTATION
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
-from .vision import (
-    bidirectional_image_marks,
-    image_past_window,
-    image_spans_on_sliding_layers_only,
-    packed_position_ids,
-)
+from .packed_batch import PackedBatch
+from .vision import bidirectional_image_marks, image_family, image_spans_on_sliding_layers_only, packed_position_ids
 
 PACKED_BATCH_KWARG = "packed_batch"
-
-
-class SplitRun(Protocol):
-    """A packed row shared by several ranks, each running its chunk (parallel/row_split.py marks a training batch with
-    one): runs the model on this rank's chunk and returns the whole row's per-token outputs, padded views."""
-
-    size: int  # ranks that share the row
-
-    def run(self, forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module) -> Any: ...
-
-
-@dataclass
-class PackedBatch:
-    """One packed row and the index maps that turn its per-token outputs into padded views."""
-
-    input_ids: torch.Tensor  # (1, T)
-    position_ids: torch.Tensor  # (1, T)
-    completion_mask: torch.Tensor  # (1, T)
-    cu_seq_lens: torch.Tensor  # (segments + 1,) int32, the padding segment included
-    max_length: int
-    seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
-    # Prefix sharing (prefix_sharing.py): per sequence, row start of its own tokens and of the prefix it reads first
-    seq_starts: torch.Tensor | None = None
-    shared_prefix_starts: torch.Tensor | None = None
-    shared_prefix_lens: torch.Tensor | None = None
-    # Vision-language batches (packing/vision.py): the model's image inputs in row order and its per-token inputs
-    # packed; every sequence's image grids in TRL's order and image counts
-    image_inputs: dict[str, torch.Tensor] | None = None
-    sequence_image_grid_thw: torch.Tensor | None = None
-    images_per_sequence: torch.Tensor | None = None
-    image_units: ImageUnitSizes | None = field(default=None, compare=False)  # host integers: which inputs are whose
-    # Set on a training batch whose row several ranks share (sequence or context parallelism, parallel/row_split.py)
-    split: SplitRun | None = field(default=None, compare=False)
-    # The boundaries as host integers (the collator's): every index below is built from them without a device read
-    host: HostRow | None = field(default=None, compare=False)
-
-    def __post_init__(self):
-        if self.host is None:
-            self.host = HostRow.of_tensors(
-                self.cu_seq_lens, self.seq_lens, self.seq_starts, self.shared_prefix_starts, self.shared_prefix_lens
-            )
-        starts = self.seq_starts if self.seq_starts is not None else self.cu_seq_lens[: len(self.seq_lens)].long()
-        prefix = (self.shared_prefix_starts, self.shared_prefix_lens)
-        self.width = self.host.width
-        self.token_index, self.token_valid = padded_view_index(starts, self.seq_lens, self.width, *prefix)
-        # Shifted outputs: cell (i, j) scores token j + 1 of sequence i, computed at the packed position of token j.
-        # (With prefix sharing, a rejected sequence's last prefix cell reads the output that scores the chosen
-        # branch's first token: the same prompt token, never scored.)
-        self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1, *prefix)
-        # Each segment's queries and keys as host integers (packing/prefix_sharing.py); None: no prompt shared
-        self.shared_prefix = None
-        if self.shared_prefix_lens is not None:  # laid out by a prefix-sharing collator
-            self.shared_prefix = shared_prefix_keys(self.host)
-
-    @classmethod
-    def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:
-        return cls(
-            input_ids=batch["input_ids"],
-            position_ids=batch["position_ids"],
-            completion_mask=batch["completion_mask"],
-            cu_seq_lens=batch["cu_seq_lens_q"],
-            max_length=int(batch["max_length_q"]),
-            seq_lens=batch["seq_lens"],
-            seq_starts=batch.get("seq_starts"),
-            shared_prefix_starts=batch.get("shared_prefix_starts"),
-            shared_prefix_lens=batch.get("shared_prefix_lens"),
-            image_inputs=batch.get(IMAGE_INPUTS),
-            sequence_image_grid_thw=batch.get(SEQUENCE_IMAGE_GRIDS),
-            images_per_sequence=batch.get(IMAGES_PER_SEQUENCE),
-            image_units=batch.get(IMAGE_UNITS),
-            host=batch.get(HOST_ROW),
-        )
-
-    @property
-    def real_row_tokens(self) -> int:
-        """Tokens of the row before its padding segment (every pair lays out two segments, shared or not)."""
-        return self.host.real_row_tokens
-
-    @property
-    def row_length(self) -> int:
-        return self.input_ids.shape[1]
-
-    def labels(self) -> torch.Tensor:
-        # Score completion tokens only, and never the first token of a segment: the fused LM head shifts labels, so
-        # that token would be scored from the last token of the previous sequence
-        labels = self.input_ids.masked_fill(self.completion_mask == 0, -100)
-        return labels.masked_fill(self.position_ids == 0, -100)
-
-    def shift_labels(self) -> torch.Tensor:
-        """`labels()` shifted left by one (position i scores token i + 1), for a forward on a chunk of the row."""
-        labels = self.labels()
-        return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
-
-    def padded(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
-        """`(1, T, ...)` -> `(sequences, width, ...)`."""
-        return to_padded_view(packed[0], self.token_index, self.token_valid, fill_value)
-
-    def packed(self, padded: torch.Tensor) -> torch.Tensor:
-        """`(..., sequences, width)` -> `(..., 1, T)`: each token's value from its sequence's cell, 0 on the padding
-        segment (with prefix sharing both sequences of a pair hold the prefix, with the same values)."""
-        packed = padded.new_zeros(padded.shape[:-2] + (self.row_length,))
-        packed[..., self.token_index[self.token_valid]] = padded[..., self.token_valid]
-        return packed.unsqueeze(-2)
-
-    @property
-    def images_encoded(self) -> int:
-        """Images the row hands the vision tower (each pair's twice, or once when its prompt is shared)."""
-        if self.images_per_sequence is None:
-            return 0
-        encoded = self.images_per_sequence[: len(self.seq_lens) // 2].sum()  # every chosen sequence's images
-        if self.shared_prefix_lens is not None:  # and the rejected ones laid out whole
-            unshared = self.shared_prefix_lens[len(self.seq_lens) // 2 :] == 0
-            return int(encoded + self.images_per_sequence[len(self.seq_lens) // 2 :][unshared].sum())
-        return int(self.images_per_sequence.sum())
-
-    def padded_shifted(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
-        """`(1, T - 1, ...)` next-token outputs -> `(sequences, width - 1, ...)`."""
-        return to_padded_view(packed[0], self.shifted_index, self.shifted_valid, fill_value)
-
-    def padded_inputs(self, pad_token_id: int) -> dict[str, torch.Tensor]:
-        """The padded `input_ids`/`attention_mask`/`completion_mask` TRL's loss code reads (never fed to a model)."""
-        return {
-            "input_ids": self.padded(self.input_ids, pad_token_id),
-            "attention_mask": self.token_valid.long(),
-            "completion_mask": self.padded(self.completion_mask),
-        }
-
-    def row(self, image_marks: str | None = None, sliding_layers_only: bool = False) -> PackedRow:
-        """How this row attends (modeling/attention/rows.py): each segment to itself, or with prefix sharing each
-        rejected branch to its prompt too; for a model whose image tokens, marked in its per-token input
-        `image_marks`, attend both ways (Gemma 3), each image's tokens to the whole image (with
-        `sliding_layers_only`, on sliding-window layers alone: Gemma 4)."""
-        spans = None
-        if image_marks is not None and self.image_inputs is not None:
-            spans = SpanAttention.of_row(
-                self.host.segment_key_ranges(),
-                self.host.cu_seq_lens,
-                self.image_spans(image_marks),
-                self.input_ids.device,
-                sliding_layers_only=sliding_layers_only,
-            )
-        bounds = self.host.cu_seq_lens
-        if self.shared_prefix is not None:
-            return SharedPrefixRow(
-                self.cu_seq_lens, self.max_length, shared=self.shared_prefix, spans=spans, bounds=bounds
-            )
-        return PackedRow(self.cu_seq_lens, self.max_length, spans=spans, bounds=bounds)
-
-    def image_spans(self, image_marks: str) -> tuple[tuple[int, int], ...]:
-        """The runs of image tokens: the collator's host integers, or for a batch built without them the runs the
-        model's per-token input `image_marks` marks (one device read)."""
-        if self.host.image_spans is not None:
-            return self.host.image_spans
-        return token_runs(self.image_inputs[image_marks][0].tolist(), 1)
-
-    def model_kwargs(
-        self,
-        position_ids: torch.Tensor | None = None,
-        image_marks: str | None = None,
-        sliding_layers_only: bool = False,
-    ) -> dict[str, Any]:
-        # No attention mask: transformers only honours packed position_ids without one, and flash kernels read
-        # cu_seq_lens (all four keys, or they re-derive them with a host sync in every layer). `packed_row` reaches
-        # `padfree_varlen` through transformers' keyword arguments
-        return {
-            **(self.image_inputs or {}),
-            "input_ids": self.input_ids,
-            "position_ids": self.position_ids if position_ids is None else position_ids,
-            "cu_seq_lens_q": self.cu_seq_lens,
-            "cu_seq_lens_k": self.cu_seq_lens,
-            "max_length_q": self.max_length,
-            "max_length_k": self.max_length,
-            "use_cache": False,
-            PACKED_ROW_KWARG: self.row(image_marks, sliding_layers_only),
-        }
-
-    def to_padded_outputs(self, outputs):
-        """Replace every per-token field of a model output by its padded view, in place."""
-        for key in list(outputs.keys()):
-            value = outputs[key]
-            if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[0] != 1:
-                continue
-            if value.shape[1] == self.row_length:
-                outputs[key] = self.padded(value)
-            elif value.shape[1] == self.row_length - 1:
-                outputs[key] = self.padded_shifted(value)
-        return outputs
 
 
 def packed_row_limit(config) -> int | None:
@@ -244,42 +53,92 @@ def packed_row_limit(config) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class ForwardPlan:
+    """What a model's packed forward reads of the model, decided once (`of_model`) when `add_packed_forward` gives it
+    the forward: after the trainer's set-up has chosen its attention (modeling/padding_free.py)."""
+
+    attention: str | None  # the attention its language model runs
+    model_type: str | None  # its text config's, named by the row-length refusal
+    row_limit: int | None  # the longest packed row that stays exact (`packed_row_limit`); None: any length
+    # The per-token input marking image tokens that attend to their whole image (vision.py), and whether they do on
+    # sliding-window layers alone; None: images attend causally
+    image_marks: str | None
+    image_spans_on_sliding_layers_only: bool
+    # The sliding window an image's tokens see past (Gemma 4 Unified), which the packed attention bounds them by: an
+    # image longer than it is refused; None: no such model
+    image_window: int | None
+
+    @classmethod
+    def of_model(cls, module: torch.nn.Module | None) -> ForwardPlan:
+        config = getattr(module, "config", None)
+        if config is None:  # a bare forward function: nothing to decide
+            return cls(None, None, None, None, False, None)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        image_marks = bidirectional_image_marks(module)
+        family = image_family(getattr(config, "model_type", None))
+        image_window = None
+        if image_marks is not None and family is not None and family.images_past_window:
+            image_window = getattr(text_config, "sliding_window", None)
+        return cls(
+            attention=attn_implementation(module),
+            model_type=getattr(text_config, "model_type", None),
+            row_limit=packed_row_limit(config),
+            image_marks=image_marks,
+            image_spans_on_sliding_layers_only=image_spans_on_sliding_layers_only(module),
+            image_window=image_window,
+        )
+
+    def check_row(self, packed_batch: PackedBatch) -> None:
+        """The batch's row against what set-up decided: its length, and its shared prompts' attention."""
+        check_packed_row_length(self.model_type, packed_batch.row_length, self.row_limit)
+        if packed_batch.shared_prefix is not None:
+            # Any other attention would read the rejected branches as sequences of their own, without their prompt
+            check_prefix_sharing_attention(self.attention)
+
+    def check_images(self, packed_batch: PackedBatch) -> None:
+        """The batch's longest image against the window its tokens see past, where set-up found one."""
+        if self.image_window is not None and packed_batch.image_inputs is not None:
+            spans = packed_batch.image_spans(self.image_marks)
+            longest = max((end - start for start, end in spans), default=0)
+            check_image_within_window((longest, self.image_window) if longest > self.image_window else None)
+
+
+def forward_plan(module: torch.nn.Module | None) -> ForwardPlan:
+    """The plan `add_packed_forward` recorded on `module`; for a module run without it, decided at this call."""
+    plan = getattr(module, "_padfree_forward_plan", None)
+    return plan if plan is not None else ForwardPlan.of_model(module)
+
+
 def run_packed(forward, packed_batch: PackedBatch, kwargs: dict[str, Any], module: torch.nn.Module | None = None):
     """Call `forward` on the packed row in place of the padded inputs TRL built, and return padded views."""
     check_no_cache(bool(kwargs.get("use_cache")) or any(kwargs.get(name) is not None for name in CACHE_KWARGS))
     # TRL built these for its padded layout; the packed row replaces them
     for key in ("input_ids", "attention_mask", "position_ids", "inputs_embeds"):
         kwargs.pop(key, None)
-    config = getattr(module, "config", None)
-    if config is not None and (limit := packed_row_limit(config)) is not None:
-        check_packed_row_length(config.get_text_config().model_type, packed_batch.row_length, limit)
-    if packed_batch.shared_prefix is not None:
-        # Any other attention would read the rejected branches as sequences of their own, without their prompt
-        check_prefix_sharing_attention(attn_implementation(module) if config is not None else None)
+    plan = forward_plan(module)
+    plan.check_row(packed_batch)
     if packed_batch.split is not None:
         return packed_batch.split.run(forward, packed_batch, kwargs, module)
     if getattr(module, "_padfree_stateful_mixers", ()):  # hybrid models: their mixers restart at every sequence
         kwargs[SEGMENTS_KWARG] = MixerSegments.of_packed_batch(packed_batch)
     if kwargs.get("labels") is not None:
         kwargs["labels"] = packed_batch.labels()
-    image_marks = bidirectional_image_marks(module)
-    if image_marks is not None and packed_batch.image_inputs is not None:
-        check_image_within_window(image_past_window(module, packed_batch.image_spans(image_marks)))
+    plan.check_images(packed_batch)
     model_kwargs = packed_batch.model_kwargs(
-        packed_position_ids(module, packed_batch), image_marks, image_spans_on_sliding_layers_only(module)
+        packed_position_ids(module, packed_batch), plan.image_marks, plan.image_spans_on_sliding_layers_only
     )
     row = model_kwargs[PACKED_ROW_KWARG]
-    with row_in_flight(row), _once_per_forward(row, packed_batch, module):
+    with row_in_flight(row), _once_per_forward(row, packed_batch, plan.attention):
         outputs = forward(**{**kwargs, **model_kwargs})
     return packed_batch.to_padded_outputs(outputs)
 
 
 @contextlib.contextmanager
-def _once_per_forward(row: PackedRow, packed_batch: PackedBatch, module):
+def _once_per_forward(row: PackedRow, packed_batch: PackedBatch, attention: str | None):
     """What the attention calls of a packed text row would otherwise each do: the Flash backend chosen once around
     the forward (the user's flags restored after, and for layers that run per segment), and no mask built for a
     backend that reads the row itself (modeling/backends.py)."""
-    attention = attn_implementation(module) if getattr(module, "config", None) is not None else None
     with contextlib.ExitStack() as scopes:
         if attention == ATTN_IMPLEMENTATION:
             scopes.enter_context(mask_creation_skipped(attention))
@@ -295,6 +154,7 @@ def add_packed_forward(model: torch.nn.Module) -> None:
     (policy, reference model, adapter-disabled reference, precompute) goes through it. The model's stateful mixers
     (hybrid models, mixers.py) learn to keep the row's sequences apart. Idempotent.
     """
+    model._padfree_forward_plan = ForwardPlan.of_model(model)  # again at each set-up: its attention may have changed
     if getattr(model, "_padfree_packed_forward", False):
         return
     model._padfree_stateful_mixers = tuple(add_segmented_mixers(model))

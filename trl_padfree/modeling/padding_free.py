@@ -3,8 +3,9 @@
     before TRL's __init__   refuse what cannot pack before anything is built (a collator that does not pack, Liger)
     around it               hide `padding_free` from TRL, which would switch it off
     enable                  resolve the plan once (the packing collator, each model's attention checked on its
-                            architecture, prefix sharing, the row multiple) and give every model the packed forward:
-                            after TRL's __init__, or earlier at TRL's reference precompute, which runs inside it
+                            architecture, prefix sharing, the row multiple) and give every model the packed forward,
+                            with what it reads of the model decided (`packed_forward.ForwardPlan`): after TRL's
+                            __init__, or earlier at TRL's reference precompute, which runs inside it
     after it                keep accelerate's dispatcher from slicing packed batches; report prefix sharing
 
 Then, per batch: the padded-layout inputs TRL's loss reads (`padded_inputs`) and the packing metrics (`log_metrics`);

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .packed_forward import PackedBatch
+    from .packed_batch import PackedBatch
 
 
 @dataclass(frozen=True)

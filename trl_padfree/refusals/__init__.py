@@ -1,0 +1,198 @@
+"""Every refusal of padding-free training, each once: what is refused, why, and what to do instead.
+
+Each rule is one function of plain values that raises `ValueError` (a setting to change) or `RuntimeError` (a library
+that no longer does what the pinned version did) with advice that works when followed; the config, the trainer, the
+forward and the engines call these where the information is first known. The rules live by concern, one module each:
+
+    config        what `DPOConfig` cannot take               forward       the packed forward and its attention calls
+    models        a model and its attention (at set-up)      parallel      rows split over ranks; ZeRO-3's equal calls
+    vision        images in a batch                          token_budget  token budgets and balanced batches
+    data          the preference data, as TRL reads it       placement     where the reference model lives
+    batches       the collator and accelerate's hand-out
+
+This package imports nothing else of trl-padfree, so a rule cannot grow a second copy elsewhere; docs/reference/errors.md
+is generated from it (tools/generate_docs.py). Whether a model's architecture packs is measured on a tiny twin of it
+(modeling/packability.py), which turns that measurement into a refusal here. This module only re-exports.
+"""
+
+from .batches import (
+    check_batches_not_dispatched,
+    check_datasets_not_empty,
+    check_examples,
+    check_no_empty_sequence,
+    check_packed_batch_expected,
+    check_packing_collator,
+    check_reference_log_probs,
+    check_truncation_mode,
+)
+from .config import (
+    check_at_least_one,
+    check_context_parallel_config,
+    check_fp32_log_probs_value,
+    check_positive,
+    check_prefix_sharing_config,
+    check_prefix_sharing_value,
+    check_sequence_parallel_not_under_fsdp,
+    check_sequence_parallel_sizes_agree,
+)
+from .data import (
+    PREFERENCE_FORMATS,
+    check_image_column,
+    check_image_columns_agree,
+    check_pair_columns,
+    check_pair_value,
+)
+from .forward import (
+    check_attention_call,
+    check_chunked_layer,
+    check_mixer_conv_width,
+    check_mixer_inputs,
+    check_mixer_segments,
+    check_no_cache,
+    check_no_padding_mask,
+    refuse_image_spans_with_chunked_layers,
+    refuse_layout_not_read,
+    refuse_layout_not_received,
+    refuse_prefix_sharing_with_chunked_layers,
+)
+from .models import (
+    PADFREE_VARLEN,
+    check_attention_switched,
+    check_attn_implementation,
+    check_fused_lm_head_backbone,
+    check_fused_lm_head_experts,
+    check_fused_lm_head_output,
+    check_moe_aux_loss_without_row_padding,
+    check_no_liger_kernel,
+    check_not_prompt_learning,
+    check_packed_row_length,
+    check_prefix_sharing_attention,
+    check_prefix_sharing_without_moe_aux_loss,
+    refuse_architecture,
+)
+from .parallel import (
+    check_context_parallel_attention,
+    check_fsdp2_vision_lm_head,
+    check_no_context_parallelism,
+    check_no_sequence_parallel_groups_yet,
+    check_prefix_sharing_without_sequence_parallel,
+    check_processes_share_rows,
+    check_sequence_parallel_engine,
+    check_split_image_spans,
+    check_split_rows_without_moe_aux_loss,
+    check_split_rows_without_stateful_mixers,
+    check_ulysses_attention,
+    check_ulysses_head_dims,
+    check_ulysses_heads,
+    check_ulysses_without_dropout,
+    check_zero3_mixer_calls,
+    check_zero3_per_image_loop,
+)
+from .placement import (
+    check_fsdp_engine,
+    check_ref_offload,
+    check_reference_not_fsdp_wrapped,
+    check_reference_not_on_gpus,
+    check_reference_offloaded,
+    check_reference_sharded_by_layer,
+)
+from .token_budget import (
+    COUPLED_LOSS_TYPES,
+    check_balanced_batches_setup,
+    check_balanced_batches_split,
+    check_budget_bins_share,
+    check_counted_pair_sizes,
+    check_pairs_fit,
+    check_token_budget_setup,
+    check_tokenized_pairs,
+    check_training_set_not_empty,
+)
+from .vision import (
+    check_image_inputs_layout,
+    check_image_tokens,
+    check_image_within_window,
+    refuse_truncated_image,
+)
+
+__all__ = [
+    "COUPLED_LOSS_TYPES",
+    "PADFREE_VARLEN",
+    "PREFERENCE_FORMATS",
+    "check_at_least_one",
+    "check_attention_call",
+    "check_attention_switched",
+    "check_attn_implementation",
+    "check_balanced_batches_setup",
+    "check_balanced_batches_split",
+    "check_batches_not_dispatched",
+    "check_budget_bins_share",
+    "check_chunked_layer",
+    "check_context_parallel_attention",
+    "check_context_parallel_config",
+    "check_counted_pair_sizes",
+    "check_datasets_not_empty",
+    "check_examples",
+    "check_fp32_log_probs_value",
+    "check_fsdp2_vision_lm_head",
+    "check_fsdp_engine",
+    "check_fused_lm_head_backbone",
+    "check_fused_lm_head_experts",
+    "check_fused_lm_head_output",
+    "check_image_column",
+    "check_image_columns_agree",
+    "check_image_inputs_layout",
+    "check_image_tokens",
+    "check_image_within_window",
+    "check_mixer_conv_width",
+    "check_mixer_inputs",
+    "check_mixer_segments",
+    "check_moe_aux_loss_without_row_padding",
+    "check_no_cache",
+    "check_no_context_parallelism",
+    "check_no_empty_sequence",
+    "check_no_liger_kernel",
+    "check_no_padding_mask",
+    "check_no_sequence_parallel_groups_yet",
+    "check_not_prompt_learning",
+    "check_packed_batch_expected",
+    "check_packed_row_length",
+    "check_packing_collator",
+    "check_pair_columns",
+    "check_pair_value",
+    "check_pairs_fit",
+    "check_positive",
+    "check_prefix_sharing_attention",
+    "check_prefix_sharing_config",
+    "check_prefix_sharing_value",
+    "check_prefix_sharing_without_moe_aux_loss",
+    "check_prefix_sharing_without_sequence_parallel",
+    "check_processes_share_rows",
+    "check_ref_offload",
+    "check_reference_log_probs",
+    "check_reference_not_fsdp_wrapped",
+    "check_reference_not_on_gpus",
+    "check_reference_offloaded",
+    "check_reference_sharded_by_layer",
+    "check_sequence_parallel_engine",
+    "check_sequence_parallel_not_under_fsdp",
+    "check_sequence_parallel_sizes_agree",
+    "check_split_image_spans",
+    "check_split_rows_without_moe_aux_loss",
+    "check_split_rows_without_stateful_mixers",
+    "check_token_budget_setup",
+    "check_tokenized_pairs",
+    "check_training_set_not_empty",
+    "check_truncation_mode",
+    "check_ulysses_attention",
+    "check_ulysses_head_dims",
+    "check_ulysses_heads",
+    "check_ulysses_without_dropout",
+    "check_zero3_mixer_calls",
+    "check_zero3_per_image_loop",
+    "refuse_architecture",
+    "refuse_image_spans_with_chunked_layers",
+    "refuse_layout_not_read",
+    "refuse_layout_not_received",
+    "refuse_prefix_sharing_with_chunked_layers",
+    "refuse_truncated_image",
+]
