@@ -30,7 +30,7 @@ COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "lo
 ACCELERATE_CONFIGS = ROOT / "trl_padfree" / "cli" / "accelerate_configs"
 
 # bf16 engines (FSDP2's bf16 mixed precision, DeepSpeed's bf16), packed vs padded, both with float32 log-probs
-# (`fp32_log_probs`, the default; tests/measure_bf16_log_probs.py). The loss is then a float32 number (quantum 6e-8
+# (`fp32_log_probs`, the default; tools/measure/measure_bf16_log_probs.py). The loss is then a float32 number (quantum 6e-8
 # near ln 2), and what separates the two is the decoder's bf16 arithmetic on differently shaped tensors. Measured on
 # an AMD EPYC with AVX2 and no AVX-512 (`lscpu`), 2 processes, tiny Llama, 5 AdamW steps: loss 5.9e-4 (FSDP2) and
 # 6.2e-4 (ZeRO-3), `rewards/margins` 1.2e-3, `logps/*` 1.3e-5 relative. Every bf16 kernel rounds its output once to
@@ -115,6 +115,21 @@ def train_padded_in_this_process(models_dir: Path, tmp_path_factory, families, p
     runs = ",".join(f"{family}:trl" for family in families)
     reports = train_in_this_process(models_dir, output, "--runs", runs, "--batch-size", str(pairs_per_step), *options)
     return {family: reports[f"{family}:trl"] for family in families}
+
+
+def single_process_padded_fixture(runs: dict[str, str], pairs_per_process: int):
+    """The module fixture `single_process_padded`: TRL's own trainer, padded, in this process, each micro-batch the two
+    processes' micro-batches together (the baseline the two processes are compared with); each of `runs`' reports
+    (name: run options) by name."""
+
+    @pytest.fixture(scope="module", name="single_process_padded")
+    def single_process_padded(model_dir, tmp_path_factory):
+        output = tmp_path_factory.mktemp("single") / "report.json"
+        options = ("--runs", ",".join(runs.values()), "--batch-size", str(2 * pairs_per_process))
+        reports = train_in_this_process(model_dir, output, *options)
+        return {name: reports[run] for name, run in runs.items()}
+
+    return single_process_padded
 
 
 def checkout_environment(**extra: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ import pytest
 from trl_padfree.cli import balance as balance_cli
 from trl_padfree.cli import main
 from trl_padfree.cli.bench.harness import make_batches
+from trl_padfree.costs.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 from trl_padfree.packing.balance import (
     best_split,
     bin_costs,
@@ -19,7 +20,6 @@ from trl_padfree.packing.balance import (
     row_cost_lower_bound,
     sorted_partition,
 )
-from trl_padfree.plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 
 # linear 1000 per token, LM head 8 x 50, 2 attention layers of 2 heads x 4
 SHAPE = DecoderShape(

@@ -20,6 +20,7 @@ from trainer_utils import make_trainer
 
 from trl_padfree.cli.balance import load_decoder_shape, pool_costs
 from trl_padfree.cli.bench.harness import shipped_lengths
+from trl_padfree.costs.flops import DecoderShape
 from trl_padfree.packing.balance import pair_cost, row_cost
 from trl_padfree.packing.balanced_batches import (
     BalancedBatchSampler,
@@ -30,7 +31,6 @@ from trl_padfree.packing.balanced_batches import (
 )
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler
-from trl_padfree.plan.flops import DecoderShape
 from trl_padfree.refusals import check_balanced_batches_setup
 
 SHAPE = DecoderShape(

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from measure_batch_hand_out import assert_same, text_examples
 from tiny_vision import make_vision_processor, vision_preference_rows
 
+from tools.measure.measure_batch_hand_out import assert_same, text_examples
 from trl_padfree.packing.collator import PaddingFreePreferenceCollator
 from trl_padfree.packing.layout import HOST_ROW
 from trl_padfree.packing.vision import IMAGE_UNITS, PaddingFreeVisionPreferenceCollator
@@ -71,8 +71,8 @@ def test_two_gloo_processes_hand_each_other_their_batches_with_two_tensor_all_ga
 
     from distributed_runs import checkout_environment
 
-    command = [sys.executable, str(ROOT / "tests" / "measure_batch_hand_out.py"), "--repeats", "0", "--image-size",
-               "56"]  # fmt: skip
+    script = ROOT / "tools" / "measure" / "measure_batch_hand_out.py"
+    command = [sys.executable, str(script), "--repeats", "0", "--image-size", "56"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300, env=checkout_environment())
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout)

@@ -24,9 +24,8 @@ from trl_padfree.cli.bench.harness import (
     make_bench_model,
 )
 from trl_padfree.cli.bench.rows import PREFIX_SHARING, PREFIX_SHARING_AUTO, ROW_KEYS, set_step_counts
-from trl_padfree.modeling.kernels import stand_in_kernels
-from trl_padfree.plan import flops
-from trl_padfree.plan.flops import (
+from trl_padfree.costs import flops
+from trl_padfree.costs.flops import (
     BatchWork,
     DecoderShape,
     Segment,
@@ -38,6 +37,7 @@ from trl_padfree.plan.flops import (
     prefix_shared_segments,
     training_step_flops,
 )
+from trl_padfree.modeling.kernels import stand_in_kernels
 
 
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
@@ -323,7 +323,7 @@ def test_host_bound_marks_a_step_whose_host_time_nears_its_time(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The FLOP model (trl_padfree/plan/flops.py), on hand-computed cases
+# The FLOP model (trl_padfree/costs/flops.py), on hand-computed cases
 
 
 def test_causal_pairs_count_each_query_over_its_keys():

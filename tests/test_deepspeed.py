@@ -22,7 +22,7 @@ from distributed_runs import (  # noqa: E402
     checkout_environment,
     free_port,
     launch,
-    train_in_this_process,
+    single_process_padded_fixture,
 )
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
@@ -50,11 +50,7 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def single_process_padded(model_dir, tmp_path_factory):
-    """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    return train_in_this_process(model_dir, output, "--runs", "trl", "--batch-size", str(2 * PAIRS_PER_PROCESS))["trl"]
+single_process_padded = single_process_padded_fixture({"trl": "trl"}, PAIRS_PER_PROCESS)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +67,7 @@ def test_zero3_padding_free_on_two_processes_matches_single_process_padded_trl(z
     assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
     assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
     assert len(report["losses"]) == 3
-    assert_same_training(report, single_process_padded)
+    assert_same_training(report, single_process_padded["trl"])
     # TRL's reference config: sharded like the policy, not offloaded
     assert report["reference"] == {"kept": True, "offloaded": False}
     assert report["metrics"][0]["padfree/padding_removed"] > 0
@@ -81,19 +77,19 @@ def test_ref_offload_keeps_reference_on_cpu_and_trains_the_same(zero3_runs, sing
     report = zero3_runs["ref_offload"]
     assert report["reference"] == {"kept": True, "offloaded": True}
     assert report["policy_sharded"]
-    assert_same_training(report, single_process_padded)
+    assert_same_training(report, single_process_padded["trl"])
 
 
 def test_ref_offload_with_precomputed_log_probs_releases_the_reference(zero3_runs, single_process_padded):
     report = zero3_runs["precompute"]
     assert report["reference"]["kept"] is False
-    assert_same_training(report, single_process_padded)
+    assert_same_training(report, single_process_padded["trl"])
 
 
 def test_prefix_sharing_under_zero3_with_ref_offload_trains_the_same(zero3_runs, single_process_padded):
     report = zero3_runs["prefix_sharing"]
     assert report["reference"] == {"kept": True, "offloaded": True}
-    assert_same_training(report, single_process_padded)
+    assert_same_training(report, single_process_padded["trl"])
     assert all(metrics["padfree/shared_tokens"] > 0 for metrics in report["metrics"])
 
 

@@ -24,6 +24,7 @@ from distributed_runs import (
     free_port,
     launch,
     script_command,
+    single_process_padded_fixture,
     train_in_this_process,
 )
 
@@ -58,13 +59,7 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def single_process_padded(model_dir, tmp_path_factory):
-    """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    options = ("--runs", "trl+eval,trl+lora", "--batch-size", str(2 * PAIRS_PER_PROCESS))
-    reports = train_in_this_process(model_dir, output, *options)
-    return {"full": reports["trl+eval"], "lora": reports["trl+lora"]}
+single_process_padded = single_process_padded_fixture({"full": "trl+eval", "lora": "trl+lora"}, PAIRS_PER_PROCESS)
 
 
 @pytest.fixture(scope="module")

@@ -38,9 +38,10 @@ def test_the_library_imports_no_tooling_or_tests():
                 assert name.split(".")[0] not in ("tools", "tests"), f"{module.relative_to(ROOT)} imports {name}"
 
 
-def _imported_modules(path: Path, package: list[str]) -> set[str]:
+def _imported_modules(path: Path, package: list[str], annotations: bool = False) -> set[str]:
     """The package's modules `path` imports, at its top level and inside functions alike: a function-level import
-    only postpones a cycle to the first call. Imports for type annotations only (`if TYPE_CHECKING:`) never run."""
+    only postpones a cycle to the first call. Imports for type annotations only (`if TYPE_CHECKING:`) never run; with
+    `annotations`, they count too."""
     imported = set()
     tree = ast.parse(path.read_text())
     typing_only = {
@@ -49,6 +50,8 @@ def _imported_modules(path: Path, package: list[str]) -> set[str]:
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
         for inner in ast.walk(node)
     }
+    if annotations:
+        typing_only = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -63,13 +66,13 @@ def _imported_modules(path: Path, package: list[str]) -> set[str]:
     return imported
 
 
-def _package_import_graph() -> dict[str, set[str]]:
+def _package_import_graph(annotations: bool = False) -> dict[str, set[str]]:
     graph = {}
     for path in (ROOT / "trl_padfree").rglob("*.py"):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         is_package = parts[-1] == "__init__"
         module = ".".join(parts[:-1] if is_package else parts)
-        graph[module] = _imported_modules(path, parts[:-1] if is_package else parts[:-1])
+        graph[module] = _imported_modules(path, parts[:-1], annotations)
 
     def known(name: str) -> str | None:  # `a.b.name` -> the module `a.b` when `name` is an attribute
         while name and name not in graph:
@@ -109,6 +112,20 @@ def test_no_import_cycle_in_the_library():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_no_import_cycle_even_for_annotations():
+    # A type two modules annotate with lives below both (modeling/packed_batch.py's `PackedBatch`)
+    cycle = _find_cycle(_package_import_graph(annotations=True))
+    assert cycle is None, "import cycle, counting `if TYPE_CHECKING:` imports: " + " -> ".join(cycle)
+
+
+def test_the_refusals_import_nothing_else_of_the_package():
+    # Plain-value rules: a feature gathers the values and calls its rule, so a rule cannot grow a second copy there
+    graph = _package_import_graph(annotations=True)
+    refusals = {module for module in graph if module.split(".")[:2] == ["trl_padfree", "refusals"]}
+    outside = {module: graph[module] - refusals for module in sorted(refusals) if graph[module] - refusals}
+    assert len(refusals) > 1 and not outside, outside
+
+
 def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     edges = {"a": {"b"}, "b": {"a"}}  # as `_imported_modules` reports a function-level import back
     assert _find_cycle(edges) == ["a", "b", "a"]
@@ -118,8 +135,43 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
 
 
 # The package's top level: its entry points and what users import by path; every other module lives in a subpackage
-TOP_LEVEL_MODULES = {"__init__", "_compat", "config", "trainer", "refusals", "tiny", "sources"}
-SUBPACKAGES = {"packing", "modeling", "parallel", "placement", "integrations", "cli", "plan", "data"}
+TOP_LEVEL_MODULES = {"__init__", "_compat", "config", "trainer", "tiny", "sources"}
+SUBPACKAGES = {
+    "packing", "modeling", "parallel", "placement", "integrations", "cli", "plan", "data", "costs", "refusals"
+}  # fmt: skip
+
+
+# The bottom floor: pure code that imports nothing of the package, so every package can build on it
+FLOOR = ("trl_padfree.costs",)
+# What packing/ and modeling/ build on stays below the planner (`trl-padfree plan`), which reads them
+BELOW_THE_PLANNER = ("trl_padfree.packing", "trl_padfree.modeling")
+
+
+def _in(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def test_the_cost_model_is_the_bottom_floor():
+    graph = _package_import_graph()
+    assert any(_in(module, FLOOR) for module in graph), FLOOR
+    up = {
+        module: sorted(names)
+        for module, names in graph.items()
+        if _in(module, FLOOR) and not all(_in(n, FLOOR) for n in names)
+    }
+    assert not up, up
+
+
+def test_packing_and_modeling_import_nothing_of_the_planner():
+    graph = _package_import_graph()
+    up = [
+        f"{module} -> {name}"
+        for module, names in graph.items()
+        if _in(module, BELOW_THE_PLANNER)
+        for name in names
+        if _in(name, ("trl_padfree.plan",))
+    ]
+    assert not up, up
 
 
 def test_the_top_level_holds_the_entry_points_and_what_users_import_by_path():

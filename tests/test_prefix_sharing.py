@@ -32,6 +32,7 @@ from trainer_utils import (
 )
 
 from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, DPOTrainer, PaddingFreePreferenceCollator
+from trl_padfree.costs.flops import DecoderShape
 from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.attention.gathered import GatheredKeys
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
@@ -50,7 +51,6 @@ from trl_padfree.packing.prefix_sharing import (
     shared_prefix_length,
     shares_pay,
 )
-from trl_padfree.plan.flops import DecoderShape
 from trl_padfree.tiny import TINY_CONFIGS
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared

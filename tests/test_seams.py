@@ -249,7 +249,7 @@ TRL = [
         "trl", "trl.trainer.dpo_trainer.DPOTrainer._compute_loss (loss types)",
         "balanced batches refuse the loss types whose value couples a micro-batch's pairs (COUPLED_LOSS_TYPES: "
         "sorted across the batch, or a mean over the batch's tokens); every other loss type is a per-pair mean",
-        "refusals.py, packing/balanced_batches.py", where=COMPUTE_LOSS,
+        "refusals/token_budget.py, packing/balanced_batches.py", where=COMPUTE_LOSS,
         source={
             COMPUTE_LOSS: (
                 "logratios_sorted, _ = torch.sort(logratios, dim=0)",
@@ -282,7 +282,7 @@ TRL = [
         "trl", "trl.DPOTrainer.aux_loss_enabled",
         "set by TRL's `__init__` before it adds the fused LM heads; read to refuse MoE aux loss with row padding, "
         "prefix sharing and split rows, and by fused_lm_head_lookups after `__init__`",
-        "refusals.py, modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", where=INIT, ordered=True,
+        "refusals/models.py, refusals/parallel.py, modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", where=INIT, ordered=True,
         source={INIT: ("self.aux_loss_enabled =", "add_fused_lm_head(")},
     ),
     Seam(
@@ -374,7 +374,7 @@ TRL = [
     ),
     Seam(
         "trl", "trl.DPOConfig", "subclassed; these fields are read by trl-padfree",
-        "config.py, trainer.py, refusals.py, cli/bench/harness.py",
+        "config.py, trainer.py, refusals/config.py, refusals/parallel.py, cli/bench/harness.py",
         keywords=(
             "padding_free", "precompute_ref_log_probs", "model_init_kwargs", "trust_remote_code", "use_liger_kernel",
             "max_length", "truncation_mode", "pad_to_multiple_of", "disable_dropout", "parallelism_config",
@@ -981,7 +981,7 @@ PEFT = [
     ),
     Seam("peft", "peft.PeftModel.get_base_model", "the model under the adapter", "modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", parameters=("self",)),
     Seam(
-        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "refusals.py, modeling/padding_free.py",
+        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "refusals/models.py, modeling/padding_free.py",
         check=instance_of(property),
     ),
 ]  # fmt: skip
@@ -1215,7 +1215,7 @@ def test_mixer_kernel_names_are_transformers_kernel_hub_names():
     for path in (pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"):
         named.update(re.findall(r'use_kernel_func_from_hub_with_fallback\("(\w+)"', path.read_text()))
     missing = sorted((set(BOUNDARY_ARGUMENTS) | DECODE_ONLY_KERNELS) - named)
-    assert not missing, f"no transformers model uses the kernels {missing} any more (trl_padfree/kernels.py)"
+    assert not missing, f"no transformers model uses the kernels {missing} any more (trl_padfree/modeling/kernels.py)"
 
 
 def test_transformers_kernel_wrappers_hold_what_they_resolved():

@@ -57,7 +57,7 @@ SLOW_KERNEL_FAMILIES += (
 BOTH_WAYS = ("shieldgemma2", "gemma4_unified")
 # At real head dims TRL's own padded step moves further than trainer_utils.HALF's gradient bound between its sdpa and
 # eager attention (of the largest gradient, on these rows and the rows of seeds 1 and 2:
-# tests/measure_vision_precision_noise.py): each bound about twice that, the packed step's move beside it. Gemma 4's
+# tools/measure/measure_vision_precision_noise.py): each bound about twice that, the packed step's move beside it. Gemma 4's
 # packed step is compared with padded eager, whose float32 softmax the kernel shares, as for Gemma 4's text model
 # (test_kernel_coverage): Gemma 4 Unified's padded sdpa is 0.54 from its eager
 HALF_GRAD_ATOL_BY_FAMILY = {

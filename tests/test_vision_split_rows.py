@@ -301,15 +301,23 @@ REFUSED_UNDER_ULYSSES = ("gemma4", "gemma4_unified", "kimi_k25")
 NOT_UNDER_ZERO3 = ("granite4_vision",)
 
 
-@pytest.fixture(scope="module")
-def every_family(tmp_path_factory):
-    """Every family's model (and its processor, where it saves), with one padded process's training on each."""
-    directory = tmp_path_factory.mktemp("every_family")
-    save_vision_models(directory, SPLIT_FAMILIES)
-    runs = ",".join(f"{model_type}:trl" for model_type in SPLIT_FAMILIES)
-    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
-                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
-    return directory, {model_type: reports[f"{model_type}:trl"] for model_type in SPLIT_FAMILIES}
+def padded_families(name: str, families, run: str = "trl"):
+    """A module fixture `name`: `families`' models (and their processors, where they save) in one folder, with one
+    padded process's training on each (`run`), its first-step gradients in `<dir>/<family>:<run>.pt`."""
+
+    @pytest.fixture(scope="module", name=name)
+    def trained(tmp_path_factory):
+        directory = tmp_path_factory.mktemp(name)
+        save_vision_models(directory, families)
+        runs = ",".join(f"{model_type}:{run}" for model_type in families)
+        reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
+                                        "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
+        return directory, {model_type: reports[f"{model_type}:{run}"] for model_type in families}
+
+    return trained
+
+
+every_family = padded_families("every_family", SPLIT_FAMILIES)
 
 
 @pytest.mark.slow
@@ -353,16 +361,9 @@ def test_ulysses_2_and_ulysses_times_context_4_on_every_family(every_family, tmp
 MOE_WITHOUT_ROUTER_LOSS = ("qwen3_vl_moe", "glm4v_moe")  # a router loss over a split row is refused; without it
 
 
-@pytest.fixture(scope="module")
-def moe_families(tmp_path_factory):
-    """The MoE families (Qwen3-VL-MoE's checkpoint in the hub's layout, tiny_vision.save_experts_in_hub_layout, which
-    DeepSpeed's zero.Init loads), with one padded process's training on each, without the router loss."""
-    directory = tmp_path_factory.mktemp("moe")
-    save_vision_models(directory, MOE_WITHOUT_ROUTER_LOSS)
-    runs = ",".join(f"{model_type}:trl+no_aux" for model_type in MOE_WITHOUT_ROUTER_LOSS)
-    single = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
-                                   "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
-    return directory, {model_type: single[f"{model_type}:trl+no_aux"] for model_type in MOE_WITHOUT_ROUTER_LOSS}
+# Qwen3-VL-MoE's checkpoint in the hub's layout (tiny_vision.save_experts_in_hub_layout), which DeepSpeed's zero.Init
+# loads; trained without the router loss
+moe_families = padded_families("moe_families", MOE_WITHOUT_ROUTER_LOSS, run="trl+no_aux")
 
 
 @pytest.mark.slow
@@ -404,14 +405,7 @@ PATCH_FAMILIES = ("glm_ocr", "paddleocr_vl", "kimi_k25", "glmga", "cosmos3_edge"
 CROSSING_PATCH_FAMILIES = ("paddleocr_vl", "kimi_k25", "cosmos3_edge", "exaone4_5")
 
 
-@pytest.fixture(scope="module")
-def patch_families(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("patch_families")
-    save_vision_models(directory, PATCH_FAMILIES)
-    runs = ",".join(f"{model_type}:trl" for model_type in PATCH_FAMILIES)
-    reports = train_in_this_process(directory, directory / "single.json", "--runs", runs, *pairs(), *VISION_OPTIONS,
-                                    "--save-grads", str(directory / "{run}.pt"))  # fmt: skip
-    return directory, {model_type: reports[f"{model_type}:trl"] for model_type in PATCH_FAMILIES}
+patch_families = padded_families("patch_families", PATCH_FAMILIES)
 
 
 @pytest.mark.slow

@@ -348,7 +348,7 @@ SOURCES = {
         "rank's pairs again); one collation alone. Counted: collectives and host reads of the tensor round.",
     ),
     "attention_memory.json": dict(
-        command="python tests/measure_attention_memory.py --out docs/bench/attention_memory.json",
+        command="python tools/measure/measure_attention_memory.py --out docs/bench/attention_memory.json",
         machine="2 cores of an AMD EPYC, no GPU (bytes saved, not timings: the machine does not change them)",
         versions="torch 2.13.0+cpu (other versions not recorded)",
         date="2026-11-29",
@@ -786,7 +786,7 @@ between runs.
 - **token ideal**: padded tokens / packed row tokens, what removing padding gives if a step's cost is linear in
   tokens. Attention is not, so a measured speedup can beat it.
 - **FLOP ideal**: padded training FLOPs / the mode's, from the FLOP model in
-  [`trl_padfree/plan/flops.py`](../trl_padfree/plan/flops.py), which counts each padded sequence's whole attention
+  [`trl_padfree/costs/flops.py`](../trl_padfree/costs/flops.py), which counts each padded sequence's whole attention
   square. **of ideal**: the speedup over the ideal.
 - **peak memory** includes the weights of every mode's trainer (on CPU, the process's peak resident set; on a GPU,
   `max_memory_allocated`).

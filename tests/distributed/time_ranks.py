@@ -1,6 +1,6 @@
 """Time each data-parallel process's share of every optimizer step, with and without balanced batches.
 
-One process of a DDP launch (tests/measure_balanced_ranks.py runs it under `accelerate launch` over gloo). For each
+One process of a DDP launch (tools/measure/measure_balanced_ranks.py runs it under `accelerate launch` over gloo). For each
 `--grad-accum` value it trains `trl_padfree.DPOTrainer` with `padding_free=True` on the shipped preference data twice,
 one run after the other with the same seed, model and number of steps: `train_sampling_strategy="random"` (each
 process takes `per_device_train_batch_size` consecutive pairs of the shuffled data) and `"batch_rebalance"` (the same
@@ -45,11 +45,11 @@ from transformers import TrainerCallback
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.cli import exit_without_finalizing
+from trl_padfree.costs.flops import DecoderShape
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
 from trl_padfree.packing.balance import row_cost
 from trl_padfree.packing.layout import HOST_ROW
 from trl_padfree.packing.pair_weights import COST_RATIO_METRIC
-from trl_padfree.plan.flops import DecoderShape
 
 # TRL 1.16 still calls transformers 5's deprecated gradient checkpointing names
 warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)

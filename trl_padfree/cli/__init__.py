@@ -1,150 +1,20 @@
 """The `trl-padfree` command: `dpo`, `configs`, `demo`, `bench`, `plan`, `models` and `balance`, each imported only
 when it runs (`dpo`, `bench` and `demo` build trainers; `--help` and the other commands need none of that).
 
-Errors a user can fix (a bad option, a missing file) print as one line; `TRL_PADFREE_DEBUG=1` shows the traceback.
+The parser and `main` are in subcommands.py; how the command ends (a user error as one line, `TRL_PADFREE_DEBUG=1`
+for the traceback; a distributed process's exit) in exits.py.
 """
 
-from __future__ import annotations
+from .exits import USER_ERRORS, exit_without_finalizing, one_line_errors, one_line_usage_errors
+from .subcommands import READS_ITS_OWN_ARGUMENTS, SUBCOMMANDS, build_parser, main
 
-import argparse
-import contextlib
-import importlib
-import logging
-import os
-import sys
-import warnings
-from typing import NoReturn
-
-# What a user can fix from the message alone (a bad option or config key, a missing file or model); anything else is
-# a bug and keeps its traceback
-USER_ERRORS = (ValueError, OSError, NotImplementedError, ImportError)  # ImportError: a missing optional package
-
-
-@contextlib.contextmanager
-def one_line_errors(program: str):
-    """Turn a user error raised inside into one line on stderr and exit status 2."""
-    try:
-        yield
-    except USER_ERRORS as error:
-        if os.environ.get("TRL_PADFREE_DEBUG"):
-            raise
-        message = " ".join(str(error).split())  # some library messages span lines
-        print(f"{program}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-def exit_without_finalizing(status: int = 0) -> NoReturn:
-    """End a finished distributed process at once, logs and streams flushed, without Python's interpreter
-    finalization. Call it last, after `trainer.end()`.
-
-    torch.distributed's gloo backend (every CPU launch) runs worker threads that release each finished collective's
-    tensors themselves, and `trainer.end()` (destroy_process_group) does not stop them. On a loaded machine a worker can
-    reach that release only after the main thread has begun finalizing the interpreter, typically on a rank with
-    nothing left to write (ZeRO-3's last parameter gathers, at save time). The release needs the GIL; Python 3.11
-    ends a thread that asks for it during finalization (pthread_exit), the unwinding crosses torch's noexcept C++
-    frame, and the process aborts ("terminate called without an active exception", SIGABRT) after a run that
-    trained and saved. With no finalization there is nothing for a late worker to run into.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
-
-
-class _OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message):
-        _exit_with_usage_error(self, message)
-
-
-def one_line_usage_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make `parser` (e.g. a `TrlParser`) report a bad flag in one line, without the usage block."""
-    parser.error = lambda message: _exit_with_usage_error(parser, message)
-    return parser
-
-
-def _exit_with_usage_error(parser: argparse.ArgumentParser, message: str):
-    parser.exit(2, f"{parser.prog}: error: {message} (see --help)\n")
-
-
-# Each subcommand: the module that adds its arguments and runs it, its one-line help, its description
-SUBCOMMANDS = {
-    "dpo": (
-        "trl_padfree.cli.dpo",
-        "train with padding-free DPO: TRL's `trl dpo` (its arguments, --config YAML, accelerate launch options)",
-        "TRL's DPO script with padding-free DPO, launched through `accelerate launch`. --config takes a YAML file or "
-        "the name of a shipped config, --accelerate_config an accelerate config file or the name of a shipped one; "
-        "options that are no training argument go to `accelerate launch`.",
-    ),
-    "configs": (
-        "trl_padfree.cli.configs_command",
-        "list the shipped DPO and accelerate configs; print one (show NAME) or copy it (copy NAME [DEST])",
-        "The configs shipped in the package: without an action, each DPO config (--config NAME) and accelerate "
-        "config (--accelerate_config NAME) with what it is for and its folder; `show NAME` prints one, `copy NAME "
-        "[DEST]` copies it, to edit or to pass to your own `accelerate launch --config_file`.",
-    ),
-    "demo": (
-        "trl_padfree.cli.demo",
-        "train a small model padded and padding-free on the shipped data, on CPU, and compare",
-        "Train a demo model with padded TRL and with padding-free DPO on the same batches (shipped data, no download), "
-        "then report the padding removed, tokens/s and both losses.",
-    ),
-    "bench": (
-        "trl_padfree.cli.bench",
-        "time padded vs padding-free DPO training steps on the same batches",
-        "Time full DPO training steps (reference forward, policy forward and backward) of padded TRL and of "
-        "padding-free mode with each attention backend, on the same batches, alternating the modes.",
-    ),
-    "plan": (
-        "trl_padfree.plan",
-        "estimate GPU and CPU memory of a DPO run (policy, reference, activations) and the cheapest fix",
-        "Estimate per-GPU and per-node CPU memory of a DPO run from the model's config alone: policy states "
-        "(DeepSpeed's estimators, or FSDP2's shards with --fsdp2), the reference model, an activation estimate; say "
-        "whether it fits and the cheapest change that makes it fit. See docs/concepts/memory-planning.md.",
-    ),
-    "models": (
-        "trl_padfree.cli.models",
-        "which architectures pack exactly, per attention backend (checked on tiny twins, no download)",
-        "Check every decoder-only causal-LM type of the installed transformers, or one model's config.json with "
-        "--check, on tiny float64 twins: packed forward and backward against each sequence alone. See "
-        "docs/reference/models.md.",
-    ),
-    "balance": (
-        "trl_padfree.cli.balance",
-        "simulate how much data-parallel processes wait for the slowest row, dealt as usual or balanced by cost",
-        "Simulate optimizer steps of pairs (the bench's length models or a local dataset) over many data-parallel "
-        "processes: the expected slowest row over the mean row, with pairs dealt as usual and balanced by their FLOPs "
-        "(LPT per micro-step), and the step-time gain. No model or GPU needed. See docs/concepts/balancing.md.",
-    ),
-}
-
-
-# Subcommands whose own parser reads everything after their name, --help included: `dpo` parses TRL's dataclasses
-# and hands what they do not read to `accelerate launch`, as `trl dpo` does
-READS_ITS_OWN_ARGUMENTS = {"dpo"}
-
-
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser, with the arguments of `command` (its module imported); the others list only their help."""
-    parser = _OneLineErrorParser(prog="trl-padfree", description="Padding-free DPO for TRL.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrorParser)
-    for name, (module, help_line, description) in SUBCOMMANDS.items():
-        add_help = name not in READS_ITS_OWN_ARGUMENTS
-        subparser = commands.add_parser(name, help=help_line, description=description, add_help=add_help)
-        if name == command:
-            importlib.import_module(module).add_arguments(subparser)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    # TRL 1.16 still calls transformers 5's deprecated `gradient_checkpointing` names: nothing a user can act on
-    warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((argument for argument in argv if not argument.startswith("-")), None)
-    parser = build_parser(command)
-    options, unknown = parser.parse_known_args(argv)
-    if options.command in READS_ITS_OWN_ARGUMENTS:
-        options.arguments = unknown
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    with one_line_errors(f"trl-padfree {options.command}"):
-        return options.run(options)
+__all__ = [
+    "READS_ITS_OWN_ARGUMENTS",
+    "SUBCOMMANDS",
+    "USER_ERRORS",
+    "build_parser",
+    "exit_without_finalizing",
+    "main",
+    "one_line_errors",
+    "one_line_usage_errors",
+]

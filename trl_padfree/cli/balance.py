@@ -29,12 +29,12 @@ import torch
 from datasets import DatasetDict, load_from_disk
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from ..costs.flops import DecoderShape
 from ..data import load_demo_tokenizer
 from ..data.length_models import MULTI_TURN, SINGLE_TURN
 from ..packing.balance import best_split, bin_costs, imbalance, pair_cost, row_cost_lower_bound
 from ..packing.layout import kept_prompt_and_completion
 from ..packing.prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
-from ..plan.flops import DecoderShape
 from ..sources import load_preference_dataset
 from .bench.harness import MODEL_SHAPES, decoder_shape, markdown_table, sample_lengths, truncated_pair_lengths
 

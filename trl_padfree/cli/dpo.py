@@ -27,7 +27,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from trl_padfree.cli import exit_without_finalizing, one_line_errors, one_line_usage_errors
+from trl_padfree.cli.exits import exit_without_finalizing, one_line_errors, one_line_usage_errors
 from trl_padfree.cli.launch import (
     accelerate_launch_arguments,
     launch_module,

@@ -13,7 +13,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from . import one_line_usage_errors
+from .exits import one_line_usage_errors
 
 CONFIG_KINDS = {"--config": "configs", "--accelerate_config": "accelerate_configs"}
 

@@ -43,9 +43,9 @@ import functools
 
 from transformers import PreTrainedModel
 
+from ..costs.flops import EXPERT_COUNT_NAMES  # where configs keep the number of routed experts; TRL reads the first
 from ..integrations.trl import fused_lm_head_added_with
 from ..placement.fsdp2 import keep_root_outputs_dtype
-from ..plan.flops import EXPERT_COUNT_NAMES  # where configs keep the number of routed experts; TRL reads the first
 from ..refusals import check_fused_lm_head_backbone, check_fused_lm_head_experts, check_fused_lm_head_output
 
 

@@ -19,7 +19,8 @@ Each such mixer (a module owning a depthwise causal `Conv1d`) gets a forward tha
 
 With prefix sharing a rejected branch has no prompt of its own on the row; its mixers read the prompt's tokens
 (`gather_index`) in front of the branch, so their state at the branch is the one the prompt leaves, and only the
-branch's outputs are kept. Which path runs, and why, is logged once per mixer class (`trl_padfree.kernels` logger).
+branch's outputs are kept. Which path runs, and why, is logged once per mixer class (the `trl_padfree.modeling.kernels`
+logger).
 """
 
 from __future__ import annotations

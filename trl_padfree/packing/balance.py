@@ -24,7 +24,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from ..plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
+from ..costs.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 from .layout import HostRow
 
 
@@ -36,7 +36,7 @@ def pair_cost(
     shared_prefix: int = 0,
     reference_forward: bool = True,
 ) -> float:
-    """Training-step FLOPs a pair adds to a packed row (`plan/flops.py`'s model): both sequences through the linear
+    """Training-step FLOPs a pair adds to a packed row (`costs/flops.py`'s model): both sequences through the linear
     layers, the LM head on the scored (completion) tokens, and causal attention within each sequence. With prefix
     sharing the rejected branch drops the `shared_prefix` tokens it shares and reads them instead::
 

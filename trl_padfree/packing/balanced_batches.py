@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from ..plan.flops import DecoderShape
+from ..costs.flops import DecoderShape
 from ..refusals import check_balanced_batches_setup, check_balanced_batches_split
 from .balance import best_split, bin_costs, imbalance, pair_cost
 from .layout import kept_prompt_and_completion

@@ -166,7 +166,7 @@ def concatenated_inputs(
     kernels see it as a separate segment, so no real token attends to it, and it is not a sequence of the batch.
 
     With `prefix_sharing`, pairs are laid out one after another, each as `[prefix + chosen branch]` and `[rejected
-    branch]` segments whose rejected branch reads the prefix (see `trl_padfree.prefix_sharing`); a pair whose
+    branch]` segments whose rejected branch reads the prefix (see `trl_padfree.packing.prefix_sharing`); a pair whose
     truncated sequences do not start with the same prompt tokens, or whose prompt is shorter than
     `prefix_sharing_min_prompt_tokens`, keeps its two unshared segments.
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.flops import DecoderShape, Segment, packed_row_work, training_step_flops
+from ..costs.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 from .layout import HostRow, kept_prompt_and_completion, pair_tokens
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ _OUTCOMES_LOGGED: set[bool] = set()  # once per process for each outcome, as the
 @dataclass(frozen=True)
 class SharingCost:
     """The cost model behind `prefix_sharing="auto"`, for one model: a batch is laid out shared when its step's FLOPs
-    with the shared layout (fewer tokens, less attention: plan/flops.py) plus the keys' and values' gather (each
+    with the shared layout (fewer tokens, less attention: costs/flops.py) plus the keys' and values' gather (each
     attention layer copies the row's keys and values, every prefix's again) cost less than the unshared layout's."""
 
     shape: DecoderShape

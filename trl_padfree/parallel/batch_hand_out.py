@@ -15,7 +15,7 @@ tensor's bytes start 64-byte aligned), bit for bit the sender's.
 
 Why tensors and not each rank collating every rank's micro-batch from the same dataset indices: accelerate's
 dataloader yields collated batches, not indices, and collating costs CPU time on every rank for each other rank's
-batch, in the training loop. Measured on CPU over 2 gloo processes (tests/measure_batch_hand_out.py,
+batch, in the training loop. Measured on CPU over 2 gloo processes (tools/measure/measure_batch_hand_out.py,
 docs/concepts/kernels.md) the two are close (a 19 MB vision batch: 0.16 s sent, 0.18 s collated again; a text batch:
 2.4 ms vs 1.4 ms); on GPUs the bytes travel over NVLink or InfiniBand, while collating stays on the host.
 """

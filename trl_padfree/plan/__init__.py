@@ -7,7 +7,6 @@ activations and a reserve, and per node the CPU memory (DeepSpeed's estimators, 
 
 from .command import add_arguments, run
 from .memory import (
-    Setup,
     activation_memory,
     estimate,
     layer_activation_bytes_per_token,
@@ -15,6 +14,7 @@ from .memory import (
     reference_memory,
 )
 from .search import cheapest_fix
+from .setup import Setup
 from .shapes import ModelShape, load_model_shape, shape_of_config
 from .units import GiB, parse_count, parse_memory
 

@@ -6,11 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from .memory import BYTES_PER_PARAM, DEFAULT_RESERVE, REFERENCE_PLACES, Setup
 from .report import format_report, plan_to_json
 from .search import make_plan
+from .setup import DEFAULT_RESERVE, REFERENCE_PLACES, Setup
 from .shapes import load_model_shape
-from .units import GiB, parse_count, parse_memory
+from .units import BYTES_PER_PARAM, GiB, parse_count, parse_memory
 
 
 def _argument(parse):

@@ -1,4 +1,4 @@
-"""Context parallelism (`context_parallel_size=C`, trl_padfree/context_parallel.py): what one GPU holds when a group of
+"""Context parallelism (`context_parallel_size=C`, trl_padfree/parallel/context.py): what one GPU holds when a group of
 C GPUs shares each packed row.
 
     row of T tokens, padded to C t       | rank 0: t tokens | rank 1: t tokens | ... | rank C-1: t tokens |
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .setup import Setup
 from .units import BYTES_PER_PARAM
 
 if TYPE_CHECKING:
-    from .memory import Setup
     from .shapes import ModelShape
 
 BACKWARD_PEAK_ROW_BUFFERS = 3  # the row gradient's K and V halves, zero-filled to the row's size, and their sum

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .setup import Setup
 from .units import BYTES_PER_PARAM
 
 if TYPE_CHECKING:
-    from .memory import Setup
     from .shapes import ModelShape
 
 SHARDED_BYTES_PER_PARAM = 16  # fp32 master weights 4, fp32 gradients 4, Adam's two fp32 moments 8

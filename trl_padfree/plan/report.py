@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from . import context_parallel, fsdp2
-from .memory import Estimate, Setup, encoded_image_tokens
+from .memory import Estimate, encoded_image_tokens
 from .search import Plan
+from .setup import Setup
 from .shapes import ModelShape
 from .units import gib
 

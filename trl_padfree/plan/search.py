@@ -6,7 +6,8 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from . import context_parallel, fsdp2
-from .memory import Estimate, Setup, estimate
+from .memory import Estimate, estimate
+from .setup import Setup
 from .shapes import ModelShape
 from .units import gib
 

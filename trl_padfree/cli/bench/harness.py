@@ -27,10 +27,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from ...config import DPOConfig
-from ...data import load_demo_dataset, load_demo_tokenizer
-from ...data.length_models import MULTI_TURN, SINGLE_TURN, LengthModel
-from ...packing.layout import kept_prompt_and_completion
-from ...plan.flops import (
+from ...costs.flops import (
     EXPERT_COUNT_NAMES,
     BatchWork,
     DecoderShape,
@@ -38,6 +35,9 @@ from ...plan.flops import (
     packed_row_work,
     padded_batch_work,
 )
+from ...data import load_demo_dataset, load_demo_tokenizer
+from ...data.length_models import MULTI_TURN, SINGLE_TURN, LengthModel
+from ...packing.layout import kept_prompt_and_completion
 from ...tiny import DEMO_MODEL_SIZES, make_demo_model, make_model
 from ...trainer import DPOTrainer
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from ...costs.flops import DecoderShape, training_step_flops
 from ...data import load_demo_tokenizer
 from ...integrations.transformers import attention_calls_counted
 from ...modeling.kernels import varlen_calls_counted
 from ...modeling.packed_forward import PackedBatch
-from ...plan.flops import DecoderShape, training_step_flops
 from ...trainer import DPOTrainer
 from .harness import (
     BenchWeights,
@@ -125,7 +125,7 @@ class BenchRow:
     padfree_host_times_s: list[float] = field(default_factory=list)
     padded_host_bound: bool | None = None
     padfree_host_bound: bool | None = None
-    # The FLOP model (trl_padfree/plan/flops.py): training FLOPs per step (mean), their ratio, the share reached
+    # The FLOP model (trl_padfree/costs/flops.py): training FLOPs per step (mean), their ratio, the share reached
     padded_step_flops: float = 0.0
     padfree_step_flops: float = 0.0
     flop_ideal_speedup: float = 0.0

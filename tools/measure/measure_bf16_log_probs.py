@@ -1,7 +1,7 @@
 """Measure how far bf16 engines move DPO's log-prob sums, margins, losses and gradients, padded TRL and padding-free
 alike, against the same runs with float32 log-probs (docs/concepts/exactness.md, "bf16 engines").
 
-Run from the repository root: `python tests/measure_bf16_log_probs.py [--real-model]`.
+Run from the repository root: `python tools/measure/measure_bf16_log_probs.py [--real-model]`.
 
 - FSDP2 and ZeRO-3, 2 CPU processes over gloo (tests/distributed_runs.launch), the tiny Llama of the distributed
   tests, bf16 with activation checkpointing, 5 AdamW steps of 2 pairs per process: TRL's padded trainer, this
@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 
 import torch  # noqa: E402
 from distributed_runs import launch, save_tiny_model, train_in_this_process  # noqa: E402

@@ -2,11 +2,11 @@
 how far one packed step through the strict stand-ins of torch 2.15's `varlen_attn` moves from TRL's padded vision
 step in TRL's default precision (float32 weights under bf16 autocast), beside how far TRL's padded step moves from
 itself between its `sdpa` and `eager` attention (the noise floor of that precision), as
-tests/measure_precision_noise.py does for text models.
+tools/measure/measure_precision_noise.py does for text models.
 
-Run from the repository root: `python tests/measure_vision_precision_noise.py [FAMILY ...]`. Columns: loss (absolute),
-gradients (largest difference over max(1, largest gradient)), metrics (relative to max(1, |value|)); the per-family
-gradient bounds of test_vision_kernels.py are set from what it prints.
+Run from the repository root: `python tools/measure/measure_vision_precision_noise.py [FAMILY ...]`. Columns: loss
+(absolute), gradients (largest difference over max(1, largest gradient)), metrics (relative to max(1, |value|)); the
+per-family gradient bounds of test_vision_kernels.py are set from what it prints.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 
 import conftest  # noqa: E402,F401  (offline, quiet progress bars)
 from measure_precision_noise import differences  # noqa: E402

@@ -3,7 +3,7 @@ tower runs under sequence and context parallelism (docs/guides/vision-language.m
 
 Run from the repository root, on a quiet machine:
 
-    python3 tests/measure_vision_split.py --output docs/bench/vision_split_cpu.json
+    python3 tools/measure/measure_vision_split.py --output docs/bench/vision_split_cpu.json
 
 A Qwen2.5-VL built locally (`--text-width`, `--vision-width`, 4 layers each), one packed row of the shipped
 conversational pairs with `--images` noise images per prompt, the images resized to about `--image-tokens` tokens
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 
 from tiny_vision import make_vision_model, make_vision_processor, vision_preference_rows  # noqa: E402
 
@@ -156,7 +156,7 @@ def main(argv=None) -> dict:
 
     all_images = timed(vision_tower, options.repeats)
     result = {
-        "command": " ".join(["python3", "tests/measure_vision_split.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python3", "tools/measure/measure_vision_split.py", *(argv or sys.argv[1:])]),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": 1,

@@ -1,7 +1,8 @@
 """Measure what one attention layer keeps for its backward, and its peak memory, on a sequence holding Gemma 3's
 images, at Gemma 3 27B's heads (32 query heads, 16 key-value heads, head dim 128), in bf16, on the CPU.
 
-Run from the repository root: `python tests/measure_span_memory.py`. docs/guides/vision-language.md records the figures.
+Run from the repository root: `python tools/measure/measure_span_memory.py`. docs/guides/vision-language.md records
+the figures.
 
 The sequences: one with 8 images (256 text tokens, then 8 images of 256 tokens each with 16 text tokens after each:
 2,432 tokens, 2,048 of them image tokens), and one of the same length with one image after 256 text tokens, as most
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 16, 128
 TEXT_BEFORE, IMAGE_TOKENS, TEXT_AFTER = 256, 256, 16

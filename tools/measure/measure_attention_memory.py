@@ -1,7 +1,8 @@
 """What one attention layer keeps for the backward on a 4K-token packed row of two 2K sequences, per path, against
 padded TRL with the kernel its users pick (docs/concepts/kernels.md, "Memory").
 
-Run from the repository root: `python tests/measure_attention_memory.py [--out docs/bench/attention_memory.json]`.
+Run from the repository root:
+`python tools/measure/measure_attention_memory.py [--out docs/bench/attention_memory.json]`.
 
 Two kinds of figures, each marked in the output:
 - measured: one call of the layer's attention in TRL's default precision (float32 queries and keys, bf16 values,
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 
 from stand_in_kernels import varlen_stand_in  # noqa: E402
 
@@ -52,7 +53,9 @@ class Layer:
 LAYERS = (
     Layer("GPT-OSS-20B (sinks)", 64, 8, 64, dict(sinks=True), "kernels-hub FlashAttention-3 (`s_aux`)"),
     Layer("Gemma 2 9B (softcap 50)", 16, 8, 256, dict(softcap=50.0), "flash-attn 2 (`softcap`)"),
-    Layer("Gemma 4 global layer (head dim 512)", 8, 4, 512, dict(), "sdpa, keys and values repeated: memory-efficient"),
+    Layer(
+        "Gemma 4 global layer (head dim 512)", 8, 4, 512, dict(), "sdpa, keys and values repeated: memory-efficient"
+    ),
 )
 
 
@@ -151,7 +154,9 @@ def main() -> None:
             f"{row['padded_mib']:,.0f} MiB ({row['padded_kind']}) |"
         )
     if args.out is not None:
-        provenance = dict(command="python tests/measure_attention_memory.py", torch=torch.__version__, cpu=True)
+        provenance = dict(
+            command="python tools/measure/measure_attention_memory.py", torch=torch.__version__, cpu=True
+        )
         args.out.write_text(json.dumps(dict(provenance=provenance, rows=rows), indent=2) + "\n")
 
 

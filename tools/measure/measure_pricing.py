@@ -2,7 +2,7 @@
 
 Run from the repository root (figures in docs/concepts/balancing.md and docs/guides/long-sequences.md):
 
-    python3 tests/measure_pricing.py --pairs 100000 --sample 100  # --output FILE.json keeps the report
+    python3 tools/measure/measure_pricing.py --pairs 100000 --sample 100  # --output FILE.json keeps the report
 
 What it times, on one CPU process unless said:
 - vision-language pairs (`packing/pair_sizes.py`): a synthetic set of `--pairs` pairs as Qwen2.5-VL's processor sees
@@ -37,14 +37,14 @@ import torch.distributed as dist
 import torch.multiprocessing as multiprocessing
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 from tiny_vision import make_vision_processor, vision_preference_rows  # noqa: E402
 
+from trl_padfree.costs.flops import DecoderShape  # noqa: E402
 from trl_padfree.packing import pair_sizes as priced  # noqa: E402
 from trl_padfree.packing.balanced_batches import BalancedBatchSampler, pair_costs  # noqa: E402
 from trl_padfree.packing.token_budget import pair_lengths  # noqa: E402
 from trl_padfree.packing.vision import PaddingFreeVisionPreferenceCollator  # noqa: E402
-from trl_padfree.plan.flops import DecoderShape  # noqa: E402
 
 IMAGE_SIDES = [(336, 448), (448, 448), (384, 512), (480, 640)]
 PROCESS_COUNTS = (1, 8, 64)

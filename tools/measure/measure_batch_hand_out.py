@@ -2,7 +2,7 @@
 
 Run from the repository root, on a quiet machine:
 
-    python3 tests/measure_batch_hand_out.py --output docs/bench/batch_hand_out_cpu.json
+    python3 tools/measure/measure_batch_hand_out.py --output docs/bench/batch_hand_out_cpu.json
 
 `--ranks` gloo processes (one CPU thread each), each with its own collated micro-batch, as each rank's dataloader
 yields it: a text batch (`PaddingFreePreferenceCollator`, prefix sharing on, reference log-probs included) and a
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 
 from host_reads import HostReads  # noqa: E402
 
@@ -208,7 +208,7 @@ def main(argv=None) -> dict:
         report = results.get(timeout=10)
     result = {
         "command": " ".join(
-            ["python3", "tests/measure_batch_hand_out.py", *(argv if argv is not None else sys.argv[1:])]
+            ["python3", "tools/measure/measure_batch_hand_out.py", *(argv if argv is not None else sys.argv[1:])]
         ),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,

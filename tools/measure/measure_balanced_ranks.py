@@ -2,7 +2,7 @@
 
 Run from the repository root, on a quiet machine (other work on the cores shows up as imbalance):
 
-    python3 tests/measure_balanced_ranks.py --processes 2 4 --output docs/bench/balanced_ranks_cpu.json
+    python3 tools/measure/measure_balanced_ranks.py --processes 2 4 --output docs/bench/balanced_ranks_cpu.json
 
 For each process count, one `accelerate launch` (trl_padfree/cli/accelerate_configs/multi_gpu.yaml: DDP over gloo on CPU
 processes, as tests/distributed_runs.py launches it) runs tests/distributed/time_ranks.py, which trains
@@ -43,7 +43,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 
 from distributed_runs import ACCELERATE_CONFIGS, ROOT, checkout_environment, free_port  # noqa: E402
 
