@@ -1,12 +1,14 @@
 """Stand-ins for the CUDA kernels behind packed rows, with the real functions' signatures, for `stand_in_kernels`
-(trl_padfree/kernels.py): the packed forward takes its CUDA branches on the CPU and calls these instead.
+(trl_padfree/modeling/kernels.py): the packed forward takes its CUDA branches on the CPU and calls these instead.
 
-Each stand-in computes the reference result per segment (one sequence at a time, from its boundary argument) and
-records what it was given (`CALLS`): the boundary tensors and their dtype, the window, grouped heads, the backend a
-torch release would pick. Signatures are the real ones, quoted from the releases:
+Each stand-in computes the result per segment (one sequence at a time, from its boundary argument) and records what
+it was given (`CALLS`): the boundary tensors and their dtype, the window, grouped heads, the backend a torch release
+would pick. Signatures are the real ones, quoted from the releases:
 
     varlen_attn                          torch 2.10 (is_causal), 2.11 (scale, window_size), 2.13-2.15 (enable_gqa, ...):
-                                         the wrapper's, the op schema's and ATen's Flash kernel's checks, each
+                                         the wrapper's, the op schema's and the backend kernel's checks, each; FA2's
+                                         half-precision rounding; `return_aux` (the log-sum-exp); the output in the
+                                         query's layout; the backward op of 2.13-2.15 (`VarlenKernel.backward`)
     causal_conv1d_fn                     causal-conv1d (seq_idx; widths 2 to 4)
     chunk_gated_delta_rule               flash-linear-attention (cu_seqlens; batch 1)
     mamba_chunk_scan_combined            mamba-ssm (seq_idx)
@@ -20,7 +22,9 @@ so a stand-in and the fallback differ only in how the row is cut. A faulty varia
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,38 +51,68 @@ def calls_of(kernel: str) -> list[KernelCall]:
 # ---- torch's varlen_attn ----
 #
 # Each stand-in refuses what the real call refuses, in the order it checks, with its message: the Python wrapper of
-# the release (torch/nn/attention/varlen.py), the custom op's schema (`torch_attn::_varlen_attn`), then ATen's Flash
-# kernel (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`, and `mha_varlen_bwd`
-# for the backward). None of them casts or pads: docs/concepts/kernels.md lists every check with its source.
+# the release (torch/nn/attention/varlen.py), the custom op's schema (`torch_attn::_varlen_attn`), then the backend's
+# kernel: ATen's Flash kernel (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, `mha_varlen_fwd`), or
+# on torch 2.14 and 2.15 cuDNN's. The backward is the op torch's autograd calls, `torch_attn::_varlen_attn_backward`
+# (2.13-2.15; `_flash_attention_backward` in attention_backward.cu, then `mha_varlen_bwd`). None of them casts or
+# pads: docs/concepts/kernels.md lists every check with its source.
+#
+# Checks marked "stand-in:" are mistakes the GPU makes silently, refused here: a `max_q`/`max_k` below the longest
+# segment, boundaries that leave rows unwritten, a log-sum-exp the backward would misread.
+#
+# The numbers are FA2's in half precision (flash_fwd_kernel.h `compute_attn_1rowblock`, flash_bwd_kernel.h
+# `compute_dq_dk_dv_1colblock`), one segment at a time, every product summed in float32:
+#
+#   forward   S = scale Q K^T, P = exp(S - rowmax), O = half(P) V / rowsum(P), rounded once; lse = rowmax + log rowsum
+#   backward  P = exp(S - lse), dP = dO V^T, D = rowsum(dO * out) of the `out` given, dS = P (dP - D);
+#             dV = half(P)^T dO, dK = scale half(dS)^T Q, dQ = scale half(dS) K, each rounded once; grouped heads:
+#             dK and dV per query head, rounded, then summed over the group (mha_varlen_bwd's dk_expanded/dv_expanded)
+#
+# half(): rounded to the input dtype. The GPU rounds P against a running maximum over key blocks rather than the row's:
+# rounding of the same size. A query that sees no key gets 0 and a log-sum-exp of +inf, as the kernel writes them
+# (softmax.h, `normalize_softmax_lse`). The cuDNN branch is given the same numbers.
 
 # The GPU a stand-in plays: SM90 (H100), where torch 2.15 prefers cuDNN
 PLAYED_CAPABILITY = (9, 0)
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256
+# cuDNN's varlen graph on SM90 (sdp_utils.cpp, `check_cudnn_tensor_shapes`: 128 unless cuDNN > 9.22 with a frontend
+# that takes 256; torch 2.15's varlen.py, `_cudnn_supports_head_dims`, keeps 128 on SM90)
+CUDNN_MAX_HEAD_DIM = 128
+CUDNN_MAX_HEADS = 65535
+FORWARD_OP, BACKWARD_OP = "torch_attn::_varlen_attn", "torch_attn::_varlen_attn_backward"
 
 
-def _schema_int(name: str, value) -> None:
-    # The custom op's schema types `max_q`/`max_k` as int: a float or None is refused, a 0-dim integer tensor passes
-    if isinstance(value, bool) or not (
-        isinstance(value, int)
-        or (isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point())
-    ):
-        raise RuntimeError(
-            f"torch_attn::_varlen_attn() Expected a value of type 'int' for argument '{name}' but instead found type "
-            f"'{type(value).__name__}'."
-        )
+def _schema_int(op: str, name: str, value) -> int:
+    """The custom op's schema types `max_q`/`max_k` as int: it takes an int (a bool too), anything with `__index__`,
+    and a one-element tensor (truncated to an int); a float, None or a longer tensor is refused."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1:
+            return int(value)
+    elif not isinstance(value, float):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise RuntimeError(
+        f"{op}() Expected a value of type 'int' for argument '{name}' but instead found type '{type(value).__name__}'."
+    )
 
 
-def _window_schema(window_size) -> list[int]:
-    # varlen.py `_normalize_window_size`, then the schema's `Optional[List[int]]`
+def _max_lengths(op: str, max_q, max_k) -> tuple[int, int]:
+    return _schema_int(op, "max_q", max_q), _schema_int(op, "max_k", max_k)
+
+
+def _window_schema(window_size, op: str = FORWARD_OP) -> list[int]:
+    # The schema's `Optional[List[int]]`, then varlen.py's `_normalize_window_size`
     window = list(window_size)
-    if len(window) != 2:
-        raise ValueError(f"window_size must have length 2, got {len(window)}")
     if not all(isinstance(each, int) and not isinstance(each, bool) for each in window):
         raise RuntimeError(
-            "torch_attn::_varlen_attn() Expected a value of type 'Optional[List[int]]' for argument 'window_size' but "
-            "instead found type 'list'."
+            f"{op}() Expected a value of type 'Optional[List[int]]' for argument 'window_size' but instead found "
+            "type 'list'."
         )
+    if len(window) != 2:
+        raise ValueError(f"window_size must have length 2, got {len(window)}")
     return window
 
 
@@ -96,11 +130,16 @@ def _wrapper_heads(query, key, enable_gqa: bool) -> None:
         )
 
 
-def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability) -> None:
+def _no_kv_cache(seqused_k, block_table) -> None:
+    # varlen.py `_setup_context`: "seqused_k is an inference-only parameter." under autograd; the stand-in computes
+    # packed training rows only, with or without grad
+    if seqused_k is not None or block_table is not None:
+        raise NotImplementedError("the stand-in computes packed training rows only (no seqused_k, no block_table)")
+
+
+def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability) -> None:
     """ATen's `mha_varlen_fwd` (flash_api.cpp), in its order; the first failure wins. CUDA tensors are played by
     tensors on the query's device."""
-    _schema_int("max_q", max_q)
-    _schema_int("max_k", max_k)
     if cu_seq_k is None or cu_seq_q is None:
         raise RuntimeError(
             "cumulative_sequence_length_q and cumulative_sequence_length_k must be both set or both not set"
@@ -151,83 +190,304 @@ def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, cap
         raise RuntimeError("cu_seqlens_k must have shape (batch_size + 1)")
 
 
-def _checked_backward(output: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """`mha_varlen_bwd` checks the incoming gradient as the forward checks its inputs."""
-
-    def check(grad: torch.Tensor) -> None:
-        if grad.dtype != query.dtype:
-            raise RuntimeError("query and dout must have the same dtype")
-        if grad.stride(-1) != 1:
-            raise RuntimeError("dout tensor must have contiguous last dimension")
-
-    if output.requires_grad:
-        output.register_hook(check)
-    return output
+def cudnn_branch_checks_2_14(window, enable_gqa: bool, num_splits) -> None:
+    """torch 2.14's op on its cuDNN branch refuses what it has not wired (varlen.py `_varlen_attn`, `use_cudnn`)."""
+    if enable_gqa:
+        raise RuntimeError("GQA is not supported with the cuDNN backend.")
+    if num_splits is not None:
+        raise RuntimeError("num_splits is not supported with the cuDNN backend.")
+    if window != [-1, -1]:
+        raise RuntimeError("cuDNN backend does not support window attention. Please use Flash Attention backend.")
 
 
-def _segment_attention(query, key, value, scale, left: int, right: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One segment `(T, heads, dim)`, causal window aligned to the bottom-right corner as flash attention aligns it:
-    query i stands at key position i + T_k - T_q and sees keys in [position - left, position + right] (-1: no
-    limit). Grouped key/value heads are shared by consecutive query heads. Returns the output and the log-sum-exp
-    `(heads, T)` of the scores."""
-    queries, keys = query.shape[0], key.shape[0]
-    groups = query.shape[1] // key.shape[1]
+def cudnn_varlen_checks(query, key, value, cu_seq_q, cu_seq_k) -> None:
+    """What `_cudnn_attention_forward`'s varlen graph takes (aten/src/ATen/native/cudnn/MHA.cpp,
+    `run_cudnn_SDP_fprop_nestedtensor`: half-precision tensors of one dtype in (T, heads, dim) with a unit last
+    stride, int32 ragged offsets), with the limits and messages of sdp_utils.cpp's `check_cudnn_tensor_shapes` for
+    SM90. On a GPU the refusal is cudnn_frontend's graph error, whose text differs."""
+    if query.dtype not in FLASH_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise RuntimeError("cuDNN varlen attention takes query, key and value of one dtype, fp16 or bf16")
+    for name, boundaries in (("cu_seq_q", cu_seq_q), ("cu_seq_k", cu_seq_k)):
+        if boundaries.dtype != torch.int32 or boundaries.device != query.device:
+            raise RuntimeError(f"cuDNN varlen attention takes {name} as int32 on the query's device")
+    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
+        raise RuntimeError("cuDNN varlen attention takes tensors with contiguous last dimension")
+    if query.shape[1] > CUDNN_MAX_HEADS or cu_seq_q.numel() - 1 > CUDNN_MAX_HEADS:
+        raise RuntimeError(
+            f"cuDNN SDPA does not support batch size or num_heads greater than {CUDNN_MAX_HEADS}. Got batch size: "
+            f"{cu_seq_q.numel() - 1}, num_heads: {query.shape[1]}"
+        )
+    if query.shape[-1] > CUDNN_MAX_HEAD_DIM or value.shape[-1] > CUDNN_MAX_HEAD_DIM:
+        raise RuntimeError(f"head_dim should be no more than {CUDNN_MAX_HEAD_DIM}")
+    if query.shape[-1] % 8 or value.shape[-1] % 8:
+        raise RuntimeError("head_dim should be a multiple of 8")
+
+
+def flash_varlen_backward_checks(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, capability) -> None:
+    """ATen's `mha_varlen_bwd` (flash_api.cpp), in its order, on `grad_out` and `out` made contiguous first
+    (`_flash_attention_backward`: "CUDA code assumes that dout is contiguous")."""
+    if tuple(capability) < (8, 0):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+    if query.dtype not in FLASH_DTYPES:
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    for name, tensor in (("key", key), ("value", value), ("out", out), ("dout", grad_out)):
+        if tensor.dtype != query.dtype:
+            raise RuntimeError(f"query and {name} must have the same dtype")
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if boundaries.dtype != torch.int32:
+            raise RuntimeError(f"{name} must have dtype int32")
+    for name, tensor in (
+        ("q", query),
+        ("k", key),
+        ("v", value),
+        ("out", out),
+        ("dout", grad_out),
+        ("softmax_lse", lse),
+        ("cu_seqlens_q", cu_seq_q),
+        ("cu_seqlens_k", cu_seq_k),
+    ):
+        if tensor.device != query.device:
+            raise RuntimeError(f"{name} must be on CUDA")
+    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
+        raise RuntimeError("Input tensor must have contiguous last dimension")
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if not boundaries.is_contiguous():
+            raise RuntimeError(f"{name} must be contiguous")
+    if cu_seq_q.numel() - 1 <= 0:
+        raise RuntimeError("batch size must be positive")
+    head_dim, head_dim_og, heads, kv_heads = query.shape[-1], grad_out.shape[-1], query.shape[1], key.shape[1]
+    if head_dim % 8:
+        raise RuntimeError("head_size should be a multiple of 8")
+    if head_dim_og % 8:
+        raise RuntimeError("head_size_og should be a multiple of 8, this is ensured by padding!")
+    if head_dim > FLASH_MAX_HEAD_DIM:
+        raise RuntimeError("FlashAttention backward only supports head dimension at most 256")
+    if heads % kv_heads:
+        raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    if head_dim != head_dim_og:  # both multiples of 8 by now
+        raise RuntimeError("head_size must be head_size_og rounded to a multiple of 8")
+    total_q, total_k = query.shape[0], key.shape[0]
+    for name, tensor, shape in (
+        ("k", key, "(total_k, num_heads_k, head_size)"),
+        ("v", value, "(total_k, num_heads_k, head_size)"),
+        ("out", out, "(total_q, num_heads, head_size)"),
+        ("dout", grad_out, "(total_q, num_heads, head_size_og)"),
+    ):
+        expected = (total_k, kv_heads, head_dim) if name in "kv" else (total_q, heads, head_dim)
+        if tuple(tensor.shape) != expected:
+            raise RuntimeError(f"{name} must have shape {shape}")
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if tuple(boundaries.shape) != (cu_seq_q.numel(),):
+            raise RuntimeError(f"{name} must have shape (batch_size + 1)")
+    # stand-in: the kernel reads `softmax_lse` unpadded as float32 (num_heads, total_q), with no check
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (heads, total_q) or not lse.is_contiguous():
+        raise RuntimeError(
+            f"stand-in: lse must be the forward's contiguous float32 (num_heads, total_q) = {(heads, total_q)} "
+            f"log-sum-exp, got {lse.dtype} {tuple(lse.shape)}: mha_varlen_bwd reads it without a check"
+        )
+
+
+def boundary_checks(query, key, cu_seq_q, cu_seq_k, max_q: int, max_k: int) -> tuple[list[int], list[int]]:
+    """stand-in: what the kernel takes on trust, read from the boundaries as the kernel reads them on the device.
+    It sizes its grids from the maxima: ceil(max_q / kBlockM) query blocks per sequence (flash_fwd_launch_template.h
+    `run_flash_fwd`; the backward's D and dQ, flash_bwd_launch_template.h `run_flash_bwd_seqk_parallel`) and
+    ceil(max_k / kBlockN) key blocks (the backward's dK, dV), so a maximum below the longest segment leaves rows of the
+    output or the gradients unwritten; and it writes only rows inside the boundaries (`at::empty_like` memory
+    elsewhere). Returns the boundaries."""
+    bounds_q, bounds_k = cu_seq_q.tolist(), cu_seq_k.tolist()
+    for name, bounds, rows in (("cu_seq_q", bounds_q, query.shape[0]), ("cu_seq_k", bounds_k, key.shape[0])):
+        if bounds[0] != 0 or bounds[-1] != rows or any(end < start for start, end in itertools.pairwise(bounds)):
+            raise RuntimeError(
+                f"stand-in: {name} {bounds} must rise from 0 to the {rows} rows it cuts: the kernel leaves the rows "
+                "outside its segments unwritten, without an error"
+            )
+    for name, bounds, maximum in (("max_q", bounds_q, max_q), ("max_k", bounds_k, max_k)):
+        longest = max(end - start for start, end in itertools.pairwise(bounds))
+        if maximum < longest:
+            raise RuntimeError(
+                f"stand-in: {name}={maximum} is below the longest segment ({longest} rows): the kernel sizes its grid "
+                f"from {name} and would leave the rows past it unwritten, without an error"
+            )
+    return bounds_q, bounds_k
+
+
+def _visible(queries: int, keys: int, window) -> torch.Tensor:
+    """Which keys each query of one segment sees, the causal window aligned to the bottom-right corner as flash
+    attention aligns it: query i stands at key position i + keys - queries and sees the keys in
+    [position - left, position + right] (-1: no limit)."""
+    left, right = window
     position = torch.arange(queries).unsqueeze(1) + (keys - queries)
     key_position = torch.arange(keys).unsqueeze(0)
-    allowed = torch.ones(queries, keys, dtype=torch.bool)
+    visible = torch.ones(queries, keys, dtype=torch.bool)
     if right >= 0:
-        allowed &= key_position <= position + right
+        visible &= key_position <= position + right
     if left >= 0:
-        allowed &= key_position >= position - left
-    grouped_query = query.float().unflatten(1, (key.shape[1], groups))  # (T, kv heads, groups, dim)
-    scores = torch.einsum("qhgd,khd->hgqk", grouped_query, key.float()) * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = scores.softmax(-1)
-    output = torch.einsum("hgqk,khd->qhgd", weights, value.float()).flatten(1, 2)
-    return output.to(query.dtype), scores.logsumexp(-1).flatten(0, 1)
+        visible &= key_position >= position - left
+    return visible
 
 
-class _FlashVarlen(torch.autograd.Function):
-    """What ATen's Flash varlen kernel keeps for its backward: its inputs as given (grouped key/value heads
-    grouped), the output and the log-sum-exp, as torch's `_varlen_attn` op saves them (`_setup_context`). The
-    backward recomputes the reference, so a test counting saved tensors sees what the real kernel would hold."""
+def _per_query_head(tensor, heads: int) -> torch.Tensor:
+    """A key or value `(T, kv heads, dim)` in float32, each head repeated for the query heads that share it
+    (consecutive ones): the kernel reads the shared head for each query head, so grouped and expanded inputs give the
+    same numbers."""
+    return tensor.float().repeat_interleave(heads // tensor.shape[1], dim=1)
+
+
+def _scores(query, key, scale, window) -> torch.Tensor:
+    """One segment's float32 scores `(heads, T_q, T_k)`, -inf where a query does not see a key."""
+    scores = torch.einsum("qhd,khd->hqk", query.float(), _per_query_head(key, query.shape[1])) * scale
+    return scores.masked_fill(~_visible(query.shape[0], key.shape[0], window), float("-inf"))
+
+
+def _segment_forward(query, key, value, scale, window) -> tuple[torch.Tensor, torch.Tensor]:
+    """One segment `(T, heads, dim)`: its output in the input dtype and its log-sum-exp `(heads, T)`."""
+    scores = _scores(query, key, scale, window)
+    row_max = scores.amax(-1, keepdim=True)
+    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # a query that sees no key
+    weights = torch.exp(scores - row_max)  # unnormalised, float32
+    row_sum = weights.sum(-1, keepdim=True)
+    output = torch.einsum("hqk,khd->qhd", weights.to(query.dtype).float(), _per_query_head(value, query.shape[1]))
+    unseen = row_sum == 0
+    output = output / row_sum.masked_fill(unseen, 1.0).transpose(0, 1)
+    lse = (row_max + row_sum.log()).masked_fill(unseen, float("inf"))
+    return output.to(query.dtype), lse.squeeze(-1)
+
+
+def _segment_backward(grad_out, query, key, value, out, lse, scale, window):
+    """One segment's dQ, dK, dV in the input dtype, from the `out` and `lse` given."""
+    heads, kv_heads, dtype = query.shape[1], key.shape[1], query.dtype
+    weights = torch.exp(_scores(query, key, scale, window) - lse.unsqueeze(-1))
+    grad_weights = torch.einsum("qhd,khd->hqk", grad_out.float(), _per_query_head(value, heads))
+    delta = (grad_out.float() * out.float()).sum(-1).t().unsqueeze(-1)  # D, from the `out` given
+    grad_scores = weights * (grad_weights - delta)
+    weights, grad_scores = weights.to(dtype).float(), grad_scores.to(dtype).float()
+    grad_query = torch.einsum("hqk,khd->qhd", grad_scores, _per_query_head(key, heads)) * scale
+    grad_key = torch.einsum("hqk,qhd->khd", grad_scores, query.float()) * scale
+    grad_value = torch.einsum("hqk,qhd->khd", weights, grad_out.float())
+    # Per query head in the input dtype, then summed over each group (`at::sum_out` of dk_expanded, dv_expanded)
+    grad_key, grad_value = (
+        grad.to(dtype).float().unflatten(1, (kv_heads, -1)).sum(2).to(dtype) for grad in (grad_key, grad_value)
+    )
+    return grad_query.to(dtype), grad_key, grad_value
+
+
+def _segments(bounds_q, bounds_k):
+    return zip(itertools.pairwise(bounds_q), itertools.pairwise(bounds_k), strict=True)
+
+
+def _kernel_precision(tensor):
+    """The kernel keeps its own precision under the autocast around the call (torch's op has no autocast rule): its
+    float32 products must not become autocast's bf16 matmuls."""
+    return torch.autocast(tensor.device.type, enabled=False)
+
+
+def _flash_forward(query, key, value, bounds_q, bounds_k, scale, window) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's output, allocated as `mha_varlen_fwd` allocates it (`at::empty_like(q)`: the query's strides), and
+    its log-sum-exp, float32 `(num_heads, total_q)` (`softmax_lse`, unpadded)."""
+    output = torch.empty_like(query)
+    lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.float32, device=query.device)
+    with _kernel_precision(query):
+        for (start_q, end_q), (start_k, end_k) in _segments(bounds_q, bounds_k):
+            if end_q > start_q:
+                output[start_q:end_q], lse[:, start_q:end_q] = _segment_forward(
+                    query[start_q:end_q], key[start_k:end_k], value[start_k:end_k], scale, window
+                )
+    return output, lse
+
+
+def _flash_backward(grad_out, query, key, value, out, lse, bounds_q, bounds_k, scale, window):
+    grads = [torch.empty_like(tensor) for tensor in (query, key, value)]  # `mha_varlen_bwd`: at::empty_like
+    with _kernel_precision(query):
+        for (start_q, end_q), (start_k, end_k) in _segments(bounds_q, bounds_k):
+            if end_q == start_q:  # keys no query reads: the kernel writes zeros
+                grads[1][start_k:end_k], grads[2][start_k:end_k] = 0, 0
+                continue
+            rows, keys = slice(start_q, end_q), slice(start_k, end_k)
+            grads[0][rows], grads[1][keys], grads[2][keys] = _segment_backward(
+                grad_out[rows], query[rows], key[keys], value[keys], out[rows], lse[:, rows], scale, window
+            )
+    return tuple(grads)
+
+
+def varlen_backward_stand_in(capability):
+    """`torch_attn::_varlen_attn_backward` (torch 2.13-2.15, varlen.py) on its Flash backend, with the op's schema."""
+
+    def _varlen_attn_backward(
+        grad_out,
+        query,
+        key,
+        value,
+        out,
+        lse,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        is_causal,
+        rng_state,
+        scale=None,
+        window_size=None,
+    ):
+        max_q, max_k = _max_lengths(BACKWARD_OP, max_q, max_k)
+        window = [-1, -1] if window_size is None else _window_schema(window_size, BACKWARD_OP)
+        # `_flash_attention_backward` (attention_backward.cu): both made contiguous, `out` passed on as given, so D
+        # = rowsum(dO * out) comes from this `out`
+        grad_out, out = grad_out.contiguous(), out.contiguous()
+        flash_varlen_backward_checks(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, capability)
+        bounds = boundary_checks(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
+        if is_causal:  # mha_varlen_bwd
+            window = [window[0], 0]
+        CALLS.append(
+            KernelCall(
+                "varlen_attn_backward",
+                cu_seq_q,
+                dict(window_size=tuple(window), heads=(query.shape[1], key.shape[1]), input_dtype=query.dtype),
+            )
+        )
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        return _flash_backward(grad_out, query, key, value, out, lse, *bounds, scale, window)
+
+    return _varlen_attn_backward
+
+
+class _VarlenAttn(torch.autograd.Function):
+    """torch's op with its autograd (varlen.py `_setup_context`, `_backward`): it saves its inputs as given (grouped
+    key/value heads grouped), the output, the log-sum-exp and the generator state, and its backward calls the
+    backward op with them. The log-sum-exp comes out as an output that requires grad, whose gradient torch's
+    `_backward` drops: so does this one."""
 
     @staticmethod
-    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, scale, window):
-        bounds = cu_seq_q.tolist(), cu_seq_k.tolist()  # the kernel's own read, on the device
-        output, lse = _reference_pass(query, key, value, *bounds, scale, window)
-        ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, output, lse)
-        ctx.bounds, ctx.scale, ctx.window = bounds, scale, window
-        return output
+    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, bounds, max_lengths, scale, window, backward):
+        output, lse = _flash_forward(query, key, value, *bounds, scale, window)
+        rng_state = torch.zeros(2, dtype=torch.uint64, device=query.device)  # no dropout: varlen.py's fixed state
+        ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, output, lse, rng_state)
+        ctx.max_lengths, ctx.scale, ctx.window, ctx.backward = max_lengths, scale, window, backward
+        return output, lse
 
     @staticmethod
-    def backward(ctx, grad):
-        query, key, value, *_ = ctx.saved_tensors
-        inputs = [tensor.detach().requires_grad_() for tensor in (query, key, value)]
-        with torch.enable_grad():
-            output, _ = _reference_pass(*inputs, *ctx.bounds, ctx.scale, ctx.window)
-        return (*torch.autograd.grad(output, inputs, grad), None, None, None, None)
+    def backward(ctx, grad_out, grad_lse):
+        query, key, value, cu_seq_q, cu_seq_k, output, lse, rng_state = ctx.saved_tensors
+        is_causal = ctx.window == [-1, 0]
+        grads = ctx.backward(
+            grad_out, query, key, value, output, lse, cu_seq_q, cu_seq_k, *ctx.max_lengths, is_causal, rng_state,
+            ctx.scale, ctx.window,
+        )  # fmt: skip
+        return (*grads, None, None, None, None, None, None, None)
 
 
-def _reference_pass(query, key, value, bounds_q, bounds_k, scale, window) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = [
-        _segment_attention(query[start_q:end_q], key[start_k:end_k], value[start_k:end_k], scale, *window)
-        for start_q, end_q, start_k, end_k in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:], strict=False)
-        if end_q > start_q
-    ]
-    if not parts:
-        return query.new_zeros(query.shape), query.new_zeros(query.shape[1], 0, dtype=torch.float32)
-    return torch.cat([output for output, _ in parts]), torch.cat([lse for _, lse in parts], dim=1)
-
-
-def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, window) -> torch.Tensor:
-    """The result the kernel computes (after its checks passed): grouped heads shared, each segment alone."""
+def _varlen_result(query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability):
+    """The kernel's result once its checks passed: the output, and with `return_aux=AuxRequest(lse=True)` (every
+    release from 2.10) the log-sum-exp too."""
+    bounds = boundary_checks(query, key, cu_seq_q, cu_seq_k, *max_lengths)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    output = _FlashVarlen.apply(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window))
-    return _checked_backward(output, query)
+    backward = varlen_backward_stand_in(capability)
+    output, lse = _VarlenAttn.apply(
+        query, key, value, cu_seq_q, cu_seq_k, bounds, max_lengths, scale, window, backward
+    )
+    return (output, lse) if return_aux is not None and return_aux.lse else output
 
 
-def _record_varlen(version, query, key, cu_seq_q, cu_seq_k, **details) -> None:
+def _record_varlen(version, query, key, cu_seq_q, cu_seq_k, return_aux, **details) -> None:
     CALLS.append(
         KernelCall(
             "varlen_attn",
@@ -239,6 +499,7 @@ def _record_varlen(version, query, key, cu_seq_q, cu_seq_k, **details) -> None:
                 heads=(query.shape[1], key.shape[1]),
                 head_dim=query.shape[-1],
                 input_dtype=query.dtype,
+                return_lse=return_aux is not None and return_aux.lse,
                 **details,
             ),
         )
@@ -255,7 +516,7 @@ def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, enable
         reasons.append("query dtype must be float16 or bfloat16")
     if query.shape[-1] % 8 or value.shape[-1] % 8:
         reasons.append("query and value head dimensions must be divisible by 8")
-    if query.shape[-1] > 128 or value.shape[-1] > 128:
+    if query.shape[-1] > CUDNN_MAX_HEAD_DIM or value.shape[-1] > CUDNN_MAX_HEAD_DIM:
         reasons.append("query/value head dimensions are unsupported for cuDNN varlen forward")
     if window == [-1, 0]:
         if cu_seq_q is not cu_seq_k:
@@ -280,10 +541,12 @@ def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, enable
 
 def _varlen_attn_2_10(capability):
     def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
-        # No check of its own: straight to the kernel, which shares grouped heads natively
-        flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability)
-        _record_varlen("2.10", query, key, cu_seq_q, cu_seq_k, is_causal=is_causal, backend="flash")
-        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, None, (-1, 0 if is_causal else -1))
+        # No check of its own: straight to the op, then the kernel, which shares grouped heads natively
+        max_lengths = _max_lengths(FORWARD_OP, max_q, max_k)
+        flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability)
+        _record_varlen("2.10", query, key, cu_seq_q, cu_seq_k, return_aux, is_causal=is_causal, backend="flash")
+        window = [-1, 0 if is_causal else -1]
+        return _varlen_result(query, key, value, cu_seq_q, cu_seq_k, max_lengths, None, window, return_aux, capability)
 
     return varlen_attn
 
@@ -292,10 +555,15 @@ def _varlen_attn_2_11(capability):
     def varlen_attn(
         query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
     ):
+        max_lengths = _max_lengths(FORWARD_OP, max_q, max_k)
         window = _window_schema(window_size)
-        flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability)
-        _record_varlen("2.11", query, key, cu_seq_q, cu_seq_k, window_size=tuple(window), scale=scale, backend="flash")
-        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window))
+        flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability)
+        _record_varlen(
+            "2.11", query, key, cu_seq_q, cu_seq_k, return_aux, window_size=tuple(window), scale=scale, backend="flash"
+        )
+        return _varlen_result(
+            query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability
+        )
 
     return varlen_attn
 
@@ -319,28 +587,38 @@ def _varlen_attn_2_13_to_2_15(version: str, capability):
         num_splits=None,
     ):
         _wrapper_heads(query, key, enable_gqa)
-        window = _window_schema(window_size)
-        if version == "2.15":
+        if version == "2.15":  # the wrapper validates the scale and picks the backend before it calls the op
             if scale is not None and not scale > 0:
                 raise ValueError(f"scale must be greater than 0, got {scale}")
-            backend = _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, enable_gqa)
-        else:  # 2.13 runs Flash; 2.14.1 takes cuDNN only for non-causal attention without grouped heads
+            backend = _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, list(window_size), enable_gqa)
+        max_lengths = _max_lengths(FORWARD_OP, max_q, max_k)
+        window = _window_schema(window_size)
+        _no_kv_cache(seqused_k, block_table)
+        # 2.13 runs Flash; 2.14.1 takes cuDNN only for non-causal attention without grouped heads
+        if version != "2.15":
             cudnn = version == "2.14" and window == [-1, -1] and not enable_gqa and query.dtype in FLASH_DTYPES
             backend = "cudnn" if cudnn else "flash"
         if backend == "flash":
-            flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, capability)
+            flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability)
+        else:
+            if version == "2.14":
+                cudnn_branch_checks_2_14(window, enable_gqa, num_splits)
+            cudnn_varlen_checks(query, key, value, cu_seq_q, cu_seq_k)
         _record_varlen(
             version,
             query,
             key,
             cu_seq_q,
             cu_seq_k,
+            return_aux,
             window_size=tuple(window),
             scale=scale,
             enable_gqa=enable_gqa,
             backend=backend,
         )
-        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale, tuple(window))
+        return _varlen_result(
+            query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability
+        )
 
     varlen_attn.__qualname__ = f"varlen_attn_{version.replace('.', '_')}"
     return varlen_attn
@@ -354,11 +632,15 @@ VARLEN_SIGNATURES = {
     "2.14": functools.partial(_varlen_attn_2_13_to_2_15, "2.14"),
     "2.15": functools.partial(_varlen_attn_2_13_to_2_15, "2.15"),
 }
+# Releases whose `torch_attn::_varlen_attn_backward` takes the schema the sink correction calls
+VARLEN_BACKWARD_OP_RELEASES = ("2.13", "2.14", "2.15")
 
 
 def varlen_stand_in(version: str = "2.15", capability: tuple[int, int] = PLAYED_CAPABILITY) -> VarlenKernel:
-    """torch `version`'s `varlen_attn` on a GPU of `capability`, as strict as the real one."""
-    return VarlenKernel(VARLEN_SIGNATURES[version](capability), capability=capability)
+    """torch `version`'s `varlen_attn` on a GPU of `capability`, as strict as the real one, with its backward op
+    where the release has one of that schema."""
+    backward = varlen_backward_stand_in(capability) if version in VARLEN_BACKWARD_OP_RELEASES else None
+    return VarlenKernel(VARLEN_SIGNATURES[version](capability), capability=capability, backward=backward)
 
 
 # ---- mixer kernels ----

@@ -1,4 +1,4 @@
-"""The packed forward's CUDA branches, run on the CPU with stand-in kernels (trl_padfree/kernels.py,
+"""The packed forward's CUDA branches, run on the CPU with stand-in kernels (trl_padfree/modeling/kernels.py,
 tests/stand_in_kernels.py): what a GPU runs, checked where CI runs.
 
     varlen_attn        every signature torch has shipped (2.10, 2.11, 2.13-2.15): the call each gets (int32
@@ -12,14 +12,20 @@ tests/stand_in_kernels.py): what a GPU runs, checked where CI runs.
     faults             a conv kernel that swallows keywords (transformers 5.23's LFM3) runs per sequence; LFM3's
                        width-7 conv, which the causal-conv1d kernel rejects, is refused with the way out
 
+The varlen stand-in's contract is tested too: a deliberately understated `max_q` or `max_k` fails, `return_aux`
+returns the log-sum-exp by head and token, the output keeps the query's layout, the forward rounds P as FA2 does, and
+the backward op computes D from the `out` it is given.
+
 The stand-ins refuse what the real kernels refuse (dtypes, head dims, shapes), so a step runs on the kernel only in
 half precision, as on a GPU: steps here run in TRL's default precision and are compared with TRL's padded step in the
 same precision (`trainer_utils.PRECISIONS`). The padded TRL side of every comparison runs outside the stand-ins.
 """
 
+import functools
 import logging
 import sys
 
+import numpy as np
 import pytest
 import torch
 from stand_in_kernels import (
@@ -229,6 +235,210 @@ def test_prefix_sharing_runs_one_kernel_call_per_attention_call():
     assert len(calls) == 2 * trainer.model.config.num_hidden_layers
     assert not any(call.details["same_boundaries"] for call in calls)
     assert {call.details["backend"] for call in calls} == {"flash"}
+
+
+# ---- the varlen stand-in's contract: what the real op returns, refuses and computes ----
+
+LENGTHS = [5, 1, 9, 2]  # odd lengths, a one-token sequence
+LONGEST = max(LENGTHS)
+
+
+def packed_inputs(lengths=LENGTHS, heads=4, kv_heads=2, head_dim=64, seed=0):
+    """bf16 query, key, value `(T, heads, dim)` laid out as attention hands them over (a transposed `(heads, T, dim)`,
+    so not contiguous), and the row's int32 boundaries."""
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    tensors = [
+        torch.randn(count, total, head_dim, generator=generator).bfloat16().transpose(0, 1)
+        for count in (heads, kv_heads, kv_heads)
+    ]
+    return (*tensors, cu_seq_lens_from_lengths(lengths))
+
+
+def float64_attention(query, key, value, bounds, scale=None):
+    """Causal attention per segment in float64, heads shared by consecutive query heads: output and log-sum-exp."""
+    query, key, value = (tensor.double() for tensor in (query, key, value))
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    outputs, lses = [], []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        scores = torch.einsum("qhd,khd->hqk", query[start:end], key[start:end]) * scale
+        scores = scores.masked_fill(torch.ones(end - start, end - start, dtype=torch.bool).triu(1), float("-inf"))
+        outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), value[start:end]))
+        lses.append(scores.logsumexp(-1))
+    return torch.cat(outputs), torch.cat(lses, dim=1)
+
+
+@pytest.mark.parametrize("max_length", ["max_q", "max_k"])
+def test_an_understated_max_length_fails_where_the_gpu_would_leave_rows_unwritten(max_length):
+    query, key, value, cu_seq_lens = packed_inputs()
+    stand_in = varlen_stand_in("2.15").function
+    lengths = dict(max_q=LONGEST, max_k=LONGEST)
+
+    lengths[max_length] = LONGEST - 1
+    with pytest.raises(RuntimeError, match=f"{max_length}={LONGEST - 1} is below the longest segment \\({LONGEST}"):
+        stand_in(query, key, value, cu_seq_lens, cu_seq_lens, **lengths, window_size=(-1, 0), enable_gqa=True)
+
+    # Overstated is what the kernel takes: a larger grid, the same result
+    exact = stand_in(
+        query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, window_size=(-1, 0), enable_gqa=True
+    )
+    lengths[max_length] = 4 * LONGEST
+    larger = stand_in(query, key, value, cu_seq_lens, cu_seq_lens, **lengths, window_size=(-1, 0), enable_gqa=True)
+    torch.testing.assert_close(larger, exact, atol=0, rtol=0)
+
+
+def test_boundaries_that_leave_rows_outside_every_segment_fail():
+    query, key, value, cu_seq_lens = packed_inputs()
+    short = cu_seq_lens[:-1].contiguous()  # the last sequence's rows belong to no segment
+    with pytest.raises(RuntimeError, match="must rise from 0 to the 17 rows it cuts"):
+        varlen_stand_in("2.15").function(query, key, value, short, short, LONGEST, LONGEST, enable_gqa=True)
+
+
+@pytest.mark.parametrize("accepted", [True, np.int64(LONGEST), torch.tensor(LONGEST), torch.tensor([LONGEST + 0.5])])
+def test_max_lengths_take_what_the_ops_schema_takes(accepted):
+    # The schema's `int`: a bool, anything with __index__, a one-element tensor (truncated)
+    query, key, value, cu_seq_lens = packed_inputs(lengths=[1, 1, 1] if accepted is True else LENGTHS)
+    varlen_stand_in("2.15").function(query, key, value, cu_seq_lens, cu_seq_lens, accepted, accepted, enable_gqa=True)
+
+
+@pytest.mark.parametrize(("refused", "kind"), [(9.0, "float"), (None, "NoneType"), (torch.tensor([9, 9]), "Tensor")])
+def test_max_lengths_refuse_what_the_ops_schema_refuses(refused, kind):
+    query, key, value, cu_seq_lens = packed_inputs()
+    with pytest.raises(RuntimeError, match=f"argument 'max_q' but instead found type '{kind}'"):
+        varlen_stand_in("2.13").function(query, key, value, cu_seq_lens, cu_seq_lens, refused, 9, enable_gqa=True)
+
+
+@pytest.mark.parametrize("version", list(VARLEN_SIGNATURES))
+def test_return_aux_gives_the_lse_by_head_and_token_and_the_output_keeps_the_querys_layout(version):
+    from torch.nn.attention.varlen import AuxRequest
+
+    query, key, value, cu_seq_lens = packed_inputs(heads=4, kv_heads=4)
+    causal = dict(is_causal=True) if version == "2.10" else dict(window_size=(-1, 0))
+    output, lse = varlen_stand_in(version).function(
+        query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, return_aux=AuxRequest(lse=True), **causal
+    )
+
+    expected_output, expected_lse = float64_attention(query, key, value, cu_seq_lens.tolist())
+    # `mha_varlen_fwd` allocates `softmax_lse` (num_heads, total_q) float32 and the output `at::empty_like(q)`
+    assert lse.dtype == torch.float32 and lse.shape == (4, sum(LENGTHS))
+    assert output.stride() == query.stride() and not output.is_contiguous()
+    # float32 (measured 2.3e-7), a bf16 output within one bf16 step at its largest value, 4.3 (measured 6.9e-3)
+    torch.testing.assert_close(lse.double(), expected_lse, atol=1e-6, rtol=0)
+    torch.testing.assert_close(output.double(), expected_output, atol=2**-5, rtol=0)
+
+
+def test_the_forward_rounds_p_to_the_input_dtype_before_multiplying_by_v():
+    query, key, value, cu_seq_lens = packed_inputs(lengths=[300])
+    output = varlen_stand_in("2.15").function(query, key, value, cu_seq_lens, cu_seq_lens, 300, 300, enable_gqa=True)
+
+    # FA2 in float64: unnormalised P rounded to bf16, times V, over the unrounded row sum, rounded once
+    scores = torch.einsum("qhd,khd->hqk", query.double(), key.double().repeat_interleave(2, 1)) * 64**-0.5
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+    products = torch.einsum("hqk,khd->qhd", weights.bfloat16().double(), value.double().repeat_interleave(2, 1))
+    fa2 = (products / weights.sum(-1).t().unsqueeze(-1)).bfloat16()
+    unrounded = torch.einsum("hqk,khd->qhd", scores.softmax(-1), value.double().repeat_interleave(2, 1)).bfloat16()
+    # FA2's rounding but where float32 and float64 sums land on different sides of a bf16 step (measured: 0.04% of
+    # the elements differ from it, 39% from the output of an unrounded P)
+    assert (output != fa2).float().mean() < 0.01 and (output != unrounded).float().mean() > 0.2
+
+
+def test_the_backward_op_computes_d_from_the_out_it_is_given():
+    """The sink correction hands the backward op a corrected output: dQ and dK then move by exactly what
+    D = rowsum(dO * out) predicts, and dV does not move."""
+    from torch.nn.attention.varlen import AuxRequest
+
+    query, key, value, cu_seq_lens = packed_inputs()
+    kernel = varlen_stand_in("2.15")
+    output, lse = kernel.function(
+        query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST,
+        return_aux=AuxRequest(lse=True), window_size=(-1, 0), enable_gqa=True,
+    )  # fmt: skip
+    grad_out = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+    zeros = torch.zeros(2, dtype=torch.uint64)
+
+    def backward(out):
+        return kernel.backward(
+            grad_out, query, key, value, out, lse, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, True, zeros, None,
+            [-1, 0],
+        )  # fmt: skip
+
+    given = (output.float() * 0.75).bfloat16()
+    (query_grad, key_grad, value_grad), (moved_query, moved_key, moved_value) = backward(output), backward(given)
+
+    torch.testing.assert_close(moved_value, value_grad, atol=0, rtol=0)
+    # float64: dQ = scale * sum_k P (dP - D) K, with D from each output
+    groups, scale = 2, 64**-0.5
+    q, k, v, g = (tensor.double() for tensor in (query, key, value, grad_out))
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    for out, computed in ((output, query_grad), (given, moved_query)):
+        expected = []
+        for start, end in zip(cu_seq_lens.tolist(), cu_seq_lens.tolist()[1:], strict=False):
+            rows = slice(start, end)
+            scores = torch.einsum("qhd,khd->hqk", q[rows], k[rows]) * scale
+            scores = scores.masked_fill(torch.ones(end - start, end - start, dtype=torch.bool).triu(1), -torch.inf)
+            weights = torch.exp(scores - lse[:, rows].double().unsqueeze(-1))
+            delta = (g[rows] * out[rows].double()).sum(-1).t().unsqueeze(-1)
+            grad_scores = weights * (torch.einsum("qhd,khd->hqk", g[rows], v[rows]) - delta)
+            expected.append(torch.einsum("hqk,khd->qhd", grad_scores, k[rows]) * scale)
+        # bf16 dS and dQ: about two bf16 steps where dQ reaches 3.7 (measured 1.4e-2 and 1.0e-2)
+        torch.testing.assert_close(computed.double(), torch.cat(expected), atol=3e-2, rtol=0)
+    assert (moved_query - query_grad).abs().max() > 0.1 and (moved_key - key_grad).abs().max() > 0.1
+
+
+def test_the_backward_takes_a_strided_gradient_and_refuses_another_dtype_or_an_lse_it_would_misread():
+    from torch.nn.attention.varlen import AuxRequest
+
+    query, key, value, cu_seq_lens = packed_inputs()
+    kernel = varlen_stand_in("2.15")
+    query.requires_grad_()
+    output, lse = kernel.function(
+        query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST,
+        return_aux=AuxRequest(lse=True), window_size=(-1, 0), enable_gqa=True,
+    )  # fmt: skip
+    # ATen makes the incoming gradient contiguous first (`_flash_attention_backward`)
+    strided = torch.randn(output.shape[-1], *output.shape[:-1]).bfloat16().permute(1, 2, 0)
+    assert strided.stride(-1) != 1
+    (output * 1).backward(strided)
+
+    zeros = torch.zeros(2, dtype=torch.uint64)
+    arguments = (query.detach(), key, value, output.detach(), lse.detach(), cu_seq_lens, cu_seq_lens, LONGEST, LONGEST)
+    with pytest.raises(RuntimeError, match="query and dout must have the same dtype"):
+        kernel.backward(output.detach().float(), *arguments, True, zeros)
+    arguments = (*arguments[:4], lse.detach().t().contiguous(), *arguments[5:])
+    with pytest.raises(RuntimeError, match="stand-in: lse must be the forward's contiguous float32"):
+        kernel.backward(output.detach(), *arguments, True, zeros)
+
+
+def test_only_releases_with_the_backward_ops_schema_offer_it():
+    assert {version for version in VARLEN_SIGNATURES if varlen_stand_in(version).backward is not None} == {
+        "2.13", "2.14", "2.15"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "options", "refusal"),
+    [
+        (64, {}, None),
+        (256, {}, "head_dim should be no more than 128"),
+        (64, dict(num_splits=2), "num_splits is not supported with the cuDNN backend."),
+    ],
+)
+def test_torch_2_14_takes_cudnn_for_non_causal_attention_and_refuses_what_its_graph_refuses(
+    head_dim, options, refusal
+):
+    query, key, value, cu_seq_lens = packed_inputs(heads=4, kv_heads=4, head_dim=head_dim)
+    stand_in = varlen_stand_in("2.14").function
+    call = functools.partial(stand_in, query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, **options)
+
+    if refusal is not None:
+        with pytest.raises(RuntimeError, match=refusal):
+            call()
+        stand_in(query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, window_size=(-1, 0))  # Flash takes it
+        return
+    call()
+    assert calls_of("varlen_attn")[-1].details["backend"] == "cudnn"
 
 
 # ---- mixer kernels: decided from what the resolved function takes ----

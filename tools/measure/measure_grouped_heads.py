@@ -1,9 +1,9 @@
-"""Bytes the varlen kernel keeps for the backward per attention layer, grouped key/value heads passed grouped (now)
-and expanded to the query heads first (before), through torch 2.11's stand-in on CPU, which saves what torch's op
-saves (query, key, value, output, log-sum-exp, boundaries). The rest of a layer's saved activations is the same
+"""Bytes the varlen kernel keeps for the backward per attention layer, grouped key/value heads passed grouped and
+expanded to the query heads first, through torch 2.11's stand-in on CPU, which saves what torch's op saves (query,
+key, value, output, log-sum-exp, boundaries, generator state). The rest of a layer's saved activations is the same
 either way.
 
-    cd /work/wt43a && PYTHONPATH=.:tests python tests/measure_grouped_heads.py
+    PYTHONPATH=.:tests python tools/measure/measure_grouped_heads.py   # from the repository root
 """
 
 import torch
@@ -24,7 +24,7 @@ def saved_bytes(heads: int, kv_heads: int, head_dim: int, expand: bool) -> int:
     cu_seq_lens = torch.tensor(BOUNDS, dtype=torch.int32)
 
     def layer():
-        # before: the heads repeated to the query heads ahead of the call, as the 2.10-2.11 path did
+        # expanded: the heads repeated to the query heads ahead of the call
         k, v = (t.repeat_interleave(heads // kv_heads, 1) for t in (key, value)) if expand else (key, value)
         return varlen_attention(
             query, k, v, cu_seq_lens, cu_seq_lens, longest, longest,
@@ -39,9 +39,9 @@ def saved_bytes(heads: int, kv_heads: int, head_dim: int, expand: bool) -> int:
 def main() -> None:
     print(f"torch {torch.__version__}, bf16, {BOUNDS[-1]} tokens, torch 2.11's varlen_attn stand-in, per layer")
     for name, geometry in GEOMETRIES.items():
-        before, after = saved_bytes(*geometry, expand=True), saved_bytes(*geometry, expand=False)
+        expanded, grouped = saved_bytes(*geometry, expand=True), saved_bytes(*geometry, expand=False)
         print(
-            f"{name:12} expanded {before / 2**20:6.2f} MiB   grouped {after / 2**20:6.2f} MiB   x{before / after:.2f}"
+            f"{name:12} expanded {expanded / 2**20:6.2f} MiB   grouped {grouped / 2**20:6.2f} MiB   x{expanded / grouped:.2f}"
         )
 
 
