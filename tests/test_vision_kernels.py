@@ -58,16 +58,16 @@ BOTH_WAYS = ("shieldgemma2", "gemma4_unified")
 # At real head dims TRL's own padded step moves further than trainer_utils.HALF's gradient bound between its sdpa and
 # eager attention (of the largest gradient, on these rows and the rows of seeds 1 and 2:
 # tools/measure/measure_vision_precision_noise.py): each bound about twice that, the packed step's move beside it. Gemma 4's
-# packed step is compared with padded eager, whose float32 softmax the kernel shares, as for Gemma 4's text model
-# (test_kernel_coverage): Gemma 4 Unified's padded sdpa is 0.54 from its eager
+# packed step, through the stand-in that rounds as FA2 does, is compared with padded sdpa, from which it moves least;
+# its gradients swing with ulp-level changes of the kernel's arithmetic (0.05 to 0.38 over seeds)
 HALF_GRAD_ATOL_BY_FAMILY = {
-    "gemma4": 0.25,  # sdpa vs eager 0.13 (0.13, 0.89); packed vs eager 0.11 (0.095, 0.53)
-    "gemma4_unified": 0.15,  # packed vs eager 0.058 (0.089, 0.065); sdpa vs eager 0.54 (0.75, 0.92)
+    "gemma4": 0.75,  # packed vs sdpa 0.38 (0.077, 0.073); packed vs eager 0.46 (0.12, 2.9); sdpa vs eager 0.15 (0.13, 0.89)
+    "gemma4_unified": 0.2,  # packed vs sdpa 0.097 (0.059, 0.079); packed vs eager 0.5 (0.94, 1.7)
     "shieldgemma2": 0.06,  # sdpa vs eager 0.024 (0.038, 0.025); packed 0.026 (0.03, 0.025)
     "hyperclovax_vision_v2": 0.02,  # sdpa vs eager 0.01 (0.01, 0.0061); packed 0.01 (0.011, 0.01)
     "janus": 0.01,  # sdpa vs eager 0.0024 (0.0044, 0.0039); packed 0.0054 (0.0039, 0.0044)
 }
-PADDED_ATTENTION = {"gemma4": "eager", "gemma4_unified": "eager"}
+PADDED_ATTENTION: dict[str, str] = {}
 # Other heads beside the attention's: the delta-net's, which fla's kernel checks (key head dims at most 256); HY-V4's
 # sparse indexer's, which splits off the rope part as its attention does
 OTHER_HEAD_DIM_FIELDS = ("linear_key_head_dim", "linear_value_head_dim", "index_head_dim")
