@@ -136,15 +136,20 @@ def test_the_help_rendered_ahead_is_what_the_parser_prints():
     from trl_padfree.cli.dpo_help_text import HELP, RENDERED_FOR
 
     installed = dpo.help_inputs()
-    if installed["python"] != RENDERED_FOR["python"]:
-        pytest.skip(f"rendered with Python {RENDERED_FOR['python']}, whose argparse lays options out its own way")
+    if installed != RENDERED_FOR:
+        # Other versions (CI's floors run, another Python's argparse) get the help rendered live, tested below; the
+        # newest releases', which the text is rendered for, are compared here
+        pytest.skip(f"rendered for {RENDERED_FOR}, installed {installed}: --help renders live")
     regenerate = "run `python -c 'from trl_padfree.cli.dpo import write_shipped_help; write_shipped_help()'`"
-    assert RENDERED_FOR == installed, f"rendered for {RENDERED_FOR}, installed {installed}: {regenerate}"
     assert HELP == dpo.render_help(dpo.HELP_COLUMNS), f"an option or its help changed: {regenerate}"
 
 
 def test_help_imports_neither_trls_trainer_nor_its_configs():
     # --help prints the text rendered ahead: TRL's and transformers' configs (seconds to import) stay unimported
+    from trl_padfree.cli.dpo_help_text import RENDERED_FOR
+
+    if dpo.help_inputs() != RENDERED_FOR:  # other versions render the parser's help live, importing the configs
+        pytest.skip(f"rendered for {RENDERED_FOR}: --help renders live here")
     code = (
         "import json, sys; from trl_padfree.cli import main; status = main(['dpo', '--help']); "
         "print(json.dumps([status, sorted(sys.modules)]), file=sys.stderr)"
