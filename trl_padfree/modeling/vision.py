@@ -186,18 +186,6 @@ def _vision_bidirectional(config) -> bool:
     return getattr(config.get_text_config(), "use_bidirectional_attention", None) == "vision"
 
 
-def image_past_window(model: torch.nn.Module | None, image_spans) -> tuple[int, int] | None:
-    """(the longest image's tokens, the sliding window) when an image of this row is longer than the window of a model
-    whose images see themselves whole past it (`ImageFamily.images_past_window`); else None."""
-    config = getattr(model, "config", None)
-    family = image_family(getattr(config, "model_type", None))
-    if family is None or not family.images_past_window or not image_spans:
-        return None
-    window = getattr(config.get_text_config(), "sliding_window", None)
-    longest = max(end - start for start, end in image_spans)
-    return (longest, window) if window is not None and longest > window else None
-
-
 def position_function(model: torch.nn.Module | None) -> Callable | None:
     """The model's own function for the positions of a sequence with images (`get_rope_index`), if it has one: on the
     model or on its inner model (transformers' `...ForConditionalGeneration.model`)."""

@@ -1,6 +1,7 @@
 """`padfree_varlen`, the attention for packed rows, registered with transformers when this package is imported:
-interface.py (the registered function), rows.py (how each kind of row attends), varlen.py (torch's varlen kernel or the
-per-segment path), segments.py (exact attention one segment at a time)."""
+interface.py (the registered function), rows.py (how each kind of row attends), gathered.py (keys gathered by index),
+plan.py (which kernel computes a layer), varlen.py and fused.py (the kernel calls), segments.py (exact attention one
+segment at a time)."""
 
 from ...integrations.transformers import register_attention
 from ..backends import ATTN_IMPLEMENTATION

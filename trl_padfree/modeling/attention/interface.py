@@ -4,10 +4,11 @@ Each sequence of a packed row attends only to itself, causally, read from its ro
 the packed forward passes, or `cu_seq_lens_q` / the `position_ids` of one row for a direct call). A call is three
 steps, whatever the row: validate it, cut the row's segments as this layer needs them, let the row attend:
 
-- CUDA, SM80+, half precision (bf16/fp16 weights, or float32 weights under autocast: cast first), head dims the
-  kernel takes (padded where it needs them): PyTorch's own varlen attention on its Flash backend, chosen explicitly
-  (varlen.py, plan.py, modeling/kernels.py), so no flash-attn package is needed;
-- elsewhere (CPU, float32 without autocast, or a layer the kernel cannot compute): exact attention per segment
+- CUDA, SM80+, half precision (bf16/fp16 weights, or float32 weights under autocast: cast first): one fused kernel
+  call over the row, chosen explicitly per layer (plan.py, varlen.py, fused.py): torch's varlen attention on its
+  Flash backend, with a log-sum-exp correction for attention sinks; flash-attn or FlexAttention for softcapping; the
+  memory-efficient kernel for head dims above 256;
+- elsewhere (CPU, float32 without autocast, dropout, or a kernel this machine lacks): exact attention per segment
   (segments.py).
 
 Chunked attention layers (llama4's local layers) let a token see only the keys of its own chunk of
