@@ -7,8 +7,10 @@ log-probs and 3e-5 of the largest gradient (Gemma 4, whose norms compute in floa
 Mamba scan run across the whole row, before mixers.py) to 1, so the tolerances (1e-4 both) sit between the two.
 """
 
+import ast
 import logging
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,10 +19,12 @@ from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step
 from transformers import AutoConfig, Llama4ForConditionalGeneration
 
+import trl_padfree
 from trl_padfree.cli import main
 from trl_padfree.cli.models import check_model_type, decoder_model_types, model_class_for, vision_language_types
 from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU
+from trl_padfree.modeling.families import VISION_FAMILIES
 from trl_padfree.modeling.packability import (
     GRADIENT_TOLERANCE,
     LOG_PROB_TOLERANCE,
@@ -31,9 +35,7 @@ from trl_padfree.modeling.packability import (
 )
 from trl_padfree.modeling.packed_forward import packed_row_limit
 from trl_padfree.modeling.twin import build_twin, twin_config
-from trl_padfree.modeling.vision import FAMILIES as IMAGE_FAMILIES
 from trl_padfree.modeling.vision import cross_attention_refusal
-from trl_padfree.modeling.vision_unsupported import NOT_YET_CHECKED, REFUSED
 from trl_padfree.refusals import check_packed_row_length
 
 # The families users train, every one exact on padfree_varlen (docs/reference/models.md has them all)
@@ -304,18 +306,36 @@ def test_a_family_looked_at_is_refused_with_its_reason_not_unchecked(tmp_path, c
 
 
 def test_every_image_text_to_text_type_has_one_verdict_source():
-    """A family that packs (FAMILIES), one looked at and refused, one not yet checked with what is missing, or one its
-    config refuses (encoder-decoders, cross-attention): never two, never none."""
-    sources = [set(IMAGE_FAMILIES), set(REFUSED), set(NOT_YET_CHECKED)]
-    assert not set(REFUSED) & set(NOT_YET_CHECKED)
-    # A family with a layout may still be refused on image data whatever its twin measures (ERNIE-4.5-VL-MoE: TRL's
-    # collator fails its padded forward): the refusal decides
-    assert not set(IMAGE_FAMILIES) & set(NOT_YET_CHECKED)
-    rest = set(vision_language_types()) - set().union(*sources)
+    """A type with a record (modeling/families/: exact, refused or unchecked, one verdict each), or one its config
+    refuses (encoder-decoders, cross-attention): never two, never none."""
+    for model_type, family in VISION_FAMILIES.items():
+        # A family with a layout may still be refused on image data whatever its twin measures (ERNIE-4.5-VL-MoE:
+        # TRL's collator fails its padded forward): the refusal decides; never both refused and unchecked
+        assert not (family.refused and family.unchecked), model_type
+        assert family.exact or family.refused or family.unchecked, model_type
+    rest = set(vision_language_types()) - set(VISION_FAMILIES)
     configs = {model_type: AutoConfig.for_model(model_type) for model_type in rest}
     assert all(
         getattr(config, "is_encoder_decoder", False) or cross_attention_refusal(config) for config in configs.values()
     ), sorted(rest)
+
+
+# Library code that names a vision family by its model type outside its record: the vision benchmark's model
+NAMED_OUTSIDE_THE_RECORDS = {("cli/bench/vision.py", "qwen2_5_vl")}
+
+
+def test_a_vision_family_is_named_only_in_its_record():
+    """Everything trl-padfree knows of a vision family is its record, in the module of its image layout
+    (modeling/families/): no other library module names its model type, so adding a family edits one file."""
+    package = Path(trl_padfree.__file__).parent
+    named = set()
+    for path in package.rglob("*.py"):
+        if "families" in path.relative_to(package).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in VISION_FAMILIES:
+                named.add((path.relative_to(package).as_posix(), node.value))
+    assert named == NAMED_OUTSIDE_THE_RECORDS
 
 
 def test_a_forward_that_fails_unpacked_too_says_so():

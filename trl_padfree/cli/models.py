@@ -39,10 +39,10 @@ from ..integrations.transformers import (
 from ..modeling.attention.plan import VARLEN
 from ..modeling.backends import ATTN_IMPLEMENTATION
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
+from ..modeling.families import UNCHECKED, image_family, image_refusal, unchecked_verdict
 from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
 from ..modeling.packability import Verdict, check_architecture
-from ..modeling.vision import cross_attention_refusal, image_family, vision_tower_left_out
-from ..modeling.vision_unsupported import UNCHECKED, refusal, unchecked
+from ..modeling.vision import cross_attention_refusal, vision_tower_left_out
 
 # Default configs whose layers are all of one kind, where the released checkpoints mix state-space or convolution layers
 # with attention: the table checks a pattern like the checkpoints' (a real checkpoint's own config is what the trainer
@@ -163,11 +163,11 @@ def check_vision_model_type(model_type: str, backends=CHECKED_ATTENTION) -> Cove
     if hasattr(config, "vision_config") and config.vision_config is None:
         # A default that leaves its vision tower out (Gemma 4): checked with the default tower, as checkpoints have one
         config = AutoConfig.for_model(model_type, vision_config={})
-    known_refusal = refusal(model_type)
+    known_refusal = image_refusal(model_type)
     if known_refusal is not None:
         return _refused_row(model_type, name, known_refusal, backends)
     if image_family(model_type) is None and cross_attention_refusal(config) is None:
-        return _refused_row(model_type, name, unchecked(model_type), backends)
+        return _refused_row(model_type, name, unchecked_verdict(model_type), backends)
     verdicts = {backend: check_architecture(model_class, config, backend, images=True) for backend in backends}
     return _with_kernel_coverage(CoverageRow(model_type, name, verdicts), model_class, config)
 
@@ -274,9 +274,9 @@ def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote
     takes_images = not vision_tower_left_out(config)
     if vision_class is not None and hasattr(transformers, vision_class) and takes_images:
         model_class = getattr(transformers, vision_class)
-        reason = refusal(config.model_type)
+        reason = image_refusal(config.model_type)
         if reason is None and image_family(config.model_type) is None and cross_attention_refusal(config) is None:
-            reason = unchecked(config.model_type)
+            reason = unchecked_verdict(config.model_type)
         if reason is not None:
             verdicts = {backend: Verdict(config.model_type, vision_class, backend, False, reason, None, None, 0.0)
                         for backend in backends}  # fmt: skip

@@ -43,13 +43,12 @@ from ..refusals import (
     refuse_architecture,
 )
 from .backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU, FLASH_VARLEN, PACKING_AWARE, checked_backend
+from .families import image_family, image_refusal, twin_image_inputs, unchecked_verdict
 from .kernels import cpu_twin_kernels
 from .mixers import mixer_calls, mixer_classes
 from .packed_forward import PackedBatch
 from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
-from .vision import cross_attention_refusal, image_family, image_token_id, vision_tower_left_out
-from .vision_twin import twin_image_inputs
-from .vision_unsupported import refusal, unchecked
+from .vision import cross_attention_refusal, image_token_id, vision_tower_left_out
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,9 @@ CHECK_SHARED_PAIRS = ((6, 3, 4), (3, 5, 2))
 # image, chosen tokens, rejected tokens) per pair; a pair of one image and one of two, of different sizes
 CHECK_IMAGE_PAIRS = ((2, 1, 2, 3, 5), (1, 2, 1, 1, 4))
 CHECK_SHARED_IMAGE_PAIRS = ((3, 1, 2, 2, 4), (2, 2, 2, 3, 1))
-CHECK_SPECIAL_TOKENS = 8  # the twin's last token ids, where its special tokens are (vision_twin.remap_special_tokens)
+CHECK_SPECIAL_TOKENS = (
+    8  # the twin's last token ids, where its special tokens are (families/twin.py's remap_special_tokens)
+)
 # Largest max-abs difference the check accepts: of log-probs, and of gradients relative to the largest gradient.
 # Measured on exact twins: log-probs at most 2e-6 (Gemma 4, whose norms compute in float32; 1e-7 for most), gradients
 # at most 3e-5; leaks measured 6e-4 (Falcon-H1's Mamba scan run across the whole row, before mixers.py) to 1.
@@ -360,10 +361,10 @@ def _refused_on_images(config: PretrainedConfig) -> str | None:
             "its config has no vision tower (vision_config=None), so it takes no images: the model is its language "
             "model alone, checked on text pairs (`trl-padfree models --check` on this config says how it packs)"
         )
-    known_refusal = cross_attention_refusal(config) or refusal(config.model_type)
+    known_refusal = cross_attention_refusal(config) or image_refusal(config.model_type)
     if known_refusal is not None:
         return known_refusal
-    return unchecked(config.model_type) if image_family(config.model_type) is None else None
+    return unchecked_verdict(config.model_type) if image_family(config.model_type) is None else None
 
 
 def _packing_refusal(twin: PreTrainedModel, attn_implementation: str, errors: PackingErrors) -> str | None:

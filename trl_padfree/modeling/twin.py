@@ -23,9 +23,8 @@ from ..integrations.transformers import (
     set_language_model_attention,
     without_deepspeed_zero3,
 )
+from .families import image_family, remap_special_tokens, twin_geometry
 from .packed_forward import add_packed_forward
-from .vision import image_family
-from .vision_twin import remap_special_tokens, twin_geometry
 
 TWIN_SLIDING_WINDOW = 3
 TWIN_CHUNK_SIZE = 4

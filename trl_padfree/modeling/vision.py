@@ -10,142 +10,28 @@
 - **Attention.** Only the language model runs the packed attention (`set_language_model_attention`, in
   integrations/transformers.py); the vision tower keeps its own, and keeps its images apart itself. Gemma 3's image
   tokens attend to their whole image: the row carries those spans to `padfree_varlen` (attention/bidirectional.py).
-- **Families.** The vision-language models trl-padfree packs images for, and how each lays its images out; each is
-  still decided by the architecture check on a twin with images (modeling/vision_twin.py).
+- **Families.** Each vision-language model type is one record (modeling/families/): how its processor lays its
+  images out, how its forward reads them (the functions here read those records), its twin's geometry and its
+  verdict, decided by the architecture check on a twin with images.
 - **Which models take images** at all, as TRL's trainer will run them (`why_no_images`), for the data check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from .families import image_family
 
 if TYPE_CHECKING:
     from .packed_batch import PackedBatch
 
 
-@dataclass(frozen=True)
-class ImageFamily:
-    # How its processor lays a batch's images out (packing/vision.py): "patches", "images", "sized" (images with
-    # `image_sizes`, their tokens depending on their size), "tiles" (each image cut into tiles), "rows" or "navit"
-    # (every crop's patches along one axis, with each crop's grid: MiniCPM-V)
-    layout: str
-    token_types: str | None  # the per-token input marking image tokens, if the model takes one
-    bidirectional_images: bool = False  # an image's tokens attend to the whole image (marked by `token_types`)
-    # the per-token input routing image tokens to experts of their own (ERNIE-4.5-VL's `moe_mm_token_type_ids`,
-    # which also marks each image's begin and end tokens), packed as tokens are
-    expert_token_types: str | None = None
-    # On sliding-window layers an image's tokens see the whole image past the window too (Gemma 4 Unified: causal in
-    # the window OR the same image), where Gemma 3's see only its tokens in the window (the window AND (causal OR the
-    # same image)), as the packed attention does: the two agree on images no longer than the window
-    images_past_window: bool = False
-    # Images attended both ways only where the text config sets use_bidirectional_attention="vision" (Gemma 4's larger
-    # checkpoints; transformers' `create_masks_for_vision_model`), and then on sliding-window layers alone: there the
-    # window AND (causal OR the same image), as Gemma 3's; its full-attention layers stay causal
-    bidirectional_on_vision_config: bool = False
-    position_grids: str = "image_grid_thw"  # the image grids its position function (`get_rope_index`) reads
-    # The per-token marks its position function finds images by, or None where it finds them by the tokens its
-    # processor writes around each image instead (`image_bounds`)
-    position_marks: str | None = "mm_token_type_ids"
-    # The tokens (config names) its processor writes around each image, where its position function finds images by
-    # them (Qwen-Omni's thinkers: an image token after a vision-start token); its forward then computes those
-    # positions only given an attention mask
-    image_bounds: tuple[str, str] | None = None
-    # A module whose forward runs its layers once per image (or crop) in a Python loop, as `named_modules` names it
-    # (`*`: any layer): a rank calls them as many times as its row has images, which DeepSpeed ZeRO-3 cannot follow
-    # when the processes' rows differ (refusals.check_zero3_per_image_loop)
-    per_image_loop: str | None = None
-    per_image_unit: str = "image"
-
-
-OMNI_IMAGE_BOUNDS = ("vision_start_token_id", "vision_end_token_id")
-
-FAMILIES = {
-    "qwen2_vl": ImageFamily("patches", "mm_token_type_ids"),
-    "qwen2_5_vl": ImageFamily("patches", "mm_token_type_ids"),
-    "qwen3_vl": ImageFamily("patches", "mm_token_type_ids"),
-    "qwen3_vl_moe": ImageFamily("patches", "mm_token_type_ids"),
-    "qwen3_5": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL's images before a hybrid language model
-    "qwen3_5_moe": ImageFamily("patches", "mm_token_type_ids"),
-    "glm4v": ImageFamily("patches", "mm_token_type_ids"),  # Qwen2-VL's layout, its own position function
-    "glm4v_moe": ImageFamily("patches", "mm_token_type_ids"),
-    "glm46v": ImageFamily("patches", "mm_token_type_ids"),
-    "glm_ocr": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4V's layout and position function
-    # Qwen2-VL's layout, each patch (C, 14, 14); its projector runs once per image
-    "paddleocr_vl": ImageFamily("patches", "mm_token_type_ids", per_image_loop="model.projector"),
-    "kimi_k25": ImageFamily("patches", None),  # plain positions: no position function
-    "glmga": ImageFamily("patches", "mm_token_type_ids"),  # GLM-4.6V's class under another model type
-    "cosmos3_edge": ImageFamily("patches", "mm_token_type_ids"),  # Qwen-VL's layout, its own position function
-    # a newline token after each merged row of an image; its tower's patch merger runs once per image
-    "hy_v4_vl": ImageFamily("patches", "mm_token_type_ids", per_image_loop="model.vision_tower"),
-    "exaone4_5": ImageFamily("patches", None),  # plain positions: no position function
-    # Qwen2-VL's layout, its own position function, image tokens through image experts; its twin packs exactly, but
-    # TRL's padded batch fails its forward (vision_unsupported.REFUSED)
-    "ernie4_5_vl_moe": ImageFamily("patches", "mm_token_type_ids", expert_token_types="moe_mm_token_type_ids"),
-    "gemma3": ImageFamily("images", "token_type_ids", bidirectional_images=True),
-    "shieldgemma2": ImageFamily("images", "token_type_ids", bidirectional_images=True),  # a Gemma 3 by another name
-    "llava": ImageFamily("images", None),
-    "vipllava": ImageFamily("images", None),
-    "llava_next": ImageFamily("sized", None),  # any-resolution tiles, a base tile and a grid
-    "llava_next_video": ImageFamily("sized", None),  # its images as LLaVA-NeXT's
-    "llava_onevision": ImageFamily("sized", None),
-    "mistral3": ImageFamily("sized", None),  # Pixtral: images of any size, a token per 2 x 2 patches
-    "mistral_large4": ImageFamily("sized", None),
-    "lighton_ocr": ImageFamily("sized", None),
-    "lfm2_vl": ImageFamily("sized", None),  # SigLIP2's images of any size, flattened patches and their grid
-    # Images of any size: each image's patches padded to a fixed count, with their (x, y) positions
-    "gemma4": ImageFamily("sized", "mm_token_type_ids", bidirectional_on_vision_config=True),
-    # No vision tower: a token per patch (of k x k patches)
-    "gemma4_unified": ImageFamily("sized", "mm_token_type_ids", bidirectional_images=True, images_past_window=True),
-    "internvl": ImageFamily("tiles", None),  # each image cut into tiles of a fixed number of tokens
-    "aya_vision": ImageFamily("tiles", None),
-    "cohere2_vision": ImageFamily("tiles", None),
-    "llama4": ImageFamily("tiles", None),
-    "idefics2": ImageFamily("rows", None),
-    "idefics3": ImageFamily("rows", None),
-    "smolvlm": ImageFamily("rows", None),
-    # MiniCPM-V: images and their slices NaViT-packed along pixel_values' last axis, a grid per crop (`target_sizes`);
-    # its merger runs its MLPs once per crop
-    "minicpmv4_6": ImageFamily("navit", None, per_image_loop="model.merger", per_image_unit="crop"),
-    "minicpm_ocr": ImageFamily("navit", None, per_image_loop="model.merger", per_image_unit="crop"),
-    "minicpmv4_7": ImageFamily(  # canvas mRoPE
-        "navit",
-        "mm_token_type_ids",
-        position_grids="target_sizes",
-        per_image_loop="model.merger",
-        per_image_unit="crop",
-    ),
-    "cosmos3_omni": ImageFamily("patches", "mm_token_type_ids"),  # Qwen3-VL under its own model type
-    "hyperclovax_vision_v2": ImageFamily("patches", None),  # Qwen2.5-VL's tower, plain 1-D text positions
-    # Qwen3-VL's tower, plain 1-D text positions; the tower's short convolutions run once per image
-    "lfm3_vl": ImageFamily("patches", None, per_image_loop="model.vision_tower.layers.*.conv"),
-    "video_llava": ImageFamily("images", None),  # LLaVA's images, from its image tower
-    "qianfan_ocr": ImageFamily("tiles", None),  # InternVL's tiles, before Qwen3
-    "deepseek_vl": ImageFamily("images", None),  # SigLIP, a token per patch
-    "deepseek_vl_hybrid": ImageFamily("images", None),  # and each image again, high-resolution, through SAM
-    "granite4_vision": ImageFamily("sized", None),  # LLaVA-NeXT's tiles, features added at several layers
-    "ovis2": ImageFamily("tiles", None),  # a whole image and its tiles, a visual vocabulary's embeddings per patch
-    "janus": ImageFamily("images", None),  # SigLIP-like, a token per patch (its VQ model only generates images)
-    "got_ocr2": ImageFamily("tiles", None),  # SAM, 4 x 4 patches a token; images whole, or cut into tiles
-    "pp_chart2table": ImageFamily("tiles", None),  # GOT-OCR2's model
-    "aria": ImageFamily("images", None),  # Idefics3's tower, its patches cross-attended by a fixed number of queries
-    # Qwen2.5-VL's and Qwen3-VL's images beside an audio tower: the position function finds each image by the vision
-    # start token before it, and places audio and video too (none on image pairs)
-    "qwen2_5_omni_thinker": ImageFamily("patches", None, position_marks=None, image_bounds=OMNI_IMAGE_BOUNDS),
-    "qwen3_omni_moe_thinker": ImageFamily("patches", None, position_marks=None, image_bounds=OMNI_IMAGE_BOUNDS),
-}
-
-
-def image_family(model_type: str) -> ImageFamily | None:
-    return FAMILIES.get(model_type)
-
-
 def per_image_loop(model: torch.nn.Module) -> tuple[str, str] | None:
     """(the module, the unit) of a model whose forward runs a module's layers once per image or crop
-    (`ImageFamily.per_image_loop`); None for the others."""
+    (`VisionFamily.per_image_loop`); None for the others."""
     family = image_family(getattr(getattr(model, "config", None), "model_type", None))
     if family is None or family.per_image_loop is None:
         return None

@@ -1,0 +1,29 @@
+"""Vision-language families, one record each (record.py), in the module of its image layout: patches.py, images.py,
+sized.py, tiles.py, rows.py, navit.py; types that do not pack in not_packed.py. catalog.py gathers them; twin.py gives
+the architecture check's twin its family's images."""
+
+from .catalog import (
+    IMAGE_FAMILIES,
+    UNCHECKED,
+    VISION_FAMILIES,
+    image_family,
+    image_refusal,
+    unchecked_verdict,
+    vision_family,
+)
+from .record import VisionFamily
+from .twin import remap_special_tokens, twin_geometry, twin_image_inputs
+
+__all__ = [
+    "IMAGE_FAMILIES",
+    "UNCHECKED",
+    "VISION_FAMILIES",
+    "VisionFamily",
+    "image_family",
+    "image_refusal",
+    "remap_special_tokens",
+    "twin_geometry",
+    "twin_image_inputs",
+    "unchecked_verdict",
+    "vision_family",
+]
