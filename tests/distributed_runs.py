@@ -12,6 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tolerances import (
+    BF16_ENGINE_LOGPS_RTOL,
+    BF16_ENGINE_LOSS_ATOL,
+    BF16_ENGINE_MARGIN_ATOL,
+    DISTRIBUTED_LOSS_ATOL,
+    DISTRIBUTED_METRIC_ATOL,
+    DISTRIBUTED_METRIC_RTOL,
+    FIRST_LOSS_ATOL,
+)
 
 from trl_padfree.data import load_demo_tokenizer
 from trl_padfree.tiny import make_demo_model
@@ -20,53 +29,40 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "tests" / "distributed" / "train_dpo.py"
 FSDP_ON_CPU = ROOT / "tests" / "distributed" / "fsdp_on_cpu.py"
 
-# A multi-process run against one process on the same global batches, fp32. Measured under ZeRO-3 (2 processes vs 1,
-# two AdamW steps): loss 2.3e-6; metrics 1.4e-7 to 1.1e-5 relative (grad_norm), rewards 4.6e-6 absolute (beta x
-# log-ratios of ~0.3, so their margin cancels to 0.016). Each test file states what it measured under its engine.
-LOSS_ATOL = 1e-5
-METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
 COMPARED_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
                     "logits/chosen", "logits/rejected", "entropy", "num_tokens", "grad_norm")  # fmt: skip
 ACCELERATE_CONFIGS = ROOT / "trl_padfree" / "cli" / "accelerate_configs"
 
-# bf16 engines (FSDP2's bf16 mixed precision, DeepSpeed's bf16), packed vs padded, both with float32 log-probs
-# (`fp32_log_probs`, the default; tools/measure/measure_bf16_log_probs.py). The loss is then a float32 number (quantum 6e-8
-# near ln 2), and what separates the two is the decoder's bf16 arithmetic on differently shaped tensors. Measured on
-# an AMD EPYC with AVX2 and no AVX-512 (`lscpu`), 2 processes, tiny Llama, 5 AdamW steps: loss 5.9e-4 (FSDP2) and
-# 6.2e-4 (ZeRO-3), `rewards/margins` 1.2e-3, `logps/*` 1.3e-5 relative. Every bf16 kernel rounds its output once to
-# bf16 (2^-9 relative), on AVX2 and AVX-512 alike: the spread is a sum of many such roundings, not one quantum, so the
-# bounds are about 5x the measured maxima. With bf16 sums (TRL's precision under FSDP2) the same two runs were 0.045
-# apart after one step: 15x the loss bound.
-BF16_LOSS_ATOL = 3e-3
-BF16_MARGIN_ATOL = 6e-3
-BF16_LOGPS_RTOL = 1e-4
 
-
-def assert_same_training(report: dict, expected: dict, metric_rtol: float = METRIC_RTOL) -> None:
+def assert_same_training(report: dict, expected: dict, metric_rtol: float = DISTRIBUTED_METRIC_RTOL) -> None:
     """Every step's loss and compared metrics (grad_norm included) of `report` equal `expected`'s, within the bounds
     (`metric_rtol`: a model's own, measured)."""
-    assert report["losses"] == pytest.approx(expected["losses"], abs=LOSS_ATOL)
+    assert report["losses"] == pytest.approx(expected["losses"], abs=DISTRIBUTED_LOSS_ATOL)
     for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
         for key in COMPARED_METRICS:
-            assert metrics[key] == pytest.approx(expected_metrics[key], rel=metric_rtol, abs=METRIC_ATOL), (step, key)
+            assert metrics[key] == pytest.approx(
+                expected_metrics[key], rel=metric_rtol, abs=DISTRIBUTED_METRIC_ATOL
+            ), (step, key)
 
 
 def assert_same_bf16_training(report: dict, expected: dict) -> None:
     """Two bf16 runs, both with float32 log-probs: every step's loss, margin and log-probs within the bf16 bounds."""
     assert report["precision"]["log_probs"] == expected["precision"]["log_probs"] == "torch.float32"
-    assert report["losses"] == pytest.approx(expected["losses"], abs=BF16_LOSS_ATOL)
+    assert report["losses"] == pytest.approx(expected["losses"], abs=BF16_ENGINE_LOSS_ATOL)
     for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
-        assert metrics["rewards/margins"] == pytest.approx(expected_metrics["rewards/margins"], abs=BF16_MARGIN_ATOL)
+        assert metrics["rewards/margins"] == pytest.approx(
+            expected_metrics["rewards/margins"], abs=BF16_ENGINE_MARGIN_ATOL
+        )
         for key in ("logps/chosen", "logps/rejected"):
-            assert metrics[key] == pytest.approx(expected_metrics[key], rel=BF16_LOGPS_RTOL), (step, key)
+            assert metrics[key] == pytest.approx(expected_metrics[key], rel=BF16_ENGINE_LOGPS_RTOL), (step, key)
 
 
-def assert_split_row_training(report: dict, expected: dict, metric_rtol: float = METRIC_RTOL) -> None:
+def assert_split_row_training(report: dict, expected: dict, metric_rtol: float = DISTRIBUTED_METRIC_RTOL) -> None:
     """A run whose rows were split over ranks (sequence or context parallelism) against one process: sequences really
     crossed chunk boundaries, the first loss is ln 2, the training is the same, and tokens a row's ranks share are
     counted once."""
     assert report["sequences_split_across_ranks"] > 0, "no sequence crossed a chunk boundary: nothing was tested"
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
     assert_same_training(report, expected, metric_rtol)
     for step, metrics in enumerate(report["metrics"]):
         new_tokens = metrics["num_tokens"] - (report["metrics"][step - 1]["num_tokens"] if step else 0)
@@ -99,7 +95,7 @@ def save_tiny_models(directory: Path, model_types) -> Path:
 
 
 def save_vision_families(tmp_path_factory, name: str, families) -> Path:
-    """`families` saved like checkpoints (tests/tiny_vision.py) in a fresh directory `<name>`, one folder each
+    """`families` saved like checkpoints (tests/tiny_vision/) in a fresh directory `<name>`, one folder each
     (`<directory>/<family>`, the model and its processor), for runs named `FAMILY:...`."""
     from tiny_vision import save_vision_models
 

@@ -9,40 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
+from tolerances import FP32, HALF, LOSS_ATOL, LOSS_RTOL, Tolerances
 from transformers import PreTrainedModel
 
 from trl_padfree import DPOConfig, DPOTrainer
-
-# fp32 tolerances, 3-5x the largest difference measured over every loss type and option (docs/concepts/exactness.md):
-# loss 2e-7 relative, gradients 7e-7 of the largest gradient, metrics 1.1e-7 relative. Losses such as sppo_hard
-# (~56 here) scale the rounding of ~60-token log-prob sums, so every bound grows with the padded magnitude.
-LOSS_ATOL, LOSS_RTOL = 1e-6, 1e-6
-GRAD_ATOL = 3e-6  # times max(1, largest padded gradient)
-METRIC_RTOL, METRIC_ATOL = 5e-7, 1e-6
-# fp32, one step, packed vs padded, largest gradient difference over the largest gradient: 2.3e-7 to 4.5e-7, except
-# gemma4_text: 3.2e-6 (2.9e-6 absolute, largest gradient 0.91, the tied embedding; 3.3e-6 with its MoE block). TRL's
-# padded trainer on the same gemma4_text model differs from itself by 1.4e-5 between its sdpa and eager attention:
-# rounding, through six layers with sqrt(hidden)-scaled embeddings and per-layer inputs. Losses: at most 1.2e-7;
-# metrics within trainer_utils' bounds.
-GRAD_ATOL_BY_MODEL = {"gemma4_text": 1e-5}
-
-
-@dataclass(frozen=True)
-class Tolerances:
-    """Bounds of one packed step against TRL's padded step: loss (absolute plus relative), gradients (times
-    max(1, largest padded gradient)), metrics (absolute plus relative)."""
-
-    loss_atol: float = LOSS_ATOL
-    loss_rtol: float = LOSS_RTOL
-    grad_atol: float = GRAD_ATOL
-    metric_atol: float = METRIC_ATOL
-    metric_rtol: float = METRIC_RTOL
-    # Metrics not compared: in half precision `rewards/accuracies` counts pairs whose margin is within the rounding,
-    # which TRL's own padded step flips between its sdpa and eager attention (gpt2, gpt_oss: 0.125 of 8 pairs)
-    exempt_metrics: tuple[str, ...] = ()
-
-
-FP32 = Tolerances()
 
 
 @dataclass(frozen=True)
@@ -56,28 +26,7 @@ class Precision:
     tolerances: Tolerances = FP32
 
 
-# Half-precision steps against TRL's padded step in the same precision (tools/measure/measure_precision_noise.py,
-# docs/concepts/exactness.md). TRL's own padded step moves between its sdpa and eager attention, over the 30 families of
-# the suite, by at most 4e-4 in the loss, 2.9e-3 of the largest gradient (Gemma 3) and 8e-4 in the metrics, GPT-OSS
-# and Gemma 4 apart (below); the packed step, through stand-ins that round as FA2 does (P and dS in bf16 before their
-# products, grouped dK/dV per query head), moves from it by at most 1.7e-4, 2.2e-3 and 3.3e-4. The bounds: the loss
-# at the bf16 spacing of a loss near 0.7 (2e-3, 5x the largest move), gradients at about 2x, metrics at about 10x.
-HALF = Tolerances(
-    loss_atol=2e-3,
-    loss_rtol=0.0,
-    grad_atol=5e-3,
-    metric_atol=1e-3,
-    metric_rtol=1e-2,
-    # Counts, whose step (1/8 pairs, 1/82 tokens here) is above the metric bound: one near-tie flips them (GPT-OSS's
-    # packed step through the sink correction: one of 82 tokens' argmax, at a loss 5e-6 and gradients 2.4e-4 away)
-    exempt_metrics=("rewards/accuracies", "mean_token_accuracy"),
-)
-# Gemma 4 in half precision: TRL's own sdpa and eager runs differ by 5.6e-2 of its largest gradient (0.4 with bf16
-# weights), the packed step by 9.4e-2 in TRL's default precision (its tiny twin; an ulp's change in the kernel's
-# float32 arithmetic, such as dividing by the row sum before P.V, lands anywhere from 5e-2 to 0.34). GPT-OSS: TRL's own
-# runs differ by 8.1e-3 (its sinks in eager), the packed step through the sink correction by 6.8e-3 at its real head
-# dims (lm_head; tests/test_fused_kernels.py)
-HALF_GRAD_ATOL_BY_MODEL = {"gemma4_text": 0.15, "gpt_oss": 1.5e-2}
+# The precisions users train in, each held to tolerances.HALF
 PRECISIONS = {
     "trl_default": Precision(dict(bf16=True), tolerances=HALF),  # float32 weights under bf16 autocast
     "fp16_autocast": Precision(autocast=torch.float16, tolerances=HALF),  # float32 weights under fp16 autocast

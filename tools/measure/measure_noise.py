@@ -1,6 +1,6 @@
 """Measure packed-vs-padded differences (loss, gradients, metrics) for every loss type and a few options, in fp32.
 
-Run from the repository root: `python tools/measure/measure_noise.py`. The tolerances in tests/trainer_utils.py are
+Run from the repository root: `python tools/measure/measure_noise.py`. The tolerances in tests/tolerances.py are
 set at 3-5x the maxima this prints; docs/concepts/exactness.md records the figures.
 """
 

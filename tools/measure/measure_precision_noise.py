@@ -2,8 +2,9 @@
 torch 2.15's `varlen_attn`, tests/stand_in_kernels.py) moves from TRL's padded step, beside how far TRL's padded step
 moves from itself between its `sdpa` and `eager` attention (the noise floor of that precision).
 
-Run from the repository root: `python tools/measure/measure_precision_noise.py [TYPE ...]`. The bounds of
-`trainer_utils.TOLERANCES` for these precisions are set from what it prints; docs/concepts/exactness.md records the figures.
+Run from the repository root: `python tools/measure/measure_precision_noise.py [TYPE ...]`. The half-precision bounds
+of tests/tolerances.py (`HALF` and its per-model tables) are set from what it prints; docs/concepts/exactness.md
+records the figures.
 
 Precisions: TRL's default (float32 weights under its `bf16=True` autocast), float32 weights under fp16 autocast, and
 bf16 weights without autocast.

@@ -6,7 +6,7 @@ Run from the repository root (figures in docs/concepts/balancing.md and docs/gui
 
 What it times, on one CPU process unless said:
 - vision-language pairs (`packing/pair_sizes.py`): a synthetic set of `--pairs` pairs as Qwen2.5-VL's processor sees
-  it (tests/tiny_vision.py's processor with Qwen2.5-VL's own image settings: min_pixels 56 x 56, max_pixels
+  it (tests/tiny_vision/'s processor with Qwen2.5-VL's own image settings: min_pixels 56 x 56, max_pixels
   12845056; images of 336 x 448 to 640 x 480 pixels, 120 to 391 image tokens; 1-12 word prompts, 1-16 word
   completions). Per pair: collated (the processor's image processing included: what every process did for every
   pair before) and counted from the image sizes (after); timed on `--sample` pairs and extrapolated per pair. Per
@@ -51,7 +51,7 @@ PROCESS_COUNTS = (1, 8, 64)
 
 
 def vision_rows(count: int) -> list[dict]:
-    """Rows of tests/tiny_vision.py with realistic image sizes (a few images, shared: building is not timed)."""
+    """Rows of tests/tiny_vision/ with realistic image sizes (a few images, shared: building is not timed)."""
     generator = np.random.default_rng(0)
     images = [Image.fromarray(generator.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in IMAGE_SIDES]
     rows = vision_preference_rows("qwen2_5_vl", count, sizes=[(8, 8)])
