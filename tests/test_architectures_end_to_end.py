@@ -19,7 +19,17 @@ from pathlib import Path
 import pytest
 from tiny_architectures import make_tiny_model
 from tiny_fixtures import make_tokenizer
-from trainer_utils import GRAD_ATOL, GRAD_ATOL_BY_MODEL, assert_same_step, make_trainer, one_step
+from tolerances import (
+    BF16_WEIGHTS_LOSS_ATOL,
+    BF16_WEIGHTS_LOSS_ATOL_BY_MODEL,
+    DISTRIBUTED_LOSS_ATOL,
+    DISTRIBUTED_METRIC_ATOL,
+    DISTRIBUTED_METRIC_RTOL,
+    FIRST_LOSS_ATOL,
+    GRAD_ATOL,
+    GRAD_ATOL_BY_MODEL,
+)
+from trainer_utils import assert_same_step, make_trainer, one_step
 
 from trl_padfree import ATTN_IMPLEMENTATION
 
@@ -112,12 +122,6 @@ def bf16_run(model_type, trainer="padding_free"):
 
 ZERO3_RUNS = [run for model_type in FP32_OPTIONS for run in (packed_run(model_type), padded_run(model_type))]
 
-# fp32, 2 processes x 2 pairs vs 1 process, 3 AdamW steps (lr 1e-3): measured losses at most 3.9e-6 (olmo3; gemma4_text
-# 2.1e-6, the MoE models <= 1.5e-6), aux_loss equal to 1e-6; metrics at most 0.46 of the bound below (gemma4_text's
-# grad_norm, 6.0e-4 of ~21). Against padded TRL in the same ZeRO-3 launch: losses 3.2e-6, metrics 0.29 of the bound.
-# The bounds are test_deepspeed.py's.
-LOSS_ATOL = 1e-5
-METRIC_RTOL, METRIC_ATOL = 5e-5, 2e-5
 # Metrics defined alike whether two processes or two accumulated micro-batches make the step: means over pairs,
 # the gradient norm, the token count, and the aux loss (each process's, or each micro-batch's, averaged)
 DATA_PARALLEL_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
@@ -158,14 +162,16 @@ def assert_ran_under_zero3(report: dict) -> None:
 def assert_first_loss_is_ln2_plus_aux(report: dict, coef: float) -> None:
     # The reference starts equal to the policy: the DPO loss is ln 2, plus coef x the policy's aux loss
     aux_loss = report["metrics"][0].get("aux_loss", 0.0) if report["aux_loss_enabled"] else 0.0
-    assert report["losses"][0] == pytest.approx(math.log(2) + coef * aux_loss, abs=1e-6)
+    assert report["losses"][0] == pytest.approx(math.log(2) + coef * aux_loss, abs=FIRST_LOSS_ATOL)
 
 
 def assert_same_metrics(report: dict, expected: dict, keys) -> None:
     # A key logged by one run only (aux_loss) fails with a KeyError
     for step, (metrics, expected_metrics) in enumerate(zip(report["metrics"], expected["metrics"], strict=True)):
         for key in (key for key in keys if key in metrics or key in expected_metrics):
-            assert metrics[key] == pytest.approx(expected_metrics[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+            assert metrics[key] == pytest.approx(
+                expected_metrics[key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+            ), (step, key)
 
 
 @pytest.mark.parametrize("model_type", FP32_OPTIONS)
@@ -180,9 +186,9 @@ def test_zero3_matches_padded_trl(model_type, zero3_runs, single_process_padded)
     assert_ran_under_zero3(padded_zero3)
     assert "padfree/padding_removed" not in padded_zero3["metrics"][0]  # TRL's padded path
 
-    assert packed["losses"] == pytest.approx(single["losses"], abs=LOSS_ATOL)
+    assert packed["losses"] == pytest.approx(single["losses"], abs=DISTRIBUTED_LOSS_ATOL)
     assert_same_metrics(packed, single, DATA_PARALLEL_METRICS)
-    assert packed["losses"] == pytest.approx(padded_zero3["losses"], abs=LOSS_ATOL)
+    assert packed["losses"] == pytest.approx(padded_zero3["losses"], abs=DISTRIBUTED_LOSS_ATOL)
     assert_same_metrics(packed, padded_zero3, DATA_PARALLEL_METRICS + TOKEN_METRICS)
 
 
@@ -211,16 +217,6 @@ def test_zero3_trains_bf16_weights(model_type, zero3_bf16_runs):
     assert report["losses"][1] != report["losses"][0]  # the step changed the policy
 
 
-# bf16 weights, packed vs padded, both under ZeRO-3: rounding in bf16 changes each AdamW update a little, and the
-# difference grows with the steps. After two steps all but gemma4_text stay within 2e-2 (7.4e-4 when first measured);
-# gemma4_text (gradient norm ~21) is 2.02e-2 off the padded run (transformers 5.24, DeepSpeed 0.19.8; the same in any
-# run order). That is bf16's noise, not a leak: TRL's padded bf16 run is 0.040 off TRL's fp32 run at that step, the
-# packed one 0.019 (fp32 runs equal within 2.1e-6). Its bound is 1.5 x TRL's own bf16-to-fp32 distance. The first step
-# is exact
-BF16_LOSS_ATOL = 2e-2
-BF16_LOSS_ATOL_BY_MODEL = {"gemma4_text": 6e-2}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_zero3_bf16_weights_match_padded_bf16(model_type, zero3_bf16_runs):
@@ -230,7 +226,7 @@ def test_zero3_bf16_weights_match_padded_bf16(model_type, zero3_bf16_runs):
     )
     assert_ran_under_zero3(padded)
     assert padded["dtype"] == "torch.bfloat16"
-    assert packed["losses"][0] == pytest.approx(padded["losses"][0], abs=1e-6)
+    assert packed["losses"][0] == pytest.approx(padded["losses"][0], abs=FIRST_LOSS_ATOL)
     assert packed["losses"] == pytest.approx(
-        padded["losses"], abs=BF16_LOSS_ATOL_BY_MODEL.get(model_type, BF16_LOSS_ATOL)
+        padded["losses"], abs=BF16_WEIGHTS_LOSS_ATOL_BY_MODEL.get(model_type, BF16_WEIGHTS_LOSS_ATOL)
     )

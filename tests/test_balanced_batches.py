@@ -6,15 +6,24 @@ The multi-process runs are compared with TRL's padded trainer in one process who
 batch (`row groups x accumulation x per_device_train_batch_size` pairs): the same pairs per optimizer step, in one
 micro-batch, so every logged metric is the step's. Measured over DDP, ZeRO-3 and FSDP2 on 2 and 4 processes and 2
 row groups of 2 ranks (context parallelism, Ulysses): losses within 1.9e-6 of the padded run, grad_norm 6.8e-6
-relative, the per-pair metrics 1.2e-5 relative; the bounds are `distributed_runs`' (LOSS_ATOL 1e-5, METRIC_RTOL
-5e-5). TRL's token means (entropy, logits/*, mean_token_accuracy) average each micro-step's token mean equally, so with
-several micro-steps they depend on how a step is grouped, in TRL too: they are compared with one micro-step only."""
+relative, the per-pair metrics 1.2e-5 relative; the bounds are tolerances.DISTRIBUTED_* (loss 1e-5, metrics 5e-5
+relative). TRL's token means (entropy, logits/*, mean_token_accuracy) average each micro-step's token mean equally, so
+with several micro-steps they depend on how a step is grouped, in TRL too: they are compared with one micro-step
+only."""
 
 import math
 
 import pytest
 from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
-from distributed_runs import LOSS_ATOL, METRIC_ATOL, METRIC_RTOL, assert_same_training, launch, train_in_this_process
+from distributed_runs import assert_same_training, launch, train_in_this_process
+from tolerances import (
+    DISTRIBUTED_LOSS_ATOL,
+    DISTRIBUTED_METRIC_ATOL,
+    DISTRIBUTED_METRIC_RTOL,
+    FIRST_LOSS_ATOL,
+    LOSS_ATOL,
+    RESUMED_LOSS_ATOL,
+)
 from torch.utils.data import BatchSampler
 from trainer_utils import make_trainer
 
@@ -202,7 +211,7 @@ def test_one_process_trains_the_default_global_batch_as_padded_trl_does():
     logged = [entry for entry in balanced.state.log_history if "loss" in entry]
     expected = [entry for entry in padded.state.log_history if "loss" in entry]
     for ours, theirs in zip(logged, expected, strict=True):
-        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=LOSS_ATOL)
         for key in ("grad_norm", "rewards/margins", "logps/chosen", "logps/rejected", "num_tokens"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
         assert ours["padfree/balance_cost_max_over_mean"] == 1.0  # one process: nothing to wait for
@@ -222,7 +231,7 @@ def test_token_budget_bins_are_dealt_balanced_and_a_step_trains_as_padded_trl_on
     with padded.compute_loss_context_manager():
         loss = padded.compute_loss(padded.model, batch).item()
     logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
-    assert logged["loss"] == pytest.approx(loss, abs=1e-6)
+    assert logged["loss"] == pytest.approx(loss, abs=LOSS_ATOL)
 
 
 def test_precomputed_reference_log_probs_price_rows_without_the_reference_forward():
@@ -246,7 +255,7 @@ def test_resume_continues_with_the_same_balanced_batches(tmp_path):
     losses = [
         [entry["loss"] for entry in run.state.log_history if "loss" in entry] for run in (uninterrupted, resumed)
     ]
-    assert losses[1][-2:] == pytest.approx(losses[0][-2:], abs=1e-6)  # step 4 is the second epoch's first
+    assert losses[1][-2:] == pytest.approx(losses[0][-2:], abs=RESUMED_LOSS_ATOL)  # step 4 is the second epoch's first
 
 
 def test_vision_language_pairs_are_priced_as_collated_with_their_images():
@@ -313,11 +322,13 @@ def assert_balanced_training_equals(report: dict, padded: dict, processes: int, 
     """`uneven`: some micro-step's rows hold different numbers of pairs (the runs that price pairs otherwise, on
     the same pairs, may find equal counts best)."""
     assert report["world_size"] == processes
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
-    assert report["losses"] == pytest.approx(padded["losses"], abs=LOSS_ATOL)
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
+    assert report["losses"] == pytest.approx(padded["losses"], abs=DISTRIBUTED_LOSS_ATOL)
     for step, (metrics, expected) in enumerate(zip(report["metrics"], padded["metrics"], strict=True)):
         for key in ("grad_norm", "num_tokens", *PER_PAIR_METRICS):
-            assert metrics[key] == pytest.approx(expected[key], rel=METRIC_RTOL, abs=METRIC_ATOL), (step, key)
+            assert metrics[key] == pytest.approx(
+                expected[key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+            ), (step, key)
     # The engine balanced: rows other than the dealt ones, of different pair counts, no costlier at any step
     balanced = report["balanced"]
     assert balanced["bins"] != balanced["dealt_bins"]

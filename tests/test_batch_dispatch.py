@@ -7,7 +7,8 @@ of a batch to the first tensor's batch size: a packed row has batch size 1, so i
 """
 
 import pytest
-from trainer_utils import METRIC_ATOL, METRIC_RTOL, make_trainer
+from tolerances import METRIC_ATOL, METRIC_RTOL
+from trainer_utils import make_trainer
 
 
 def assert_same_metrics(padded: dict, packed: dict) -> None:

@@ -4,10 +4,11 @@ keys and values. The multi-process runs over gloo are further down."""
 
 import pytest
 import torch
+from tolerances import ATTENTION_ATOL, DISTRIBUTED_LOSS_ATOL, DISTRIBUTED_METRIC_ATOL, DISTRIBUTED_METRIC_RTOL
 
 from trl_padfree.modeling.attention.gathered import GatheredKeys
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
-from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
+from trl_padfree.modeling.attention.rows import PackedRow, row_in_flight
 from trl_padfree.packing.layout import HostRow
 from trl_padfree.packing.prefix_sharing import shared_prefix_keys
 from trl_padfree.parallel.context import ContextParallelRow, localize
@@ -59,14 +60,16 @@ def attention_by_chunks(ranks: int, query, key, value, shared_prefix=None, modul
 def test_chunks_attending_to_the_gathered_row_equal_the_whole_row(ranks):
     query, key, value = row_tensors()
     expected, _ = padfree_varlen_attention(Layer(), query, key, value, None, cu_seq_lens_q=CU_SEQ_LENS)
-    torch.testing.assert_close(attention_by_chunks(ranks, query, key, value), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(attention_by_chunks(ranks, query, key, value), expected, atol=ATTENTION_ATOL, rtol=0)
 
 
 def test_sliding_window_and_softcap_survive_the_split():
     query, key, value = row_tensors(1)
     options = {"sliding_window": 3, "softcap": 5.0}
     expected, _ = padfree_varlen_attention(Layer(), query, key, value, None, cu_seq_lens_q=CU_SEQ_LENS, **options)
-    torch.testing.assert_close(attention_by_chunks(4, query, key, value, **options), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        attention_by_chunks(4, query, key, value, **options), expected, atol=ATTENTION_ATOL, rtol=0
+    )
 
 
 def test_chunked_attention_layers_cut_the_row_before_it_is_split():
@@ -79,7 +82,7 @@ def test_chunked_attention_layers_cut_the_row_before_it_is_split():
     query, key, value = row_tensors(2)
     expected, _ = padfree_varlen_attention(ChunkedLayer(), query, key, value, None, cu_seq_lens_q=CU_SEQ_LENS)
     chunks = attention_by_chunks(3, query, key, value, module=ChunkedLayer())
-    torch.testing.assert_close(chunks, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(chunks, expected, atol=ATTENTION_ATOL, rtol=0)
 
 
 def test_a_rejected_branch_reads_its_prefix_from_another_rank():
@@ -95,11 +98,11 @@ def test_a_rejected_branch_reads_its_prefix_from_another_rank():
     shared = shared_prefix_keys(host)
     query, key, value = row_tensors(3)
     expected, _ = padfree_varlen_attention(
-        Layer(), query, key, value, None, packed_row=SharedPrefixRow(CU_SEQ_LENS, None, shared=shared)
+        Layer(), query, key, value, None, packed_row=PackedRow.of_host_row(host, CU_SEQ_LENS, None)
     )
     for ranks in (2, 4, 6):
         chunks = attention_by_chunks(ranks, query, key, value, shared_prefix=shared)
-        torch.testing.assert_close(chunks, expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(chunks, expected, atol=ATTENTION_ATOL, rtol=0)
 
 
 def test_localize_keeps_the_keys_up_to_the_chunks_last_query():
@@ -198,7 +201,9 @@ def test_context_parallel_group_equals_one_process_with_prefix_sharing_too(
     # Evaluation is not split: each rank evaluates whole rows of its own batches, data-parallel
     for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
         expected = single_process["eval"][key]
-        assert reports["padding_free+cp+eval"]["eval"][key] == pytest.approx(expected, rel=5e-5, abs=2e-5), key
+        assert reports["padding_free+cp+eval"]["eval"][key] == pytest.approx(
+            expected, rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+        ), key
     if processes == 4:
         assert reports["padding_free+cp+eval"]["longest_sequence_over_chunk"] > 1, "no sequence spanned three chunks"
     assert all(
@@ -227,7 +232,7 @@ def test_context_parallel_under_a_sharding_engine_with_the_reference_offloaded(
 
 
 def test_context_parallel_with_token_budget_batches_equals_padded_trl_on_the_same_pairs(six_head_model, tmp_path):
-    from distributed_runs import LOSS_ATOL, METRIC_ATOL, METRIC_RTOL, launch, train_in_this_process
+    from distributed_runs import launch, train_in_this_process
 
     options = ("--max-tokens-per-batch", "1024", "--steps", "2", "--max-length", "512", "--cp-size", "2")
     report = launch("multi_gpu.yaml", six_head_model, tmp_path / "budget.json", "--runs", "padding_free+cp", *options)
@@ -239,9 +244,11 @@ def test_context_parallel_with_token_budget_batches_equals_padded_trl_on_the_sam
     padded = train_in_this_process(
         six_head_model, tmp_path / "padded.json", "--runs", "trl", *padded_options, "--max-length", "512"
     )["trl"]
-    assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=LOSS_ATOL)
+    assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=DISTRIBUTED_LOSS_ATOL)
     for key in ("rewards/chosen", "logps/chosen", "logps/rejected", "grad_norm"):
-        assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=METRIC_RTOL, abs=METRIC_ATOL)
+        assert report["metrics"][0][key] == pytest.approx(
+            padded["metrics"][0][key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+        )
 
 
 def test_ulysses_and_context_parallelism_together_equal_one_process(six_head_model, single_process, tmp_path):

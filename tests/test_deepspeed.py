@@ -15,8 +15,6 @@ deepspeed = pytest.importorskip("deepspeed")
 
 from accelerate.utils import DeepSpeedPlugin  # noqa: E402
 from distributed_runs import (  # noqa: E402
-    LOSS_ATOL,
-    METRIC_RTOL,
     assert_same_bf16_training,
     assert_same_training,
     checkout_environment,
@@ -24,6 +22,7 @@ from distributed_runs import (  # noqa: E402
     launch,
     single_process_padded_fixture,
 )
+from tolerances import DISTRIBUTED_LOSS_ATOL, DISTRIBUTED_METRIC_RTOL, FIRST_LOSS_ATOL  # noqa: E402
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
 
 from trl_padfree import DPOConfig, DPOTrainer  # noqa: E402
@@ -65,7 +64,7 @@ def zero3_runs(model_dir, tmp_path_factory):
 def test_zero3_padding_free_on_two_processes_matches_single_process_padded_trl(zero3_runs, single_process_padded):
     report = zero3_runs["zero3"]
     assert report["world_size"] == 2 and report["zero_stage"] == 3 and report["policy_sharded"]
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)  # policy and reference start equal
     assert len(report["losses"]) == 3
     assert_same_training(report, single_process_padded["trl"])
     # TRL's reference config: sharded like the policy, not offloaded
@@ -98,16 +97,16 @@ def test_zero3_bf16_with_activation_checkpointing_matches_padded_zero3(zero3_run
     packed, padded = zero3_runs["bf16"], zero3_runs["bf16_padded"]
     assert packed["reference"]["offloaded"]
     assert packed["precision"]["hidden_states"] == "torch.bfloat16"
-    assert packed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert packed["losses"][0] == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
     assert_same_bf16_training(packed, padded)
 
 
 def test_sync_ref_model_updates_an_offloaded_reference(zero3_runs):
     offloaded, sharded = zero3_runs["sync"], zero3_runs["sync_not_offloaded"]
     assert offloaded["reference"]["offloaded"]
-    assert offloaded["losses"] == pytest.approx(sharded["losses"], abs=LOSS_ATOL)
+    assert offloaded["losses"] == pytest.approx(sharded["losses"], abs=DISTRIBUTED_LOSS_ATOL)
     # The reference moved half way to the policy after each step, so step 3 differs from a fixed reference
-    assert abs(offloaded["losses"][2] - zero3_runs["ref_offload"]["losses"][2]) > 100 * LOSS_ATOL
+    assert abs(offloaded["losses"][2] - zero3_runs["ref_offload"]["losses"][2]) > 100 * DISTRIBUTED_LOSS_ATOL
 
 
 # Refusals, checked before anything is loaded
@@ -217,8 +216,8 @@ def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajecto
 
     uninterrupted = train(tmp_path / "run")
     resumed = train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2"))
-    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=LOSS_ATOL)
-    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=METRIC_RTOL)
+    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=DISTRIBUTED_LOSS_ATOL)
+    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=DISTRIBUTED_METRIC_RTOL)
 
 
 def test_ref_offload_is_a_recipe_option():

@@ -13,10 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from distributed_runs import (
-    BF16_LOSS_ATOL,
-    LOSS_ATOL,
-    METRIC_ATOL,
-    METRIC_RTOL,
     ROOT,
     assert_same_bf16_training,
     assert_same_training,
@@ -27,6 +23,13 @@ from distributed_runs import (
     single_process_padded_fixture,
     train_in_this_process,
 )
+from tolerances import (
+    BF16_ENGINE_LOSS_ATOL,
+    DISTRIBUTED_LOSS_ATOL,
+    DISTRIBUTED_METRIC_ATOL,
+    DISTRIBUTED_METRIC_RTOL,
+    FIRST_LOSS_ATOL,
+)
 
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.placement.deepspeed import check_ref_offload
@@ -35,8 +38,8 @@ from trl_padfree.refusals import check_no_context_parallelism
 
 PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model
-# fp32, 2 processes vs 1, and bf16, packed vs padded with float32 log-probs: distributed_runs' bounds (measured here:
-# see docs/guides/multi-gpu.md and docs/concepts/exactness.md)
+# fp32, 2 processes vs 1, and bf16, packed vs padded with float32 log-probs: tolerances.DISTRIBUTED_* and BF16_ENGINE_*
+# (measured here: see docs/guides/multi-gpu.md and docs/concepts/exactness.md)
 
 RUNS = {
     "fsdp2": "padding_free+eval",
@@ -79,7 +82,7 @@ def assert_policy_sharded(report: dict) -> None:
 def test_fsdp2_padding_free_on_two_processes_matches_single_process_padded_trl(fsdp2_runs, single_process_padded):
     report = fsdp2_runs["fsdp2"]
     assert_policy_sharded(report)
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)  # policy and reference start equal
     assert len(report["losses"]) == 3
     assert_same_training(report, single_process_padded["full"])
     assert report["metrics"][0]["padfree/padding_removed"] > 0
@@ -88,7 +91,9 @@ def test_fsdp2_padding_free_on_two_processes_matches_single_process_padded_trl(f
 def test_fsdp2_evaluation_matches_single_process_padded_trl(fsdp2_runs, single_process_padded):
     evaluated, expected = fsdp2_runs["fsdp2"]["eval"], single_process_padded["full"]["eval"]
     for key in ("eval_loss", "eval_rewards/chosen", "eval_rewards/margins", "eval_logps/chosen"):
-        assert evaluated[key] == pytest.approx(expected[key], rel=METRIC_RTOL, abs=METRIC_ATOL), key
+        assert evaluated[key] == pytest.approx(
+            expected[key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+        ), key
 
 
 def test_reference_is_sharded_layer_by_layer_in_device_memory(fsdp2_runs):
@@ -148,7 +153,9 @@ def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_with_float3
     assert_policy_sharded(packed)
     assert packed["reference_fsdp"]["cpu_offload"]
     assert packed["precision"]["hidden_states"] == "torch.bfloat16"  # the engine really ran the model in bf16
-    assert packed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # float32 sums: policy = reference exactly
+    assert packed["losses"][0] == pytest.approx(
+        math.log(2), abs=FIRST_LOSS_ATOL
+    )  # float32 sums: policy = reference exactly
     assert_same_bf16_training(packed, padded)
 
 
@@ -172,15 +179,15 @@ def test_fsdp2_bf16_casts_log_probs_to_bf16_without_fp32_log_probs(fsdp2_runs):
     # the margin and the loss (TRL's own trainer does the same)
     rounded, kept = fsdp2_runs["bf16_sums"], fsdp2_runs["bf16"]
     assert rounded["precision"]["log_probs"] == "torch.bfloat16"
-    assert max(abs(a - b) for a, b in zip(rounded["losses"], kept["losses"], strict=True)) > 5 * BF16_LOSS_ATOL
+    assert max(abs(a - b) for a, b in zip(rounded["losses"], kept["losses"], strict=True)) > 5 * BF16_ENGINE_LOSS_ATOL
 
 
 def test_sync_ref_model_updates_an_offloaded_layer_sharded_reference(fsdp2_runs):
     synced, padded = fsdp2_runs["sync"], fsdp2_runs["sync_padded"]
     assert synced["reference_fsdp"]["cpu_offload"]
-    assert synced["losses"] == pytest.approx(padded["losses"], abs=LOSS_ATOL)
+    assert synced["losses"] == pytest.approx(padded["losses"], abs=DISTRIBUTED_LOSS_ATOL)
     # The reference moved half way to the policy after each step, so step 3 differs from a fixed reference
-    assert abs(synced["losses"][2] - fsdp2_runs["ref_offload"]["losses"][2]) > 100 * LOSS_ATOL
+    assert abs(synced["losses"][2] - fsdp2_runs["ref_offload"]["losses"][2]) > 100 * DISTRIBUTED_LOSS_ATOL
 
 
 def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir, tmp_path):
@@ -196,9 +203,11 @@ def test_token_budget_under_fsdp2_equals_padded_trl_on_the_same_pairs(model_dir,
             model_dir, tmp_path / f"padded{step}.json", "--runs", "trl", *padded_options, "--max-length", "1024"
         )["trl"]
         if step == 0:  # later steps follow different weights: only the first starts from the same model
-            assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=LOSS_ATOL)
+            assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=DISTRIBUTED_LOSS_ATOL)
             for key in ("rewards/chosen", "logps/chosen", "logps/rejected", "grad_norm"):
-                assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=5e-5, abs=2e-5), key
+                assert report["metrics"][0][key] == pytest.approx(
+                    padded["metrics"][0][key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+                ), key
 
 
 @pytest.mark.slow  # resuming runs under ZeRO-3 by default (test_deepspeed.py); FSDP2's checkpoints with -m slow
@@ -226,8 +235,8 @@ def test_recipe_with_ref_offload_resumes_an_fsdp2_checkpoint_on_the_same_traject
     uninterrupted = train(tmp_path / "run")
     assert (tmp_path / "run" / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()  # sharded, as the config says
     resumed = train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2"))
-    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=LOSS_ATOL)
-    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=METRIC_RTOL)
+    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=DISTRIBUTED_LOSS_ATOL)
+    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=DISTRIBUTED_METRIC_RTOL)
 
 
 # Refusals, checked in this process

@@ -14,14 +14,13 @@ under bf16 autocast): equal to padded TRL, every attention call on one kernel ca
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from stand_in_fused_kernels import fused_stand_ins, scaled_dot_product_attention
 from stand_in_kernels import CALLS, calls_of, varlen_stand_in
 from test_kernel_coverage import real_head_dims
-from trainer_utils import HALF_GRAD_ATOL_BY_MODEL, PRECISIONS, assert_same_step, make_trainer, one_step
+from tolerances import FUSED_GRAD_ATOL_BY_MODEL, FUSED_TOLERANCES_BY_MODEL, HALF_GRAD_ATOL_BY_MODEL
+from trainer_utils import PRECISIONS, assert_same_step, make_trainer, one_step
 
 from trl_padfree.modeling.attention import fused
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
@@ -195,22 +194,6 @@ def fused_step(model_type: str, flash_attn: bool = True):
     return trainer, padded, packed
 
 
-# GPT-OSS's gradients through the kernels' bf16 rounding (float32 queries and keys cast to bf16, the softmax rounded
-# before it meets the values, normalised after): 6.7e-3 of the largest gradient from TRL's eager step, whose float32
-# softmax is normalised before its bf16 product; twice that. Gemma 2: 8e-4, within the shared bound.
-FUSED_GRAD_ATOL = {"gpt_oss": 1.5e-2}
-# The same rounding moves its log-prob sums by 1.3e-2 (rewards by 1.3e-3: 3e-3 bounds them), and counts of near-tied
-# logits flip, as `rewards/accuracies` does (exempt for every half-precision step): one of the random-weight twin's 82
-# completion tokens' argmax (mean_token_accuracy 0 -> 1/82)
-FUSED_TOLERANCES = {
-    "gpt_oss": dataclasses.replace(
-        TRL_DEFAULT.tolerances,
-        metric_atol=3e-3,
-        exempt_metrics=(*TRL_DEFAULT.tolerances.exempt_metrics, "mean_token_accuracy"),
-    )
-}
-
-
 def largest_differences(padded, packed) -> tuple[float, float]:
     """|loss difference| and the largest gradient difference over max(1, largest padded gradient)."""
     largest = max(1.0, max(grad.abs().max().item() for grad in padded.grads.values()))
@@ -232,8 +215,10 @@ def test_one_step_at_the_real_head_dims_equals_padded_trl_with_every_layer_on_a_
 ):
     trainer, padded, packed = fused_step(model_type, flash_attn)
 
-    grad_atol = FUSED_GRAD_ATOL.get(model_type, TRL_DEFAULT.tolerances.grad_atol)
-    assert_same_step(padded, packed, grad_atol, tolerances=FUSED_TOLERANCES.get(model_type, TRL_DEFAULT.tolerances))
+    grad_atol = FUSED_GRAD_ATOL_BY_MODEL.get(model_type, TRL_DEFAULT.tolerances.grad_atol)
+    assert_same_step(
+        padded, packed, grad_atol, tolerances=FUSED_TOLERANCES_BY_MODEL.get(model_type, TRL_DEFAULT.tolerances)
+    )
     # Policy and reference forwards: every attention layer one fused kernel call, none per segment
     calls = kernel_calls()
     assert len(calls) == 2 * trainer.model.config.num_hidden_layers

@@ -1,7 +1,7 @@
 """One DPO step on a CUDA GPU, padding-free against TRL's padded trainer on the same batch: a grouped-query text model
 with a real head size (64; torch's varlen kernel in bf16, per-segment sdpa in fp32) and tiny vision-language models.
 
-fp32 is held to the CPU tolerances (tests/trainer_utils.py). bf16 is judged against the noise of TRL itself: the
+fp32 is held to the CPU tolerances (tests/tolerances.py). bf16 is judged against the noise of TRL itself: the
 padded step on `sdpa` against the same padded step on `eager`; padding-free may differ from padded `sdpa` by at most
 a few times that. Every figure is recorded (`--junitxml` keeps them as properties) and printed (`-s`):
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import BF16_GRAD_FLOOR, BF16_LOSS_FLOOR, BF16_NOISE_FACTOR
 from trainer_utils import StepResult, assert_same_step, make_trainer, one_step
 
 from trl_padfree import DPOTrainer
@@ -32,9 +33,6 @@ GQA_SHAPE = dict(
     head_dim=64,
     num_hidden_layers=2,
 )
-# bf16: padding-free within this many times TRL's own sdpa-vs-eager difference, plus a floor for a noise near zero
-NOISE_FACTOR = 4.0
-BF16_LOSS_FLOOR, BF16_GRAD_FLOOR = 2e-3, 2e-2
 
 
 def difference(reference: StepResult, other: StepResult) -> dict[str, float]:
@@ -51,8 +49,8 @@ def record(record_property, name: str, figures: dict[str, float]) -> None:
 
 
 def assert_within_noise(packed: dict[str, float], noise: dict[str, float]) -> None:
-    assert packed["loss"] <= NOISE_FACTOR * noise["loss"] + BF16_LOSS_FLOOR, (packed, noise)
-    assert packed["grad"] <= NOISE_FACTOR * noise["grad"] + BF16_GRAD_FLOOR, (packed, noise)
+    assert packed["loss"] <= BF16_NOISE_FACTOR * noise["loss"] + BF16_LOSS_FLOOR, (packed, noise)
+    assert packed["grad"] <= BF16_NOISE_FACTOR * noise["grad"] + BF16_GRAD_FLOOR, (packed, noise)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

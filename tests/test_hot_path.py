@@ -17,7 +17,7 @@ import pytest
 import torch
 from host_reads import HostReads, kernel_call
 from stand_in_fused_kernels import fused_stand_ins
-from stand_in_kernels import CALLS, calls_of, varlen_stand_in
+from stand_in_kernels import CALLS, calls_of, varlen_backward_stand_in, varlen_stand_in
 from trainer_utils import first_batch, make_trainer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -50,6 +50,15 @@ def counted_stand_in() -> VarlenKernel:
     stand_in = varlen_stand_in("2.15")
     return dataclasses.replace(
         stand_in, function=_not_counted(stand_in.function), backward=_not_counted(stand_in.backward)
+    )
+
+
+def _backward_not_counted(monkeypatch) -> None:
+    """The backward op the stand-in's autograd calls, which reads its boundaries as the kernel does on the device
+    (`stand_in_kernels.varlen_backward_stand_in`, made at each forward): not counted either."""
+    monkeypatch.setattr(
+        "stand_in_kernels.varlen_backward_stand_in",
+        lambda *args, **kwargs: _not_counted(varlen_backward_stand_in(*args, **kwargs)),
     )
 
 
@@ -87,6 +96,7 @@ def step_counts(
     before it (after the trainer's construction, whose architecture check runs forwards too); `flash_attn`: whether
     flash-attn's kernel is installed (else FlexAttention takes softcapping)."""
     make_trainer(padding_free, **options)  # imports the model's modules before the stand-ins are in force
+    _backward_not_counted(monkeypatch)
     with stand_in_kernels(varlen=counted_stand_in(), fused=counted_fused(flash_attn)):
         trainer = make_trainer(padding_free, **options)
         trainer.model.train()

@@ -3,8 +3,8 @@ sequence of the row, so packed training equals TRL's padded training.
 
     families          qwen3_5, qwen3_5_moe, qwen3_next (gated delta rule), lfm2, lfm2_moe (short convolution),
                       nemotron_h, falcon_h1, bamba, zamba2, granitemoehybrid (Mamba2)
-    packed forward    float32, log-probs and every gradient vs each sequence alone (bounds below, from measurements)
-    trainer           one step vs TRL padded: loss within 1.8e-7, gradients within 6e-8 (trainer_utils' bounds)
+    packed forward    float32, log-probs and every gradient vs each sequence alone (tolerances.HYBRID_*)
+    trainer           one step vs TRL padded: loss within 1.8e-7, gradients within 6e-8 (the fp32 step bounds)
     refused           jamba, mamba, falcon_mamba: their layers hand the mixers no keyword arguments
 
 CPU runs the per-segment path; the packed-kernel path (seq_idx / cu_seqlens) needs CUDA and the kernel packages and is
@@ -19,6 +19,7 @@ import torch
 from stand_in_kernels import MIXER_STAND_INS
 from tiny_architectures import HYBRID_MODEL_TYPES, make_tiny_model
 from tiny_fixtures import make_tokenizer
+from tolerances import HYBRID_GRAD_ATOL, HYBRID_LOG_PROB_ATOL
 from trainer_utils import assert_same_step, make_trainer, one_step, with_checkpointing
 from transformers import AutoConfig
 
@@ -46,11 +47,6 @@ VOCAB_SIZE = len(make_tokenizer())
 LENGTHS = (11, 1, 17, 6)
 # Families the GPU test runs: one of each mixer kind
 GPU_FAMILIES = ("qwen3_5_text", "lfm2", "nemotron_h")
-# The packed forward equals each sequence alone within float32 rounding, measured over the ten families: log-probs
-# (around -5.7, one float32 step is 4.8e-7) at most 9.5e-7, gradients at most 2.4e-6 of the largest (Falcon-H1). The
-# float64 twins of the architecture check put the same comparisons at 3e-8 to 6e-8 and 5e-8 to 3e-7.
-FORWARD_ATOL = 3e-6
-GRADIENT_ATOL = 6e-6  # times the largest gradient
 
 
 def model_factory(model_type: str, **overrides):
@@ -114,10 +110,10 @@ def test_packed_forward_equals_each_sequence_alone(model_type):
 
     # each mixer ran per sequence (the whole-row kernels run on CUDA, or under stand-ins: tests/test_kernels.py)
     assert all(calls.ran == calls.segmented > 0 and not calls.whole_row for calls in mixer_calls(model).values())
-    torch.testing.assert_close(log_probs[batch.token_valid], torch.cat(alone), atol=FORWARD_ATOL, rtol=0)
+    torch.testing.assert_close(log_probs[batch.token_valid], torch.cat(alone), atol=HYBRID_LOG_PROB_ATOL, rtol=0)
     largest = max(parameter.grad.abs().max() for parameter in reference.parameters())
     for (name, packed), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(packed.grad, expected.grad, atol=GRADIENT_ATOL * largest, rtol=0, msg=name)
+        torch.testing.assert_close(packed.grad, expected.grad, atol=HYBRID_GRAD_ATOL * largest, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("model_type", HYBRID_MODEL_TYPES)

@@ -8,10 +8,22 @@ import itertools
 
 import pytest
 import torch
-from tiny_vision import VISION_FAMILIES, make_vision_model, make_vision_processor, vision_preference_rows
+from tiny_vision import (
+    FAMILIES_BEFORE_2026,
+    VISION_FAMILIES,
+    make_vision_model,
+    make_vision_processor,
+    vision_preference_rows,
+)
 
 from trl_padfree.modeling.vision import image_token_id
-from trl_padfree.packing.vision import IMAGE_INPUTS, IMAGE_UNITS, ImageUnitSizes, PaddingFreeVisionPreferenceCollator
+from trl_padfree.packing.vision import (
+    IMAGE_INPUTS,
+    IMAGE_UNITS,
+    ImageUnits,
+    ImageUnitSizes,
+    PaddingFreeVisionPreferenceCollator,
+)
 from trl_padfree.parallel.image_shares import DROPPED_FIELDS, GATHERED_FIELDS, KEPT_FIELDS, deal_units, image_encoder
 
 
@@ -72,7 +84,21 @@ def test_a_share_holds_its_sequences_entries_of_every_image_input():
     assert share["image_grid_thw"].tolist() == [[1, 2, 3]]
 
 
-# Every family tests/tiny_vision.py packs: a packed row's image inputs cut at every sequence boundary, each share run
+def test_an_input_per_image_is_not_read_as_a_count_per_row():
+    # VideoLLaMA3's image_merge_sizes at its checkpoints' merge of 1: one entry per image, all ones. With 2, 0, 2 and 0
+    # images per row they add up to as many entries as rows, but they are no count per row (LLaVA-OneVision's
+    # batch_num_images is the rows' counts themselves): they are cut per image, as the patches are
+    grids = torch.tensor([[1, 2, 2]] * 4)
+    inputs = {"pixel_values": torch.zeros(16, 3), "image_grid_thw": grids, "image_merge_sizes": torch.ones(4).long()}
+    units = ImageUnits.of(inputs, [2, 0, 2, 0])
+    assert [len(part) for part in units.by_row["image_merge_sizes"]] == [2, 0, 2, 0]
+    counts = ImageUnits.of(
+        {"pixel_values": torch.zeros(4, 3), "batch_num_images": torch.tensor([2, 0, 2, 0])}, [2, 0, 2, 0]
+    )
+    assert [part.tolist() for part in counts.by_row["batch_num_images"]] == [[2], [0], [2], [0]]
+
+
+# Every family tests/tiny_vision/ packs: a packed row's image inputs cut at every sequence boundary, each share run
 # through the model's own get_image_features, give what the whole row's call gives (what the gather rebuilds), fields
 # and all, with and without prefix sharing (one sequence's images a pair)
 
@@ -90,7 +116,7 @@ def flat(value) -> list[torch.Tensor]:
 
 
 # The families added in 2026 run with -m slow but for one of each new kind of image input (the default suite's time)
-SHARE_FAMILIES_BY_DEFAULT = (*VISION_FAMILIES[: VISION_FAMILIES.index("smolvlm") + 1], "minicpmv4_7", "gemma4",
+SHARE_FAMILIES_BY_DEFAULT = (*FAMILIES_BEFORE_2026, "minicpmv4_7", "gemma4",
                              "deepseek_vl_hybrid", "granite4_vision", "ovis2")  # fmt: skip
 
 

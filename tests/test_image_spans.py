@@ -17,12 +17,14 @@ import torch
 from host_reads import HostReads, kernel_call
 from stand_in_kernels import CALLS, calls_of, varlen_stand_in
 from tiny_vision import make_vision_trainer, vision_preference_rows
+from tolerances import ATTENTION_ATOL, BF16_ATTENTION_ATOL, BF16_ATTENTION_RTOL
 from trainer_utils import PRECISIONS, assert_same_step, first_batch, one_step
 
 from trl_padfree.modeling.attention.bidirectional import SpanAttention
 from trl_padfree.modeling.attention.rows import PackedRow
 from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
 from trl_padfree.packing.layout import HOST_ROW, HostRow, cu_seq_lens_from_lengths, token_runs
+from trl_padfree.packing.prefix_sharing import segment_keys
 from trl_padfree.packing.vision import IMAGE_INPUTS
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
@@ -69,7 +71,7 @@ def random_inputs(total, requires_grad=False):
 def span_row(lengths=LENGTHS, spans=SPANS) -> PackedRow:
     bounds = tuple(cu_seq_lens_from_lengths(lengths).tolist())
     host = HostRow(bounds, tuple(lengths[:-1]), bounds[:-2], (0,) * 4, (0,) * 4, image_spans=spans)
-    layout = SpanAttention.of_row(host.segment_key_ranges(), bounds, spans, torch.device("cpu"))
+    layout = SpanAttention.of_row(segment_keys(host), bounds, spans, torch.device("cpu"))
     return PackedRow(cu_seq_lens_from_lengths(lengths), max(lengths), spans=layout, bounds=bounds)
 
 
@@ -85,12 +87,12 @@ def test_the_two_calls_equal_dense_attention_under_gemma3s_mask(window):
     output = attend(span_row(), query, key, value, window)
     expected = dense_reference(query, key, value, LENGTHS, SPANS, window)
 
-    torch.testing.assert_close(output.double(), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(output.double(), expected, atol=ATTENTION_ATOL, rtol=0)
     weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(1))
     grads = torch.autograd.grad((output * weights).sum(), (query, key, value))
     expected_grads = torch.autograd.grad((expected * weights.double()).sum(), (query, key, value))
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad.double(), expected_grad.double(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(grad.double(), expected_grad.double(), atol=ATTENTION_ATOL, rtol=0)
 
 
 def test_a_prefix_sharing_branch_reads_its_prompts_images_causally():
@@ -99,14 +101,14 @@ def test_a_prefix_sharing_branch_reads_its_prompts_images_causally():
     lengths, spans = (9, 4, 3), ((2, 5),)
     bounds = (0, 9, 13, 16)
     host = HostRow(bounds, (9, 11), (0, 9), (0, 0), (0, 7), image_spans=spans)
-    layout = SpanAttention.of_row(host.segment_key_ranges(), bounds, spans, torch.device("cpu"))
+    layout = SpanAttention.of_row(segment_keys(host), bounds, spans, torch.device("cpu"))
     row = PackedRow(cu_seq_lens_from_lengths(lengths), 9, spans=layout, bounds=bounds)
     query, key, value = random_inputs(sum(lengths))
 
     output = attend(row, query, key, value)
 
-    expected = dense_reference(query, key, value, lengths, spans, key_ranges=host.segment_key_ranges())
-    torch.testing.assert_close(output.double(), expected, atol=1e-6, rtol=0)
+    expected = dense_reference(query, key, value, lengths, spans, key_ranges=segment_keys(host))
+    torch.testing.assert_close(output.double(), expected, atol=ATTENTION_ATOL, rtol=0)
 
 
 def counted_stand_in() -> VarlenKernel:
@@ -137,7 +139,9 @@ def test_the_kernel_runs_two_calls_without_reading_the_host_or_computing_a_token
     # Every row position is a query of exactly one call
     assert sum(int(call.boundaries[-1]) for call in calls) == sum(LENGTHS)
     expected = dense_reference(query, key, value, LENGTHS, SPANS, window)
-    torch.testing.assert_close(output.double(), expected, atol=2e-2, rtol=2e-2)  # bf16 inputs
+    torch.testing.assert_close(
+        output.double(), expected, atol=BF16_ATTENTION_ATOL, rtol=BF16_ATTENTION_RTOL
+    )  # bf16 inputs
 
 
 @pytest.mark.parametrize("prefix_sharing", [False, True], ids=["row", "shared-prefix"])

@@ -40,9 +40,9 @@ from stand_in_kernels import (
 from test_architecture import POPULAR_TYPES
 from tiny_architectures import HYBRID_MODEL_TYPES, make_tiny_model
 from tiny_fixtures import make_tokenizer
+from tolerances import HALF_GRAD_ATOL_BY_MODEL
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from trainer_utils import (
-    HALF_GRAD_ATOL_BY_MODEL,
     PRECISIONS,
     assert_same_step,
     first_batch,

@@ -137,7 +137,8 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
 # The package's top level: its entry points and what users import by path; every other module lives in a subpackage
 TOP_LEVEL_MODULES = {"__init__", "_compat", "config", "trainer", "tiny", "sources"}
 SUBPACKAGES = {
-    "packing", "modeling", "parallel", "placement", "integrations", "cli", "plan", "data", "costs", "refusals"
+    "features", "packing", "modeling", "parallel", "placement", "integrations", "cli", "plan", "data", "costs",
+    "refusals",
 }  # fmt: skip
 
 
@@ -145,6 +146,8 @@ SUBPACKAGES = {
 FLOOR = ("trl_padfree.costs",)
 # What packing/ and modeling/ build on stays below the planner (`trl-padfree plan`), which reads them
 BELOW_THE_PLANNER = ("trl_padfree.packing", "trl_padfree.modeling")
+# The trainer's feature objects (features/) drive the mechanisms: those never reach back up to a feature
+BELOW_THE_FEATURES = ("trl_padfree.packing", "trl_padfree.parallel", "trl_padfree.placement", "trl_padfree.modeling")
 
 
 def _in(module: str, packages: tuple[str, ...]) -> bool:
@@ -170,6 +173,20 @@ def test_packing_and_modeling_import_nothing_of_the_planner():
         if _in(module, BELOW_THE_PLANNER)
         for name in names
         if _in(name, ("trl_padfree.plan",))
+    ]
+    assert not up, up
+
+
+def test_nothing_below_the_features_imports_them():
+    # Annotations included: a mechanism that names a feature's type has a feature above it in its design too
+    graph = _package_import_graph(annotations=True)
+    assert any(_in(module, ("trl_padfree.features",)) for module in graph)
+    up = [
+        f"{module} -> {name}"
+        for module, names in graph.items()
+        if _in(module, BELOW_THE_FEATURES)
+        for name in names
+        if _in(name, ("trl_padfree.features",))
     ]
     assert not up, up
 

@@ -13,6 +13,7 @@ are one token long.
 import pytest
 import torch
 from tiny_fixtures import make_model
+from tolerances import BF16_LOG_PROB_ATOL, LOG_PROB_ATOL
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.backends import PACKING_AWARE as PACKING_AWARE_ATTENTION
@@ -37,13 +38,6 @@ EXAMPLES = [
 ]
 PACKED_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
-# Max abs difference of log-probs, packed vs per-sequence forwards, measured on 2 CPU cores (torch 2.13, transformers
-# 5.23) over every model type, backend and seeds 0-4:
-#   fp32: at most 9.5e-7 (2 ulp of a log-prob near -4.5), against the same backend and against eager
-#   bf16 (llama, mistral, gemma3_text): 0 (padfree_varlen, eager) and 3e-3 (sdpa) against the same backend, at most
-#         5.8e-3 against eager
-# A packed sequence that sees the ones before it is off by 0.09 (gpt2) to 0.5 (gemma3_text): see the leak test.
-ATOL = {torch.float32: 4e-6, torch.bfloat16: 1.5e-2}
 BF16_MODEL_TYPES = ("llama", "mistral")
 
 
@@ -87,8 +81,8 @@ def test_packed_forward_equals_per_sequence_forward(model_type, attn_implementat
 
     packed = packed_log_probs(model, packed_batch)
 
-    assert max_error(packed, per_sequence_log_probs(model, packed_batch)) <= ATOL[torch.float32]
-    assert max_error(packed, reference) <= ATOL[torch.float32]
+    assert max_error(packed, per_sequence_log_probs(model, packed_batch)) <= LOG_PROB_ATOL
+    assert max_error(packed, reference) <= LOG_PROB_ATOL
 
 
 @pytest.mark.parametrize("model_type", BF16_MODEL_TYPES)
@@ -100,14 +94,14 @@ def test_packed_forward_equals_per_sequence_forward_in_bf16(model_type, packed_b
 
     packed = packed_log_probs(model, packed_batch)
 
-    assert max_error(packed, per_sequence_log_probs(model, packed_batch)) <= ATOL[torch.bfloat16]
-    assert max_error(packed, reference) <= ATOL[torch.bfloat16]
+    assert max_error(packed, per_sequence_log_probs(model, packed_batch)) <= BF16_LOG_PROB_ATOL
+    assert max_error(packed, reference) <= BF16_LOG_PROB_ATOL
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_a_leak_across_sequences_exceeds_the_tolerance_tenfold(model_type, packed_batch):
     # With an attention mask transformers reads the row as one sequence: each sequence sees the ones before it. The
-    # tolerances above must sit far below what that costs, or the equality tests prove nothing
+    # tolerances (tests/tolerances.py) must sit far below what that costs, or the equality tests prove nothing
     model = make_model(model_type, attn_implementation="sdpa").eval()
     attention_mask = torch.ones_like(packed_batch["input_ids"])
     with torch.no_grad():
@@ -118,7 +112,7 @@ def test_a_leak_across_sequences_exceeds_the_tolerance_tenfold(model_type, packe
 
     error = max_error(leaky.logits.log_softmax(-1)[0, :num_real_tokens], per_sequence_log_probs(model, packed_batch))
 
-    loosest_tolerance = ATOL[torch.bfloat16] if model_type in BF16_MODEL_TYPES else ATOL[torch.float32]
+    loosest_tolerance = BF16_LOG_PROB_ATOL if model_type in BF16_MODEL_TYPES else LOG_PROB_ATOL
     assert error > 10 * loosest_tolerance
 
 
@@ -228,7 +222,7 @@ def test_a_padfree_varlen_model_ignores_an_all_ones_mask_on_a_packed_row(model_t
             use_cache=False,
         ).logits.log_softmax(-1)[0, :num_real_tokens]
 
-    assert max_error(masked, packed_log_probs(model, packed_batch)) <= ATOL[torch.float32]
+    assert max_error(masked, packed_log_probs(model, packed_batch)) <= LOG_PROB_ATOL
 
 
 def test_a_vision_language_config_without_its_vision_tower_gets_the_verdict_of_its_text_model(tmp_path):

@@ -20,8 +20,8 @@ import pytest
 import torch
 from tiny_architectures import make_tiny_model
 from tiny_fixtures import make_tokenizer
+from tolerances import LOSS_ATOL
 from trainer_utils import (
-    LOSS_ATOL,
     SGD_STEPS_WITH_ACCUMULATION,
     assert_same_step,
     first_batch,

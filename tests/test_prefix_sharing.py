@@ -19,6 +19,15 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig
 from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
+from tolerances import (
+    ATTENTION_ATOL,
+    EVAL_METRIC_ATOL,
+    EVAL_METRIC_RTOL,
+    FIRST_LOSS_ATOL,
+    LOG_PROB_ATOL,
+    PREDICTION_LOGITS_ATOL,
+    TRAINING_LOSS_ATOL,
+)
 from trainer_utils import (
     LOSS_TYPES,
     SGD_STEPS_WITH_ACCUMULATION,
@@ -36,7 +45,7 @@ from trl_padfree.costs.flops import DecoderShape
 from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.attention.gathered import GatheredKeys
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
-from trl_padfree.modeling.attention.rows import SharedPrefixRow, row_in_flight
+from trl_padfree.modeling.attention.rows import row_in_flight
 from trl_padfree.modeling.attention.segments import per_segment_attention
 from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
 from trl_padfree.modeling.packed_forward import PackedBatch, run_packed
@@ -213,7 +222,7 @@ def test_shared_attention_equals_dense_attention_with_the_layout_mask(sliding_wi
         packed_row=packed.row(),
     )
     expected = dense_attention(query, key, value, layout_mask(batch, sliding_window))
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(output, expected, atol=ATTENTION_ATOL, rtol=0)
     grads = torch.autograd.grad(output.square().sum(), (query, key, value))
     expected_grads = torch.autograd.grad(expected.square().sum(), (query, key, value))
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
@@ -228,7 +237,7 @@ def test_per_segment_attention_aligns_causal_to_the_bottom_right_like_flash_atte
         query, key, value, torch.tensor([0, 3]), torch.tensor([0, 5]), None, sliding_window=None, dropout=0.0
     )
     allowed = torch.tensor([[k <= q + 2 for k in range(5)] for q in range(3)])
-    torch.testing.assert_close(output, dense_attention(query, key, value, allowed), atol=1e-6, rtol=0)
+    torch.testing.assert_close(output, dense_attention(query, key, value, allowed), atol=ATTENTION_ATOL, rtol=0)
 
 
 def test_shared_prefix_keys_put_each_branchs_prefix_before_it():
@@ -257,17 +266,16 @@ def test_attention_without_the_layout_during_a_shared_forward_is_an_error():
 
 
 def test_shared_row_on_another_attention_is_an_error():
+    # Set-up refuses the attention (test_prefix_sharing_refuses_attentions_that_cannot_read_the_layout); a forward
+    # run around it, whose attention never reads the row, is refused when it ends
     packed = PackedBatch.from_collated(concatenated_inputs(HAND_EXAMPLES, **SHARE))
     model = make_model("llama", attn_implementation="sdpa")
-    with pytest.raises(ValueError, match="needs the `padfree_varlen` attention"):
+    with pytest.raises(ValueError, match="No attention layer of this model read the prefix-sharing layout"):
         run_packed(model.forward, packed, {}, model)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Packed forwards on every verified model type
-
-# Max abs difference of log-probs, shared vs unshared packed forward, fp32, 2 CPU cores: at most 9.5e-7
-FORWARD_ATOL = 4e-6
 
 
 @torch.no_grad()
@@ -282,7 +290,7 @@ def test_shared_forward_equals_unshared_forward(model_type):
     model = make_model(model_type, attn_implementation=ATTN_IMPLEMENTATION).eval()
     unshared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, pad_to_multiple_of=8))
     shared = sequence_log_probs(model, concatenated_inputs(EXAMPLES, **SHARE, pad_to_multiple_of=8))
-    assert (shared - unshared).abs().max().item() <= FORWARD_ATOL
+    assert (shared - unshared).abs().max().item() <= LOG_PROB_ATOL
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -341,9 +349,9 @@ def test_keep_end_truncation_mixes_shared_and_unshared_pairs():
 def test_gradient_checkpointing_recomputes_with_the_layout(use_reentrant, monkeypatch):
     # The layout reaches the attention as a keyword argument, so the backward's recomputation sees it too
     branch_calls = []
-    attend = SharedPrefixRow.attend
+    attend = GatheredKeys.attend
     monkeypatch.setattr(
-        SharedPrefixRow, "attend", lambda *args, **kwargs: branch_calls.append(1) or attend(*args, **kwargs)
+        GatheredKeys, "attend", lambda *args, **kwargs: branch_calls.append(1) or attend(*args, **kwargs)
     )
     padded = one_step(with_checkpointing(make_trainer(False), use_reentrant))
     shared = one_step(with_checkpointing(make_trainer(True, **SHARE), use_reentrant))
@@ -352,7 +360,7 @@ def test_gradient_checkpointing_recomputes_with_the_layout(use_reentrant, monkey
 
 
 def test_first_loss_is_ln2_when_policy_equals_reference():
-    assert one_step(make_trainer(True, **SHARE, ref_seed=0)).loss == pytest.approx(math.log(2), abs=1e-6)
+    assert one_step(make_trainer(True, **SHARE, ref_seed=0)).loss == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
 
 
 def test_shared_row_holds_each_prompt_once():
@@ -383,7 +391,7 @@ def test_lora_with_adapter_disabled_reference_matches():
 def test_training_losses_match_over_steps_with_accumulation():
     padded = train_losses(make_trainer(False, **SGD_STEPS_WITH_ACCUMULATION))
     shared = train_losses(make_trainer(True, **SHARE, **SGD_STEPS_WITH_ACCUMULATION))
-    assert len(shared) == 4 and shared == pytest.approx(padded, abs=1e-4)
+    assert len(shared) == 4 and shared == pytest.approx(padded, abs=TRAINING_LOSS_ATOL)
 
 
 def test_token_budget_counts_shared_rows():
@@ -412,7 +420,7 @@ def test_evaluation_matches_padded():
     padded_metrics, shared_metrics = padded.evaluate(), shared.evaluate()
     for key, value in padded_metrics.items():
         if key.startswith("eval_") and "runtime" not in key and "per_second" not in key:
-            assert shared_metrics[key] == pytest.approx(value, rel=1e-5, abs=5e-5), key
+            assert shared_metrics[key] == pytest.approx(value, rel=EVAL_METRIC_RTOL, abs=EVAL_METRIC_ATOL), key
     assert 0 < shared_metrics["eval_padfree/shared_pairs"] <= 1
     # Logits of every real token, read from the shared prefix or the branch, as TRL's padded prediction step has them
     batch = first_batch(shared)
@@ -421,7 +429,7 @@ def test_evaluation_matches_padded():
     width = int(batch["seq_lens"].max())
     real = padded_labels[:, :width] != shared._tokenizer.pad_token_id
     assert torch.equal(labels[real], padded_labels[:, :width][real])
-    torch.testing.assert_close(logits[real], padded_logits[:, :width][real], atol=1e-4, rtol=0)
+    torch.testing.assert_close(logits[real], padded_logits[:, :width][real], atol=PREDICTION_LOGITS_ATOL, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -576,3 +584,116 @@ def test_prefix_sharing_takes_auto_true_and_false_on_the_command_line(value):
         ["--output_dir", "out", "--padding_free", "true", "--use_cpu", "true", "--prefix_sharing", value]
     )
     assert args.prefix_sharing == {"auto": "auto", "true": True, "false": False}[value]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The walk from the config to the kernel (docs/concepts/prefix-sharing.md#the-walk)
+
+# The package files `prefix_sharing` crosses from DPOConfig to the kernel, in order, in three forms: the setting (True,
+# False or "auto"; the collator holds the resolved one), host integers (the collator's `HostRow`), `GatheredKeys`
+WALK = (
+    "config.py",  # the setting
+    "features/padding_free.py",  # resolved once at set-up, handed to the collator
+    "packing/collator.py",  # the collator lays each batch out by it: host integers
+    "packing/vision.py",  # (image batches: the vision collator, the same way)
+    "packing/prefix_sharing.py",  # every host-side rule: each pair's prefix, the pair's layout, each segment's keys
+    "modeling/attention/rows.py",  # the row of a HostRow: its keys gathered (GatheredKeys)
+    "modeling/attention/gathered.py",  # gathered keys, whoever laid them out
+    "modeling/attention/varlen.py",  # the kernel
+)
+# The output side, not the walk: the per-sequence tensors a prefix-sharing collator also emits, and the padded view
+# built from them, which maps the row's outputs back to TRL's layout (and feeds the hybrid mixers)
+OUTPUT_SIDE = {"shared_prefix_starts", "shared_prefix_lens", "padded_view_index"}
+
+
+def _names_prefix_sharing(name: str) -> bool:
+    """Whether an identifier is prefix sharing's on the way to the kernel: its setting, its rules and their results,
+    its row, its refusals (`prefix_sharing`, `shared_prefix_keys`, `SHARED_PREFIX_LAYOUT`, ...), and the host integers
+    its keys are laid out from (`prefix_starts`, `prefix_lens`)."""
+    squashed = name.lower().replace("_", "")
+    if name in OUTPUT_SIDE:
+        return False
+    return "prefixsharing" in squashed or "sharedprefix" in squashed or name in ("prefix_starts", "prefix_lens")
+
+
+def _functions_naming_prefix_sharing(path) -> list[tuple[int, int]]:
+    """The line ranges of `path`'s functions whose code (not docstrings or comments) names prefix sharing."""
+    import ast
+
+    ranges = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name in OUTPUT_SIDE:
+            continue
+        names = set()
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Name):
+                names.add(inner.id)
+            elif isinstance(inner, ast.Attribute):
+                names.add(inner.attr)
+            elif isinstance(inner, ast.keyword) and inner.arg:
+                names.add(inner.arg)
+            elif isinstance(inner, ast.arg):
+                names.add(inner.arg)
+        if any(map(_names_prefix_sharing, names)):
+            ranges.append((min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno))
+    return ranges
+
+
+def test_prefix_sharing_walks_from_the_config_to_the_kernel_through_the_listed_files():
+    """The walk, pinned where it runs: a shared batch is collated and its packed forward run, profiled; of the package's
+    functions that ran, those whose code names prefix sharing lie in the walk's files from the collator on (the
+    collator, prefix sharing's rules, the row), and the kernel is reached through gathered.py and varlen.py, whose code
+    names none of it. A step that adds a file to the walk (a forward that checks prefix sharing again, a packed batch
+    that builds its own kind of row, a type that carries its keys) names prefix sharing in a function that runs, outside
+    the walk. Before the collator, the setting is the config's field, and one feature hands it to the collator. Set-up's
+    other readers of the setting (its refusals, the architecture check, the token budget's and balancing's pricing)
+    decide or price, and carry nothing to the kernel; context parallelism hands the same keys to its own row
+    (parallel/row_split.py, parallel/context.py) in place of rows.py."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "trl_padfree"
+    assert len(WALK) <= 8 and all((package / module).is_file() for module in WALK), WALK
+
+    ran = set()  # (file, first line) of each function called
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(str(package)):
+            ran.add((frame.f_code.co_filename, frame.f_code.co_firstlineno))
+
+    collator = PaddingFreePreferenceCollator(pad_token_id=0, **SHARE)
+    model = make_model("llama", attn_implementation=ATTN_IMPLEMENTATION).eval()
+    sys.setprofile(profile)
+    try:
+        packed = PackedBatch.from_collated(collator(EXAMPLES))
+        with torch.no_grad():
+            run_packed(model.forward, packed, {"use_cache": False}, model)
+    finally:
+        sys.setprofile(None)
+    assert packed.host.shared_pairs > 0
+
+    files_ran = {str(Path(file).relative_to(package)) for file, _ in ran}
+    naming = set()
+    for file in {file for file, _ in ran}:
+        functions = _functions_naming_prefix_sharing(Path(file))
+        if any(start <= line <= end for _, line in ran if _ == file for start, end in functions):
+            naming.add(str(Path(file).relative_to(package)))
+    assert naming == {"packing/collator.py", "packing/prefix_sharing.py", "modeling/attention/rows.py"}, naming
+    kernel_side = {"modeling/attention/gathered.py", "modeling/attention/varlen.py"}
+    assert kernel_side <= files_ran and not any(_functions_naming_prefix_sharing(package / f) for f in kernel_side)
+
+    # Before the collator: the config's field, set on the collator by one feature
+    setters = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            call_name = getattr(getattr(node, "func", None), "attr", getattr(getattr(node, "func", None), "id", None))
+            if isinstance(node, ast.Call) and call_name == "replace":
+                if any(keyword.arg == "prefix_sharing" for keyword in node.keywords):
+                    setters.append(str(path.relative_to(package)))
+    assert setters == ["features/padding_free.py"], setters
+    assert "prefix_sharing" in {
+        node.target.id
+        for node in ast.walk(ast.parse((package / "config.py").read_text()))
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }

@@ -147,6 +147,7 @@ def test_the_forward_reads_what_set_up_decided_and_checks_only_the_batch(monkeyp
 
     import torch
 
+    from trl_padfree.integrations.transformers import set_language_model_attention
     from trl_padfree.modeling import packed_forward
     from trl_padfree.refusals import PADFREE_VARLEN
 
@@ -160,7 +161,7 @@ def test_the_forward_reads_what_set_up_decided_and_checks_only_the_batch(monkeyp
     for name in ("attn_implementation", "packed_row_limit", "bidirectional_image_marks", "image_family"):
         monkeypatch.setattr(packed_forward, name, derived_again)
     packed_batch = PackedBatch.from_collated(first_batch(trainer, 2))
-    assert packed_batch.shared_prefix is not None
+    assert packed_batch.host.shared_pairs > 0
     with torch.no_grad():
         trainer.model(use_cache=False, **{PACKED_BATCH_KWARG: packed_batch})  # derives nothing
 
@@ -168,8 +169,11 @@ def test_the_forward_reads_what_set_up_decided_and_checks_only_the_batch(monkeyp
     trainer.model._padfree_forward_plan = dataclasses.replace(plan, model_type="llama4_text", row_limit=limit)
     with pytest.raises(ValueError, match=f"A packed row of {limit + 1} tokens is too long for 'llama4_text'"):
         trainer.model(use_cache=False, **{PACKED_BATCH_KWARG: packed_batch})
-    trainer.model._padfree_forward_plan = dataclasses.replace(plan, attention="sdpa")
-    with pytest.raises(ValueError, match="prefix_sharing=True needs the `padfree_varlen` attention"):
+    # Prefix sharing's attention is set-up's decision (refused there: test_prefix_sharing.py), not checked again per
+    # forward: a forward whose attention did not read the shared row is refused when it ends (`row_in_flight`)
+    trainer.model._padfree_forward_plan = plan
+    set_language_model_attention(trainer.model, "sdpa")
+    with pytest.raises(ValueError, match="No attention layer of this model read the prefix-sharing layout"):
         trainer.model(use_cache=False, **{PACKED_BATCH_KWARG: packed_batch})
 
 

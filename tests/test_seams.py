@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 
-from trl_padfree.modeling.attention.interface import CHUNKED_LAYER_TYPE
-from trl_padfree.modeling.backends import FLASH_VARLEN
-from trl_padfree.packing.balanced_batches import REBALANCE
-from trl_padfree.packing.pair_weights import (
+from trl_padfree.features.balanced_batches import REBALANCE
+from trl_padfree.features.pair_weighted_steps import (
     PER_PAIR_METRICS,  # TRL's metrics that uneven micro-batches reweigh by pairs
 )
+from trl_padfree.modeling.attention.interface import CHUNKED_LAYER_TYPE
+from trl_padfree.modeling.backends import FLASH_VARLEN
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
 from trl_padfree.refusals import COUPLED_LOSS_TYPES
 
@@ -249,7 +249,7 @@ TRL = [
         "trl", "trl.trainer.dpo_trainer.DPOTrainer._compute_loss (loss types)",
         "balanced batches refuse the loss types whose value couples a micro-batch's pairs (COUPLED_LOSS_TYPES: "
         "sorted across the batch, or a mean over the batch's tokens); every other loss type is a per-pair mean",
-        "refusals/token_budget.py, packing/balanced_batches.py", where=COMPUTE_LOSS,
+        "refusals/token_budget.py, features/balanced_batches.py", where=COMPUTE_LOSS,
         source={
             COMPUTE_LOSS: (
                 "logratios_sorted, _ = torch.sort(logratios, dim=0)",
@@ -265,7 +265,7 @@ TRL = [
         f"its '{REBALANCE}' turns balanced batches on under padding-free (transformers' own BatchRebalanceSampler "
         "otherwise); the Trainer's dataloader is replaced, and accelerate's SeedableRandomSampler order reproduced "
         "(seed + epoch, torch.randperm)",
-        "packing/balanced_batches.py, trainer.py", where="transformers.TrainingArguments",
+        "features/balanced_batches.py, trainer.py", where="transformers.TrainingArguments",
         check=has_attributes("train_sampling_strategy"),
         source={
             "transformers.TrainingArguments": (f'"{REBALANCE}"',),
@@ -282,7 +282,7 @@ TRL = [
         "trl", "trl.DPOTrainer.aux_loss_enabled",
         "set by TRL's `__init__` before it adds the fused LM heads; read to refuse MoE aux loss with row padding, "
         "prefix sharing and split rows, and by fused_lm_head_lookups after `__init__`",
-        "refusals/models.py, refusals/parallel.py, modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", where=INIT, ordered=True,
+        "refusals/models.py, refusals/parallel.py, features/padding_free.py, modeling/fused_lm_head.py, features/row_split.py", where=INIT, ordered=True,
         source={INIT: ("self.aux_loss_enabled =", "add_fused_lm_head(")},
     ),
     Seam(
@@ -362,7 +362,7 @@ TRL = [
         },
     ),
     Seam(
-        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "placement/reference.py",
+        "trl", "trl.trainer.utils.get_config_model_id", "the policy's checkpoint id", "features/reference_placement.py",
         parameters=("config",),
     ),
     Seam(
@@ -428,7 +428,7 @@ TRANSFORMERS_VISION = [
             f"transformers.models.{family}Model.get_image_features",
             "called by the architecture check on a twin's images of different sizes, by keyword; `pooler_output` "
             "holds each image's features, whose lengths are the image tokens the twin's sequences get",
-            "modeling/vision_twin.py",
+            "modeling/families/twin.py",
             keywords=("pixel_values", *size_inputs),
         )
         for family, size_inputs in (
@@ -652,7 +652,7 @@ TRANSFORMERS = [
     ),
     Seam(
         "transformers", "transformers.trainer_utils.seed_worker",
-        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "packing/pair_weights.py",
+        "the Trainer's dataloader worker seeding, given `num_workers` and `rank` by name", "features/pair_weighted_steps.py",
         parameters=("worker_id",), keywords=("num_workers", "rank"),
     ),
     Seam(
@@ -775,7 +775,7 @@ TRANSFORMERS = [
     Seam(
         "transformers", "transformers.models.auto.modeling_auto.MODEL_MAPPING_NAMES",
         "a vision-language type's inner model class, whose `get_rope_index` says whether its twin gets mRoPE sections",
-        "integrations/transformers.py, modeling/vision_twin.py", check=instance_of("collections.abc.Mapping"),
+        "integrations/transformers.py, modeling/families/twin.py", check=instance_of("collections.abc.Mapping"),
     ),
 ]  # fmt: skip
 
@@ -784,14 +784,14 @@ ACCELERATE = [
         "accelerate", "accelerate.Accelerator.deepspeed_ulysses_dl_adapter",
         "replaced on the trainer's Accelerator (whole packed batches on every rank of a Ulysses group); the Trainer "
         "calls it with (dataloader, model)",
-        "parallel/row_split.py", parameters=("self", "dl", "model"),
+        "features/row_split.py", parameters=("self", "dl", "model"),
         source={"transformers.Trainer._prepare_for_training": ("self.accelerator.deepspeed_ulysses_dl_adapter(",)},
     ),
     Seam(
         "accelerate", "accelerate.Accelerator.gather",
         "replaced on the instance around TRL's loss (token budget: per-process lengths differ); TRL looks it up at "
         "call time",
-        "integrations/accelerate.py, packing/pair_weights.py", parameters=("self", "tensor"),
+        "integrations/accelerate.py, features/pair_weighted_steps.py", parameters=("self", "tensor"),
         source={COMPUTE_LOSS: ("self.accelerator.gather(", "self.accelerator.gather_for_metrics(")},
     ),
     Seam(
@@ -799,14 +799,14 @@ ACCELERATE = [
         "integrations/accelerate.py", parameters=("self", "tensor"), keywords=("dim",),
     ),
     Seam(
-        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "packing/pair_weights.py",
+        "accelerate", "accelerate.Accelerator.reduce", "sums pair counts over processes", "features/pair_weighted_steps.py",
         parameters=("self", "tensor", "reduction"),
     ),
     Seam(
         "accelerate", "accelerate.parallelism_config.ParallelismConfig",
         "built for sequence_parallel_size; `cp_size` refused, `dp_shard_size` set to the data-parallel ranks, the "
         "FSDP mesh dimensions read",
-        "config.py, parallel/row_split.py, parallel/ulysses.py, placement/fsdp2.py",
+        "config.py, features/row_split.py, parallel/ulysses.py, placement/fsdp2.py",
         keywords=("sp_backend", "sp_size", "sp_handler", "cp_size", "dp_shard_size"),
         check=has_attributes("fsdp_dim_names"),
     ),
@@ -976,12 +976,12 @@ TORCH = [
 PEFT = [
     Seam(
         "peft", "peft.PeftModel.active_adapter", "`peft_config[active_adapter]` is the adapter trained",
-        "modeling/padding_free.py", where="peft.PeftModel.__init__",
+        "features/padding_free.py", where="peft.PeftModel.__init__",
         source={"peft.PeftModel.__init__": ("self.active_adapter = adapter_name",)},
     ),
-    Seam("peft", "peft.PeftModel.get_base_model", "the model under the adapter", "modeling/padding_free.py, modeling/fused_lm_head.py, parallel/row_split.py", parameters=("self",)),
+    Seam("peft", "peft.PeftModel.get_base_model", "the model under the adapter", "features/padding_free.py, modeling/fused_lm_head.py, features/row_split.py", parameters=("self",)),
     Seam(
-        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "refusals/models.py, modeling/padding_free.py",
+        "peft", "peft.PeftConfig.is_prompt_learning", "prompt-learning adapters are refused", "refusals/models.py, features/padding_free.py",
         check=instance_of(property),
     ),
 ]  # fmt: skip

@@ -14,13 +14,12 @@ from transformers import AutoConfig
 deepspeed = pytest.importorskip("deepspeed")
 
 from distributed_runs import (  # noqa: E402
-    METRIC_ATOL,
-    METRIC_RTOL,
     assert_no_object_collective,
     assert_split_row_training,
     launch,
     train_in_this_process,
 )
+from tolerances import DISTRIBUTED_METRIC_ATOL, DISTRIBUTED_METRIC_RTOL  # noqa: E402
 
 from trl_padfree.modeling.backends import EXACT_UNDER_ULYSSES  # noqa: E402
 from trl_padfree.parallel.ulysses import check_ulysses_model  # noqa: E402
@@ -67,7 +66,9 @@ def test_sequence_parallel_2_matches_padded_trl_and_sp_1(sequence_parallel_launc
     # its own batches, data-parallel. (TRL's logits means weigh tokens across processes: they depend on the grouping.)
     expected = single_process["trl+eval"]["eval"]
     for key in ("eval_loss", *(f"eval_{name}" for name in EVAL_METRICS)):
-        assert report["eval"][key] == pytest.approx(expected[key], rel=METRIC_RTOL, abs=METRIC_ATOL), key
+        assert report["eval"][key] == pytest.approx(
+            expected[key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+        ), key
 
 
 def test_sequence_parallel_from_the_accelerate_config_with_a_separate_reference(
@@ -105,7 +106,7 @@ def test_sequence_parallel_4(sequence_parallel_launch, single_process):
 
 
 def check_sequence_parallel(config, attn_implementation: str, sp_size: int) -> None:
-    """The model's side of Ulysses' refusals, as the trainer applies them (parallel/row_split.py)."""
+    """The model's side of Ulysses' refusals, as the trainer applies them (features/row_split.py)."""
     check_ulysses_model(config, attn_implementation, sp_size, EXACT_UNDER_ULYSSES)
     check_ulysses_without_dropout(True, getattr(config.get_text_config(), "attention_dropout", 0.0))
 

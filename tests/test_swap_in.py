@@ -14,7 +14,7 @@ from transformers import HfArgumentParser, TrainerCallback
 
 from trl_padfree import DPOConfig
 from trl_padfree.config import fp32_log_probs_enabled
-from trl_padfree.modeling.padding_free import padding_removed
+from trl_padfree.features.padding_free import padding_removed
 
 # The Trainer's wall-clock figures: the only logged values two identical runs do not share
 TIMINGS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")

@@ -9,6 +9,15 @@ import pytest
 import torch
 from distributed_runs import launch, train_in_this_process
 from tiny_architectures import save_tiny_architecture
+from tolerances import (
+    DISTRIBUTED_GRAD_ATOL,
+    DISTRIBUTED_LOSS_ATOL,
+    DISTRIBUTED_METRIC_ATOL,
+    DISTRIBUTED_METRIC_RTOL,
+    GRAD_ATOL,
+    LOSS_ATOL,
+    RESUMED_LOSS_ATOL,
+)
 from trainer_utils import make_trainer, train_losses
 from transformers import TrainerCallback
 
@@ -117,10 +126,10 @@ def test_optimizer_step_equals_padded_trl_on_the_same_pairs_with_accumulation():
     loss, grads, metrics = padded_step_on([index for batch in micro_batches for index in batch])
 
     logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
-    assert logged["loss"] == pytest.approx(loss, abs=1e-6)
+    assert logged["loss"] == pytest.approx(loss, abs=LOSS_ATOL)
     largest = max(grad.abs().max().item() for grad in grads.values())
     for name, grad in grads.items():
-        torch.testing.assert_close(gradients.grads[name], grad, atol=3e-6 * max(1.0, largest), rtol=0, msg=name)
+        torch.testing.assert_close(gradients.grads[name], grad, atol=GRAD_ATOL * max(1.0, largest), rtol=0, msg=name)
     for key in PER_PAIR_METRICS:
         assert logged[key] == pytest.approx(metrics[key], rel=1e-6, abs=1e-6), key
     pairs = [len(batch) for batch in micro_batches]
@@ -145,7 +154,7 @@ def test_resume_continues_with_the_same_batches(tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     resumed_losses = [entry["loss"] for entry in resumed.state.log_history if "loss" in entry]
     assert seen_after_resume == seen[4:]
-    assert resumed_losses[-2:] == pytest.approx(uninterrupted_losses[-2:], abs=1e-6)
+    assert resumed_losses[-2:] == pytest.approx(uninterrupted_losses[-2:], abs=RESUMED_LOSS_ATOL)
 
 
 def recording(collator, seen: list):
@@ -195,13 +204,17 @@ def assert_first_step_equals_padded_trl_on_its_pairs(config: str, model_dir, tmp
     padded = train_in_this_process(model_dir, tmp_path / "padded.json", "--runs", "trl", *padded_options,
                                    "--max-length", "1024", "--save-grads", str(tmp_path / "padded.pt"))["trl"]  # fmt: skip
 
-    assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=1e-5)
+    assert report["losses"][0] == pytest.approx(padded["losses"][0], abs=DISTRIBUTED_LOSS_ATOL)
     for key in PER_PAIR_METRICS:
-        assert report["metrics"][0][key] == pytest.approx(padded["metrics"][0][key], rel=5e-5, abs=2e-5), key
+        assert report["metrics"][0][key] == pytest.approx(
+            padded["metrics"][0][key], rel=DISTRIBUTED_METRIC_RTOL, abs=DISTRIBUTED_METRIC_ATOL
+        ), key
     budget_grads, padded_grads = torch.load(tmp_path / "budget.pt"), torch.load(tmp_path / "padded.pt")
     largest = max(grad.abs().max().item() for grad in padded_grads.values())
     for name, grad in padded_grads.items():
-        torch.testing.assert_close(budget_grads[name], grad, atol=1e-5 * max(1.0, largest), rtol=0, msg=name)
+        torch.testing.assert_close(
+            budget_grads[name], grad, atol=DISTRIBUTED_GRAD_ATOL * max(1.0, largest), rtol=0, msg=name
+        )
 
 
 def test_two_processes_with_accumulation_equal_padded_trl_on_the_same_pairs(model_dir, tmp_path):

@@ -7,8 +7,18 @@ import pytest
 import torch
 import trl
 from peft import LoraConfig
-from trainer_utils import (
+from tolerances import (
+    BF16_AUTOCAST_LOGPS_RTOL,
+    BF16_AUTOCAST_LOSS_ATOL,
+    EVAL_METRIC_ATOL,
+    EVAL_METRIC_RTOL,
+    FIRST_LOSS_ATOL,
     LOSS_ATOL,
+    PREDICTION_LOGITS_ATOL,
+    RESUMED_LOSS_ATOL,
+    TRAINING_LOSS_ATOL,
+)
+from trainer_utils import (
     LOSS_TYPES,
     SGD_STEPS_WITH_ACCUMULATION,
     assert_precomputed_reference_matches_padded,
@@ -70,7 +80,7 @@ def test_architectures_match_padded(model_type):
 
 def test_first_loss_is_ln2_when_policy_equals_reference():
     packed = one_step(make_trainer(True, ref_seed=0))
-    assert packed.loss == pytest.approx(math.log(2), abs=1e-6)
+    assert packed.loss == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
 
 
 def test_awkward_batches_match_padded():
@@ -105,7 +115,7 @@ def test_training_losses_match_over_steps_with_accumulation():
     padded = train_losses(make_trainer(False, **SGD_STEPS_WITH_ACCUMULATION))
     packed = train_losses(make_trainer(True, **SGD_STEPS_WITH_ACCUMULATION))
     assert len(packed) == 4
-    assert packed == pytest.approx(padded, abs=1e-4)
+    assert packed == pytest.approx(padded, abs=TRAINING_LOSS_ATOL)
     assert padded[-1] < padded[0] - 0.05  # it learns, so later steps compare trained models
 
 
@@ -113,7 +123,7 @@ def test_sync_ref_model_matches_padded():
     options = dict(max_steps=3, learning_rate=0.5, optim="sgd", logging_steps=1, sync_ref_model=True)
     options.update(ref_model_sync_steps=1, ref_model_mixup_alpha=0.5)
     assert train_losses(make_trainer(True, **options)) == pytest.approx(
-        train_losses(make_trainer(False, **options)), abs=1e-4
+        train_losses(make_trainer(False, **options)), abs=TRAINING_LOSS_ATOL
     )
 
 
@@ -122,7 +132,7 @@ def test_evaluation_and_prediction_step_match_padded():
     padded_metrics, packed_metrics = padded.evaluate(), packed.evaluate()
     for key, value in padded_metrics.items():
         if key.startswith("eval_") and "runtime" not in key and "per_second" not in key:
-            assert packed_metrics[key] == pytest.approx(value, rel=1e-5, abs=5e-5), key
+            assert packed_metrics[key] == pytest.approx(value, rel=EVAL_METRIC_RTOL, abs=EVAL_METRIC_ATOL), key
     batch = first_batch(packed)
     loss, logits, labels = packed.prediction_step(packed.model, batch, prediction_loss_only=False)
     padded_loss, padded_logits, padded_labels = padded.prediction_step(
@@ -132,7 +142,7 @@ def test_evaluation_and_prediction_step_match_padded():
     width = int(batch["seq_lens"].max())
     assert labels.shape == (16, width) and logits.shape[:2] == (16, width)
     real = padded_labels[:, :width] != packed._tokenizer.pad_token_id
-    torch.testing.assert_close(logits[real], padded_logits[:, :width][real], atol=1e-4, rtol=0)
+    torch.testing.assert_close(logits[real], padded_logits[:, :width][real], atol=PREDICTION_LOGITS_ATOL, rtol=0)
 
 
 def test_plain_trl_config_is_honoured():
@@ -206,10 +216,10 @@ def test_bf16_autocast_matches_padded_within_bf16_noise():
     # TRL's default (bf16=True) autocasts the forward; bf16 rounding of ~60-token sums is ~1e-2
     padded = one_step(make_trainer(False, bf16=True))
     packed = one_step(make_trainer(True, bf16=True))
-    assert packed.loss == pytest.approx(padded.loss, abs=5e-3)
+    assert packed.loss == pytest.approx(padded.loss, abs=BF16_AUTOCAST_LOSS_ATOL)
     for key in ("logps/chosen", "logps/rejected"):
-        assert packed.metrics[key] == pytest.approx(padded.metrics[key], rel=2e-3)
-    assert one_step(make_trainer(True, bf16=True, ref_seed=0)).loss == pytest.approx(math.log(2), abs=1e-6)
+        assert packed.metrics[key] == pytest.approx(padded.metrics[key], rel=BF16_AUTOCAST_LOGPS_RTOL)
+    assert one_step(make_trainer(True, bf16=True, ref_seed=0)).loss == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
 
 
 def test_resume_from_checkpoint_follows_the_same_trajectory(tmp_path):
@@ -219,4 +229,4 @@ def test_resume_from_checkpoint_follows_the_same_trajectory(tmp_path):
     resumed = make_trainer(True, **options)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     resumed_losses = [entry["loss"] for entry in resumed.state.log_history if "loss" in entry]
-    assert resumed_losses[-2:] == pytest.approx(uninterrupted[-2:], abs=1e-6)
+    assert resumed_losses[-2:] == pytest.approx(uninterrupted[-2:], abs=RESUMED_LOSS_ATOL)

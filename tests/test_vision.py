@@ -1,5 +1,5 @@
-"""Vision-language models trained padding-free equal TRL's padded vision trainer (tests/tiny_vision.py's tiny
-families, fp32, trainer_utils' tolerances), and the batches with images that cannot be packed are refused."""
+"""Vision-language models trained padding-free equal TRL's padded vision trainer (tests/tiny_vision/'s tiny
+families, fp32, the bounds of tests/tolerances.py), and the batches with images that cannot be packed are refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 import transformers
-from tiny_vision import EAGER_FAMILIES, MOE_FAMILIES, VISION_FAMILIES, make_vision_trainer, vision_preference_rows
+from tiny_vision import (
+    EAGER_FAMILIES,
+    FAMILIES_BEFORE_2026,
+    MOE_FAMILIES,
+    VISION_FAMILIES,
+    make_vision_trainer,
+    vision_preference_rows,
+)
+from tolerances import FIRST_LOSS_ATOL, LOSS_ATOL
 from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_step, train_losses
 from transformers import AutoConfig, FuyuForCausalLM, Molmo2ForConditionalGeneration
 
@@ -28,7 +36,7 @@ def rows(model_type: str, count: int = 8) -> list[dict]:
 # Families whose shared-prefix step runs with -m slow (the default suite's time): those added in 2026 but for one of
 # each new kind of image input (Gemma 4 Unified's spans attended both ways, MiniCPM-V 4.7's NaViT crops with its own
 # positions, DeepSeek-VL hybrid's two inputs per image); their row step runs by default
-SHARED_PREFIX_SLOW = frozenset(VISION_FAMILIES[VISION_FAMILIES.index("smolvlm") + 1 :]) - {
+SHARED_PREFIX_SLOW = frozenset(VISION_FAMILIES) - frozenset(FAMILIES_BEFORE_2026) - {
     "gemma4_unified", "minicpmv4_7", "deepseek_vl_hybrid",
 }  # fmt: skip
 
@@ -90,7 +98,7 @@ def test_sgd_steps_with_accumulation_follow_padded_trl(model_type):
 @pytest.mark.parametrize("model_type", ["qwen2_vl", "llava", "smolvlm"])
 def test_first_loss_is_ln2_when_policy_equals_reference(model_type):
     packed = one_step(make_vision_trainer(model_type, True, rows(model_type), ref_seed=0))
-    assert packed.loss == pytest.approx(math.log(2), abs=1e-6)
+    assert packed.loss == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)
 
 
 def test_frozen_vision_tower_trains_the_language_model_alone():
@@ -347,7 +355,7 @@ def test_token_budget_step_equals_padded_trl_on_the_same_pairs():
         "gemma3", False, [data[index] for index in pairs], per_device_train_batch_size=len(pairs)
     )
     logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
-    assert logged["loss"] == pytest.approx(one_step(padded).loss, abs=1e-6)
+    assert logged["loss"] == pytest.approx(one_step(padded).loss, abs=LOSS_ATOL)
 
 
 def test_a_vision_pair_over_the_budget_is_refused_with_advice_that_keeps_its_images():

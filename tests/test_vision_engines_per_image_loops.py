@@ -1,5 +1,5 @@
 """Vision-language families whose forward runs a module's layers once per image or crop, a Python loop
-(modeling/vision.py, `ImageFamily.per_image_loop`): PaddleOCR-VL's projector and HY-V4-VL's patch merger per image,
+(modeling/families/, `VisionFamily.per_image_loop`): PaddleOCR-VL's projector and HY-V4-VL's patch merger per image,
 MiniCPM-V's merger per crop (4.6, 4.7 and OCR), LFM3-VL's tower convolutions per image.
 
 Why they are apart from tests/test_vision_engines.py: DeepSpeed ZeRO-3 gathers a layer's weights at each of its calls
@@ -17,7 +17,7 @@ its backward, its weights released before their gradients are accumulated.
 What is tested here: the modules that run a data-dependent number of times on each tiny family, against the table;
 the refusal and its way out; and the ways out trained for real, two CPU processes over gloo (`accelerate launch`,
 tests/distributed/train_dpo.py --vision) against TRL's padded trainer in one process on the same global batches
-(distributed_runs' fp32 bounds, grad_norm included): FSDP2, which gathers a module once per forward with the unit
+(tolerances.DISTRIBUTED_*, grad_norm included): FSDP2, which gathers a module once per forward with the unit
 holding it, for MiniCPM-OCR and LFM3-VL (PaddleOCR-VL's is tests/test_vision_engines.py's); ZeRO-2, which gathers
 nothing, for MiniCPM-V 4.6 and 4.7, whose untied LM heads FSDP2 refuses; and ZeRO-3 with Ulysses over one row whose
 processes each encode all of its images (`deal_images=False`), for PaddleOCR-VL.
@@ -54,6 +54,7 @@ from tiny_vision import (  # noqa: E402
     save_vision_models,
     vision_preference_rows,
 )
+from tolerances import FIRST_LOSS_ATOL  # noqa: E402
 
 # The ways out, each run padding-free on 2 processes: FSDP2 where the LM head is tied (each family's layers named, as
 # a user names them where `_no_split_modules` lists a class the model lacks: MiniCPM's names Qwen3.5's vision block)
@@ -179,7 +180,7 @@ def launch_padding_free(config: str, vision_models, output, families) -> dict:
 
 def assert_same_training_with_images(report: dict, padded: dict, model_type: str) -> None:
     assert report["model_type"] == model_type and report["world_size"] == 2
-    assert report["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy and reference start equal
+    assert report["losses"][0] == pytest.approx(math.log(2), abs=FIRST_LOSS_ATOL)  # policy and reference start equal
     assert len(report["losses"]) == STEPS
     assert_same_training(report, padded)
     for metrics in report["metrics"]:  # every sequence's images encoded from the packed row

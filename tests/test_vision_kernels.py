@@ -4,7 +4,7 @@ the strict stand-ins of torch 2.15's varlen kernel and, for hybrid language mode
 value, ...) equals TRL's padded vision trainer in TRL's default precision (float32 weights under bf16 autocast), and
 every language-model attention call of the policy and the reference went where the plan puts it.
 
-The tiny models of tests/tiny_vision.py have 8-wide heads; here their language model takes the dims of the family's
+The tiny models of tests/tiny_vision/ have 8-wide heads; here their language model takes the dims of the family's
 default config (`real_head_dims`), so the kernels' checks run on the shapes a real checkpoint hands them. What the plan
 does with each (docs/concepts/kernels.md):
 
@@ -35,6 +35,7 @@ from tiny_vision import (
     make_vision_trainer,
     vision_preference_rows,
 )
+from tolerances import HALF_GRAD_ATOL_BY_FAMILY
 from trainer_utils import PRECISIONS, assert_same_step, one_step
 from transformers import AutoConfig
 
@@ -55,18 +56,6 @@ SLOW_KERNEL_FAMILIES += (
 )  # fmt: skip
 # Image tokens that attend to their whole image: a causal and an image-span kernel call per layer
 BOTH_WAYS = ("shieldgemma2", "gemma4_unified")
-# At real head dims TRL's own padded step moves further than trainer_utils.HALF's gradient bound between its sdpa and
-# eager attention (of the largest gradient, on these rows and the rows of seeds 1 and 2:
-# tools/measure/measure_vision_precision_noise.py): each bound about twice that, the packed step's move beside it. Gemma 4's
-# packed step, through the stand-in that rounds as FA2 does, is compared with padded sdpa, from which it moves least;
-# its gradients swing with ulp-level changes of the kernel's arithmetic (0.05 to 0.38 over seeds)
-HALF_GRAD_ATOL_BY_FAMILY = {
-    "gemma4": 0.75,  # packed vs sdpa 0.38 (0.077, 0.073); packed vs eager 0.46 (0.12, 2.9); sdpa vs eager 0.15 (0.13, 0.89)
-    "gemma4_unified": 0.2,  # packed vs sdpa 0.097 (0.059, 0.079); packed vs eager 0.5 (0.94, 1.7)
-    "shieldgemma2": 0.06,  # sdpa vs eager 0.024 (0.038, 0.025); packed 0.026 (0.03, 0.025)
-    "hyperclovax_vision_v2": 0.02,  # sdpa vs eager 0.01 (0.01, 0.0061); packed 0.01 (0.011, 0.01)
-    "janus": 0.01,  # sdpa vs eager 0.0024 (0.0044, 0.0039); packed 0.0054 (0.0039, 0.0044)
-}
 PADDED_ATTENTION: dict[str, str] = {}
 # Other heads beside the attention's: the delta-net's, which fla's kernel checks (key head dims at most 256); HY-V4's
 # sparse indexer's, which splits off the rope part as its attention does

@@ -280,7 +280,7 @@ class DPOConfig(trl.DPOConfig):
             from accelerate.utils import DeepSpeedSequenceParallelConfig
 
             # accelerate accepts only transformers' built-in kernels here; the trainer hands DeepSpeed the model's
-            # packing-aware attention instead (parallel/row_split.py)
+            # packing-aware attention instead (features/row_split.py)
             handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation="sdpa")
             self.parallelism_config = ParallelismConfig(
                 sp_backend="deepspeed", sp_size=self.sequence_parallel_size, sp_handler=handler

@@ -1,14 +1,14 @@
 """`DPOTrainer`: TRL's DPO trainer with `padding_free=True` honoured, packed and exact.
 
-The trainer only wires features together, each one object with its own phases around TRL's `__init__` and its own
-part of a step:
+The trainer only wires features together, each one object in features/ with its own phases around TRL's `__init__`
+and its own part of a step:
 
-    PaddingFree         modeling/padding_free.py    the packing collator, each model's attention, the packed forward
-    ReferencePlacement  placement/reference.py      where the reference model lives (ZeRO-3 offload, FSDP2)
-    RowSplit            parallel/row_split.py       one row over several ranks (Ulysses, context parallelism)
-    TokenBudgetBatching packing/token_budget.py     micro-batches filled by tokens
-    BalancedBatches     packing/balanced_batches.py each step's pairs split so every process's row costs the same
-    PairWeightedSteps   packing/pair_weights.py     the loss and metrics of micro-batches of uneven pair counts
+    PaddingFree          padding_free.py           the packing collator, each model's attention, the packed forward
+    ReferencePlacement   reference_placement.py    where the reference model lives (ZeRO-3 offload, FSDP2)
+    RowSplit             row_split.py              one row over several ranks (Ulysses, context parallelism)
+    TokenBudgetBatching  token_budget_batching.py  micro-batches filled by tokens
+    BalancedBatches      balanced_batches.py       each step's pairs split so every process's row costs the same
+    PairWeightedSteps    pair_weighted_steps.py    the loss and metrics of micro-batches of uneven pair counts
 
 TRL's private names it builds on are behind `integrations.trl.TRLSeams`.
 """
@@ -22,18 +22,14 @@ from torch.utils.data import DataLoader
 
 from .config import fp32_log_probs_enabled
 from .data.preference_format import checked_preference_datasets
+from .features import BalancedBatches, PaddingFree, ReferencePlacement, RowSplit, TokenBudgetBatching
+from .features.pair_weighted_steps import EpochOfBatchSampler, PairWeightedSteps, batch_sampler_dataloader
 from .integrations.trl import TRLSeams, bound_init_arguments
 from .modeling.fused_lm_head import fused_lm_head_lookups
 from .modeling.packed_forward import PACKED_BATCH_KWARG
-from .modeling.padding_free import PaddingFree
 from .modeling.vision import why_no_images
-from .packing.balanced_batches import BalancedBatches
 from .packing.collator import is_packed_batch
-from .packing.pair_weights import EpochOfBatchSampler, PairWeightedSteps, batch_sampler_dataloader
-from .packing.token_budget import TokenBudgetBatching
-from .parallel.row_split import RowSplit
 from .parallel.ulysses import sequence_parallel_size
-from .placement.reference import ReferencePlacement
 from .refusals import check_datasets_not_empty
 
 

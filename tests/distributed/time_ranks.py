@@ -47,9 +47,9 @@ from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.costs.flops import DecoderShape
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
+from trl_padfree.features.pair_weighted_steps import COST_RATIO_METRIC
 from trl_padfree.packing.balance import row_cost
 from trl_padfree.packing.layout import HOST_ROW
-from trl_padfree.packing.pair_weights import COST_RATIO_METRIC
 
 # TRL 1.16 still calls transformers 5's deprecated gradient checkpointing names
 warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)

@@ -10,7 +10,7 @@ with `DS_ACCELERATOR=cpu`) for the distributed run; rank 0 writes `--output`:
 
 The data is the shipped preference set, so both runs see the same pairs; with the same seed the Trainer's sampler
 gives a process its slice of the same global batches the single process sees whole. With `--vision` the model folder
-holds a saved vision-language model and, where it can be saved, its processor (else tests/tiny_vision.py builds it), and
+holds a saved vision-language model and, where it can be saved, its processor (else tests/tiny_vision/ builds it), and
 the data is `tiny_vision.vision_preference_rows`, pairs with noise images.
 
 `--model` is a saved model folder, or a folder of them: a run named `NAME:<options>` trains `<model>/NAME`, so one
@@ -112,7 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--vision",
         action="store_true",
-        help="the model folder holds a vision-language model and its processor: train on tests/tiny_vision.py's "
+        help="the model folder holds a vision-language model and its processor: train on tests/tiny_vision/'s "
         "image pairs (the model type read from the folder's config)",
     )
     parser.add_argument(
@@ -248,13 +248,13 @@ def text_data(model: str, options: argparse.Namespace):
 
 
 def vision_data(model: str, options: argparse.Namespace):
-    """`--num-pairs` pairs with images from tests/tiny_vision.py for the model saved at `model`, and its processor:
+    """`--num-pairs` pairs with images from tests/tiny_vision/ for the model saved at `model`, and its processor:
     the one saved with it, or for a family whose processor here cannot be saved (no video processor, or a stand-in)
     the same one built again."""
     from datasets import Dataset
     from transformers import AutoConfig, AutoProcessor
 
-    # tests/, where tiny_vision.py lives: not on the path of a script launched from tests/distributed/
+    # tests/, where tiny_vision/ lives: not on the path of a script launched from tests/distributed/
     tests = str(Path(__file__).resolve().parent.parent)
     if tests not in sys.path:
         sys.path.append(tests)

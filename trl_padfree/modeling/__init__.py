@@ -1,3 +1,3 @@
 """How a model runs a packed row: its attention (attention/, backends.py, kernels.py), its stateful mixers
-(mixers.py), the packed forward (packed_forward.py), TRL's fused LM head (fused_lm_head.py), whether an architecture
-packs exactly (packability.py), and padding-free training as a feature of the trainer (padding_free.py)."""
+(mixers.py), the packed forward (packed_forward.py), TRL's fused LM head (fused_lm_head.py), and whether an
+architecture packs exactly (packability.py)."""

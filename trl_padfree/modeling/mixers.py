@@ -73,7 +73,7 @@ class MixerSegments:
         """The segments of a `packed_forward.PackedBatch`: its `cu_seq_lens`, or with prefix sharing each sequence's prompt
         and own tokens laid out one after another, then the row's padding."""
         device = packed.input_ids.device
-        if packed.shared_prefix is None:
+        if not packed.host.shared_pairs:
             return cls.from_lengths(packed.cu_seq_lens.diff().tolist(), device=device)
         # token_index lists each sequence's tokens, prompt first, in row positions: that is the mixer row
         gather_index = packed.token_index[packed.token_valid]

@@ -14,14 +14,12 @@ from typing import Any, Protocol
 import torch
 
 from ..packing.layout import HOST_ROW, HostRow, padded_view_index, to_padded_view, token_runs
-from ..packing.prefix_sharing import shared_prefix_keys
 from ..packing.vision import IMAGE_INPUTS, IMAGE_UNITS, IMAGES_PER_SEQUENCE, SEQUENCE_IMAGE_GRIDS, ImageUnitSizes
-from .attention.bidirectional import SpanAttention
-from .attention.rows import PACKED_ROW_KWARG, PackedRow, SharedPrefixRow
+from .attention.rows import PACKED_ROW_KWARG, PackedRow
 
 
 class SplitRun(Protocol):
-    """A packed row shared by several ranks, each running its chunk (parallel/row_split.py marks a training batch with
+    """A packed row shared by several ranks, each running its chunk (features/row_split.py marks a training batch with
     one): runs the model on this rank's chunk and returns the whole row's per-token outputs, padded views."""
 
     size: int  # ranks that share the row
@@ -39,7 +37,8 @@ class PackedBatch:
     cu_seq_lens: torch.Tensor  # (segments + 1,) int32, the padding segment included
     max_length: int
     seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
-    # Prefix sharing (prefix_sharing.py): per sequence, row start of its own tokens and of the prefix it reads first
+    # From a prefix-sharing collator, for the padded views: per sequence, the row start of its own tokens and of the
+    # prefix it reads first, and that prefix's tokens
     seq_starts: torch.Tensor | None = None
     shared_prefix_starts: torch.Tensor | None = None
     shared_prefix_lens: torch.Tensor | None = None
@@ -49,7 +48,7 @@ class PackedBatch:
     sequence_image_grid_thw: torch.Tensor | None = None
     images_per_sequence: torch.Tensor | None = None
     image_units: ImageUnitSizes | None = field(default=None, compare=False)  # host integers: which inputs are whose
-    # Set on a training batch whose row several ranks share (sequence or context parallelism, parallel/row_split.py)
+    # Set on a training batch whose row several ranks share (sequence or context parallelism, features/row_split.py)
     split: SplitRun | None = field(default=None, compare=False)
     # The boundaries as host integers (the collator's): every index below is built from them without a device read
     host: HostRow | None = field(default=None, compare=False)
@@ -67,10 +66,6 @@ class PackedBatch:
         # (With prefix sharing, a rejected sequence's last prefix cell reads the output that scores the chosen
         # branch's first token: the same prompt token, never scored.)
         self.shifted_index, self.shifted_valid = padded_view_index(starts, self.seq_lens - 1, self.width - 1, *prefix)
-        # Each segment's queries and keys as host integers (packing/prefix_sharing.py); None: no prompt shared
-        self.shared_prefix = None
-        if self.shared_prefix_lens is not None:  # laid out by a prefix-sharing collator
-            self.shared_prefix = shared_prefix_keys(self.host)
 
     @classmethod
     def from_collated(cls, batch: dict[str, Any]) -> PackedBatch:
@@ -146,25 +141,13 @@ class PackedBatch:
         }
 
     def row(self, image_marks: str | None = None, sliding_layers_only: bool = False) -> PackedRow:
-        """How this row attends (modeling/attention/rows.py): each segment to itself, or with prefix sharing each
-        rejected branch to its prompt too; for a model whose image tokens, marked in its per-token input
-        `image_marks`, attend both ways (Gemma 3), each image's tokens to the whole image (with
-        `sliding_layers_only`, on sliding-window layers alone: Gemma 4)."""
+        """How this row attends: the row of its host integers (`PackedRow.of_host_row`, modeling/attention/rows.py);
+        for a model whose image tokens, marked in its per-token input `image_marks`, attend both ways (Gemma 3), each
+        image's tokens to the whole image (with `sliding_layers_only`, on sliding-window layers alone: Gemma 4)."""
         spans = None
         if image_marks is not None and self.image_inputs is not None:
-            spans = SpanAttention.of_row(
-                self.host.segment_key_ranges(),
-                self.host.cu_seq_lens,
-                self.image_spans(image_marks),
-                self.input_ids.device,
-                sliding_layers_only=sliding_layers_only,
-            )
-        bounds = self.host.cu_seq_lens
-        if self.shared_prefix is not None:
-            return SharedPrefixRow(
-                self.cu_seq_lens, self.max_length, shared=self.shared_prefix, spans=spans, bounds=bounds
-            )
-        return PackedRow(self.cu_seq_lens, self.max_length, spans=spans, bounds=bounds)
+            spans = self.image_spans(image_marks)
+        return PackedRow.of_host_row(self.host, self.cu_seq_lens, self.max_length, spans, sliding_layers_only)
 
     def image_spans(self, image_marks: str) -> tuple[tuple[int, int], ...]:
         """The runs of image tokens: the collator's host integers, or for a batch built without them the runs the

@@ -24,12 +24,7 @@ from typing import Any
 import torch
 
 from ..integrations.transformers import attn_implementation, mask_creation_skipped
-from ..refusals import (
-    check_image_within_window,
-    check_no_cache,
-    check_packed_row_length,
-    check_prefix_sharing_attention,
-)
+from ..refusals import check_image_within_window, check_no_cache, check_packed_row_length
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, row_in_flight
 from .backends import ATTN_IMPLEMENTATION
 from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
@@ -56,7 +51,7 @@ def packed_row_limit(config) -> int | None:
 @dataclass(frozen=True)
 class ForwardPlan:
     """What a model's packed forward reads of the model, decided once (`of_model`) when `add_packed_forward` gives it
-    the forward: after the trainer's set-up has chosen its attention (modeling/padding_free.py)."""
+    the forward: after the trainer's set-up has chosen its attention (features/padding_free.py)."""
 
     attention: str | None  # the attention its language model runs
     model_type: str | None  # its text config's, named by the row-length refusal
@@ -90,11 +85,9 @@ class ForwardPlan:
         )
 
     def check_row(self, packed_batch: PackedBatch) -> None:
-        """The batch's row against what set-up decided: its length, and its shared prompts' attention."""
+        """The batch's row against what set-up decided: its length. (Set-up chose an attention that reads a shared
+        row; a forward whose attention did not read it raises, `row_in_flight`.)"""
         check_packed_row_length(self.model_type, packed_batch.row_length, self.row_limit)
-        if packed_batch.shared_prefix is not None:
-            # Any other attention would read the rejected branches as sequences of their own, without their prompt
-            check_prefix_sharing_attention(self.attention)
 
     def check_images(self, packed_batch: PackedBatch) -> None:
         """The batch's longest image against the window its tokens see past, where set-up found one."""

@@ -12,8 +12,8 @@ micro-step the processes' rows cost about the same (`packing.balance.best_split`
         v
     each process's micro-batches, of different pair counts and about equal cost
 
-A process's loss is then weighted by its share of the step's pairs (`packing.pair_weights`), so the step's
-gradient is padded TRL's on the same global batch. With `max_tokens_per_batch` the budget's bins are balanced
+A process's loss is then weighted by its share of the step's pairs (`PairWeightedSteps`,
+features/pair_weighted_steps.py), so the step's gradient is padded TRL's on the same global batch. With `max_tokens_per_batch` the budget's bins are balanced
 instead: each step's bins are sorted by cost and dealt so that a micro-step's processes get bins of neighbouring cost.
 
 transformers' own `BatchRebalanceSampler` (padded mode) prices a micro-batch by its longest sequence and weighs every
@@ -23,26 +23,16 @@ process's loss equally; here a row costs its pairs' FLOPs (`packing.balance.pair
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
 from ..costs.flops import DecoderShape
-from ..refusals import check_balanced_batches_setup, check_balanced_batches_split
+from ..refusals import check_balanced_batches_split
 from .balance import best_split, bin_costs, imbalance, pair_cost
 from .layout import kept_prompt_and_completion
-from .pair_sizes import costs_of, training_set_pair_sizes
-from .prefix_sharing import AUTO, shared_prefix_length
-
-logger = logging.getLogger(__name__)
-
-REBALANCE = "batch_rebalance"  # transformers' `train_sampling_strategy` that turns balancing on
-
-
-def wants_balanced_batches(args) -> bool:
-    return getattr(args, "train_sampling_strategy", None) == REBALANCE
+from .prefix_sharing import shared_prefix_length
 
 
 def epoch_order(pairs: int, seed: int, epoch: int) -> list[int]:
@@ -261,91 +251,3 @@ def pair_costs(
             )
         )
     return costs
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The trainer's feature
-
-
-class BalancedBatches:
-    """What the trainer sets up for `train_sampling_strategy="batch_rebalance"` under padding-free (`set_up`): the
-    pairs' costs, the refusals, and the batch sampler (`sampler`: the balanced micro-batches, or the token budget's
-    bins dealt balanced). The loss weighting and the logged cost ratio are `packing.pair_weights.PairWeightedSteps`'s.
-    """
-
-    def __init__(self, shape: DecoderShape, reference_forward: bool, costs: list[float], sampler):
-        self.shape = shape
-        self.reference_forward = reference_forward
-        self.costs = costs
-        self.sampler: BalancedBatchSampler | BalancedBudgetBins = sampler
-
-    @classmethod
-    def set_up(cls, trainer) -> BalancedBatches | None:
-        """From `trainer`'s config, model, tokenized training set, token budget and row split; None unless asked
-        for."""
-        args = trainer.args
-        if not (wants_balanced_batches(args) and trainer.padding_free_enabled) or trainer.train_dataset is None:
-            return None  # padded: transformers' own BatchRebalanceSampler, as in TRL
-        budget, row_split = trainer._token_budget, trainer._row_split
-        check_balanced_batches_setup(
-            trainer.loss_types,
-            trainer.aux_loss_enabled,
-            budget is not None and row_split is not None,
-            hasattr(trainer.train_dataset, "__len__"),
-            getattr(args.accelerator_config, "use_seedable_sampler", True),
-        )
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        shape = DecoderShape.of_model(model)
-        reference_forward = not args.precompute_ref_log_probs
-        collator = trainer.data_collator
-        if trainer.is_vision_dataset:  # tokenized only when collated: each pair's row priced once per dataset
-            sizes = budget.pair_sizes if budget is not None else None
-            if sizes is None:
-                sizes = training_set_pair_sizes(trainer, "Pricing pairs for batch_rebalance")
-            costs = costs_of(sizes, shape, reference_forward)
-        else:
-            # "auto" shares a batch or not by its own cost: price pairs as laid out unshared, the larger estimate
-            shares = collator.prefix_sharing and collator.prefix_sharing != AUTO
-            costs = pair_costs(
-                trainer.train_dataset,
-                shape,
-                args.max_length,
-                args.truncation_mode,
-                collator.prefix_sharing_min_prompt_tokens if shares else None,
-                reference_forward,
-            )
-        processes, micro_steps = trainer.accelerator.num_processes, args.gradient_accumulation_steps
-        if budget is not None:
-            sampler = BalancedBudgetBins(budget.sampler, costs, processes=processes, micro_steps=micro_steps)
-        else:
-            sampler = BalancedBatchSampler(
-                costs,
-                args.per_device_train_batch_size,
-                processes=processes,
-                micro_steps=micro_steps,
-                seed=args.data_seed if args.data_seed is not None else args.seed,
-                drop_last=args.dataloader_drop_last,
-                ranks_per_row=1 if row_split is None else row_split.ranks_per_row,
-            )
-            if trainer.accelerator.is_main_process and logger.isEnabledFor(logging.INFO):
-                _log_expected_gain(sampler)
-        return cls(shape, reference_forward, costs, sampler)
-
-    @property
-    def pricing(self) -> tuple[DecoderShape, bool]:
-        """What prices a row: the model's shape and whether the reference runs in the step."""
-        return self.shape, self.reference_forward
-
-
-def _log_expected_gain(sampler: BalancedBatchSampler) -> None:
-    dealt, balanced = sampler.epoch_imbalance()
-    logger.info(
-        "batch_rebalance: %d optimizer steps per epoch over %d row groups; estimated slowest over mean group cost per "
-        "step %.3f dealt as usual, %.3f balanced (expected step-time gain %.2fx if a row's time is its FLOPs; logged "
-        "each step as 'padfree/balance_cost_max_over_mean').",
-        len(sampler.steps),
-        sampler.groups,
-        dealt,
-        balanced,
-        dealt / balanced,
-    )

@@ -30,6 +30,7 @@ from .prefix_sharing import (
     MIN_SHARED_PROMPT_TOKENS,
     SharingCost,
     shared_prefix_length,
+    shared_row_layout,
     shares_pay,
 )
 
@@ -121,31 +122,21 @@ class RowLayout:
 
 def lay_out_row(sequences: Sequences, prefixes: list[int] | None = None) -> RowLayout:
     """Without `prefixes`, TRL's order: every chosen sequence, then every rejected one. With them (prefix sharing),
-    pair by pair: `[prefix + chosen branch]` then `[rejected branch]`, the rejected sequence reading the first
-    `prefixes[pair]` tokens of the chosen one first (0: the pair's two sequences laid out whole)."""
-    chosen, rejected = sequences.chosen, sequences.rejected
+    pair by pair, each rejected sequence reading the first `prefixes[pair]` tokens of the chosen one first
+    (`prefix_sharing.shared_row_layout`)."""
+    tokens = sequences.chosen + sequences.rejected
     masks = sequences.chosen_masks + sequences.rejected_masks
-    num_pairs = len(chosen)
     if prefixes is None:
-        segments = [(tokens, mask, 0) for tokens, mask in zip(chosen + rejected, masks, strict=True)]
-        seq_starts = [0] + list(itertools.accumulate(len(tokens) for tokens, _, _ in segments))[:-1]
-        sources = [(index, 0) for index in range(2 * num_pairs)]
-        return RowLayout(segments, sources, seq_starts, [0] * 2 * num_pairs, [0] * 2 * num_pairs)
-
-    layout = RowLayout([], [], [0] * 2 * num_pairs, [0] * 2 * num_pairs, [0] * 2 * num_pairs, pair_by_pair=True)
-    offset = 0
-    for pair, prefix in enumerate(prefixes):
-        layout.segments.append((chosen[pair], masks[pair], 0))
-        layout.sources.append((pair, 0))
-        layout.seq_starts[pair] = offset
-        offset += len(chosen[pair])
-        layout.segments.append((rejected[pair][prefix:], masks[num_pairs + pair][prefix:], prefix))
-        layout.sources.append((num_pairs + pair, prefix))
-        layout.seq_starts[num_pairs + pair] = offset
-        layout.prefix_starts[num_pairs + pair] = layout.seq_starts[pair]
-        layout.prefix_lens[num_pairs + pair] = prefix
-        offset += len(rejected[pair]) - prefix
-    return layout
+        segments = [(sequence, mask, 0) for sequence, mask in zip(tokens, masks, strict=True)]
+        seq_starts = [0] + list(itertools.accumulate(len(sequence) for sequence in tokens))[:-1]
+        sources = [(index, 0) for index in range(len(tokens))]
+        return RowLayout(segments, sources, seq_starts, [0] * len(tokens), [0] * len(tokens))
+    lengths = sequences.lengths
+    sources, seq_starts, prefix_starts, prefix_lens = shared_row_layout(
+        lengths[: len(prefixes)], lengths[len(prefixes) :], prefixes
+    )
+    segments = [(tokens[sequence][first:], masks[sequence][first:], first) for sequence, first in sources]
+    return RowLayout(segments, sources, seq_starts, prefix_starts, prefix_lens, pair_by_pair=True)
 
 
 def concatenated_inputs(

@@ -112,22 +112,6 @@ class HostRow:
     def segment_of(self, row_position: int) -> int:
         return bisect.bisect_right(self.cu_seq_lens, row_position) - 1
 
-    def segment_key_ranges(self) -> list[list[tuple[int, int]]]:
-        """Per segment, the `[start, end)` row ranges its queries read as keys, in order: its own tokens, after the
-        prefix it shares with its pair when it is a prefix-sharing branch."""
-        prefixes = {
-            self.segment_of(start): (prefix_start, prefix_len)
-            for start, prefix_start, prefix_len in zip(
-                self.seq_starts, self.prefix_starts, self.prefix_lens, strict=True
-            )
-            if prefix_len > 0
-        }
-        ranges = []
-        for segment, (start, end) in enumerate(itertools.pairwise(self.cu_seq_lens)):
-            prefix_start, prefix_len = prefixes.get(segment, (0, 0))
-            ranges.append(([(prefix_start, prefix_start + prefix_len)] if prefix_len else []) + [(start, end)])
-        return ranges
-
 
 def token_runs(tokens: Sequence[int], token: int) -> tuple[tuple[int, int], ...]:
     """`[start, end)` of each run of `token` in `tokens`.

@@ -19,14 +19,19 @@ the keys are gathered so that each segment has its own tokens, except a rejected
 
 Causal attention aligned to the bottom-right corner (flash attention's varlen convention, and the per-segment
 reference's) then lets branch token i see the whole prefix and the branch up to itself: exactly the keys of the
-unshared rejected sequence. `shared_prefix_keys` lays those keys out as host integers; the attention gathers them
-(modeling/attention/gathered.py).
+unshared rejected sequence.
+
+Every rule of the layout is here, on host integers: each pair's prefix (`shared_prefix_length`), the row laid out pair
+by pair (`shared_row_layout`, which the collator turns into its `HostRow`), and the keys each segment reads
+(`segment_keys`, `shared_prefix_keys`), which the row of a `HostRow` gathers (modeling/attention/rows.py); and
+`prefix_sharing="auto"`'s cost model. docs/concepts/prefix-sharing.md walks the setting from the config to the kernel.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,16 +78,56 @@ def pair_row_tokens(
     return pair_tokens(prompt, chosen, rejected, max_length) - prefix
 
 
+def shared_row_layout(
+    chosen_lengths: Sequence[int], rejected_lengths: Sequence[int], prefixes: Sequence[int]
+) -> tuple[list[tuple[int, int]], list[int], list[int], list[int]]:
+    """A batch's row laid out pair by pair, `[prefix + chosen branch]` then `[rejected branch]`, the rejected sequence
+    reading the first `prefixes[pair]` tokens of the chosen one (0: the pair's two sequences laid out whole).
+
+    Returns, per segment, the sequence it holds (chosen ones, then rejected ones) and from which of its tokens on; and
+    per sequence, the row start of its own tokens, the row start of the prefix it reads first, and that prefix's
+    tokens (0 if none).
+    """
+    pairs = len(prefixes)
+    sources = []
+    seq_starts, prefix_starts, prefix_lens = [0] * 2 * pairs, [0] * 2 * pairs, [0] * 2 * pairs
+    offset = 0
+    for pair, prefix in enumerate(prefixes):
+        sources += [(pair, 0), (pairs + pair, prefix)]
+        seq_starts[pair] = offset
+        offset += chosen_lengths[pair]
+        seq_starts[pairs + pair] = offset
+        prefix_starts[pairs + pair] = seq_starts[pair]
+        prefix_lens[pairs + pair] = prefix
+        offset += rejected_lengths[pair] - prefix
+    return sources, seq_starts, prefix_starts, prefix_lens
+
+
+def segment_keys(row: HostRow) -> list[list[tuple[int, int]]]:
+    """Per segment of `row`, the `[start, end)` row ranges its queries read as keys, in order: its own tokens, after
+    the prefix it shares with its pair when it is a prefix-sharing branch."""
+    prefixes = {
+        row.segment_of(start): (prefix_start, prefix_len)
+        for start, prefix_start, prefix_len in zip(row.seq_starts, row.prefix_starts, row.prefix_lens, strict=True)
+        if prefix_len > 0
+    }
+    ranges = []
+    for segment, (start, end) in enumerate(itertools.pairwise(row.cu_seq_lens)):
+        prefix_start, prefix_len = prefixes.get(segment, (0, 0))
+        ranges.append(([(prefix_start, prefix_start + prefix_len)] if prefix_len else []) + [(start, end)])
+    return ranges
+
+
 def shared_prefix_keys(row: HostRow) -> tuple[tuple[range, tuple[range, ...]], ...] | None:
     """The keys of a prefix-sharing row's attention, as host integers: per segment, its queries (its row positions)
     and the row ranges of its keys, its own tokens after a rejected branch's prefix; None when no pair of the row
     shares its prefix."""
-    segment_keys = row.segment_key_ranges()
-    if all(len(ranges) == 1 for ranges in segment_keys):
+    keys = segment_keys(row)
+    if all(len(ranges) == 1 for ranges in keys):
         return None
     return tuple(
-        (range(start, end), tuple(range(*keys) for keys in ranges))
-        for (start, end), ranges in zip(itertools.pairwise(row.cu_seq_lens), segment_keys, strict=True)
+        (range(start, end), tuple(range(*span) for span in ranges))
+        for (start, end), ranges in zip(itertools.pairwise(row.cu_seq_lens), keys, strict=True)
     )
 
 

@@ -20,19 +20,11 @@ import bisect
 import random
 from collections.abc import Iterator, Sequence
 
-from torch.utils.data import IterableDataset, Sampler
+from torch.utils.data import Sampler
 
-from ..refusals import (
-    check_budget_bins_share,
-    check_pairs_fit,
-    check_positive,
-    check_token_budget_setup,
-    check_tokenized_pairs,
-    check_training_set_not_empty,
-)
+from ..refusals import check_budget_bins_share, check_positive, check_tokenized_pairs, check_training_set_not_empty
 from .layout import pair_tokens
-from .pair_sizes import lengths_of, training_set_pair_sizes
-from .prefix_sharing import AUTO, pair_row_tokens
+from .prefix_sharing import pair_row_tokens
 
 
 def pair_lengths(
@@ -57,16 +49,6 @@ def usable_budget(budget: int, pad_to_multiple_of: int | None) -> int:
     """The most real tokens a row may hold so that, padded to a multiple, it still fits the budget."""
     multiple = pad_to_multiple_of or 1
     return budget // multiple * multiple
-
-
-def _check_pairs_fit(
-    lengths: Sequence[int], budget: int, pad_to_multiple_of: int | None, max_length, images: bool = False
-) -> None:
-    capacity = usable_budget(budget, pad_to_multiple_of)
-    too_long = [index for index, length in enumerate(lengths) if length > capacity]
-    longest = max(too_long, key=lambda i: lengths[i], default=0)
-    longest_pair = (longest, lengths[longest] if lengths else 0)
-    check_pairs_fit(len(too_long), longest_pair, budget, capacity, max_length, images)
 
 
 def pack_window(indices: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -139,50 +121,3 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
         for number in order:
             yield list(self.bins[number])
-
-
-class TokenBudgetBatching:
-    """What the trainer sets up for `max_tokens_per_batch`: the pairs' row lengths, the refusals and the sampler
-    (`set_up`). Its micro-batches hold different numbers of pairs: the trainer weighs their losses and metrics with
-    `packing.pair_weights.PairWeightedSteps`."""
-
-    def __init__(self, sampler: TokenBudgetBatchSampler, pair_sizes=None):
-        self.sampler = sampler
-        self.pair_sizes = pair_sizes  # a vision-language set's `packing.pair_sizes`, which balancing prices too
-
-    @classmethod
-    def set_up(cls, trainer) -> TokenBudgetBatching | None:
-        """From `trainer`'s config and tokenized training set; None without `max_tokens_per_batch`."""
-        args, collator = trainer.args, trainer.data_collator
-        budget = getattr(args, "max_tokens_per_batch", None)
-        if budget is None or trainer.train_dataset is None:
-            return None
-        check_token_budget_setup(
-            trainer.padding_free_enabled,
-            trainer.sequence_parallel_size,
-            isinstance(trainer.train_dataset, IterableDataset),
-        )
-        sizes = None
-        if trainer.is_vision_dataset:  # tokenized only when collated: each pair's row measured once per dataset
-            sizes = training_set_pair_sizes(trainer, "Measuring pairs for max_tokens_per_batch")
-            lengths = lengths_of(sizes)
-        else:
-            # "auto" lays a text batch out unshared when sharing would not pay: size pairs unshared, the larger row,
-            # so every micro-batch fits the budget either way (vision batches always share under "auto")
-            shares = collator.prefix_sharing and collator.prefix_sharing != AUTO
-            lengths = pair_lengths(
-                trainer.train_dataset,
-                args.max_length,
-                args.truncation_mode,
-                collator.prefix_sharing_min_prompt_tokens if shares else None,
-            )
-        _check_pairs_fit(lengths, budget, collator.pad_to_multiple_of, args.max_length, trainer.is_vision_dataset)
-        sampler = TokenBudgetBatchSampler(
-            lengths,
-            budget,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-            num_processes=trainer.accelerator.num_processes,
-            window=args.token_budget_window,
-            pad_to_multiple_of=collator.pad_to_multiple_of,
-        )
-        return cls(sampler, sizes)

@@ -82,7 +82,9 @@ class ImageUnits:
                 for key, value in inputs.items()
             }
             return cls(by_row)
-        by_row = {key: list(value.split(1)) for key, value in inputs.items() if _is_count_per_row(value, rows, images)}
+        by_row = {
+            key: list(value.split(1)) for key, value in inputs.items() if _is_count_per_row(value, images_per_row)
+        }
         per_image = {key: list(value.split(1)) for key, value in inputs.items() if key not in by_row}
         if "image_grid_thw" in inputs:  # pixel_values holds each image's patches, prod(grid) rows of them
             patches = inputs["image_grid_thw"].prod(-1).tolist()
@@ -191,9 +193,10 @@ class ImageUnitSizes:
         return shared
 
 
-def _is_count_per_row(value: torch.Tensor, rows: int, images: int) -> bool:
-    """An input that counts each row's images (LLaVA-OneVision's `batch_num_images`)."""
-    return value.dim() == 1 and len(value) == rows and not value.is_floating_point() and int(value.sum()) == images
+def _is_count_per_row(value: torch.Tensor, images_per_row: list[int]) -> bool:
+    """An input that counts each row's images (LLaVA-OneVision's `batch_num_images`): each row's count itself, not an
+    input per image whose entries add up to as many (VideoLLaMA3's `image_merge_sizes`, all ones at merge 1)."""
+    return value.dim() == 1 and not value.is_floating_point() and value.tolist() == images_per_row
 
 
 def _tiles_per_row(

@@ -53,8 +53,8 @@ class SpanAttention:
         device,
         sliding_layers_only: bool = False,
     ) -> SpanAttention | None:
-        """From the row's segment boundaries (`bounds`), each segment's key ranges (`HostRow.segment_key_ranges`) and
-        its image spans, all host integers; None without a span."""
+        """From the row's segment boundaries (`bounds`), each segment's key ranges (`prefix_sharing.segment_keys`)
+        and its image spans, all host integers; None without a span."""
         if not spans:
             return None
         pieces: dict[bool, list[Piece]] = {True: [], False: []}

@@ -2,7 +2,7 @@
 from anywhere in the row. Three kinds of row attend this way, each laying out its pieces once per forward:
 
     prefix sharing       each segment against its own tokens, a rejected branch's prefix first
-                         (packing/prefix_sharing.py, rows.py's `SharedPrefixRow`)
+                         (packing/prefix_sharing.py; rows.py's `PackedRow.of_host_row`)
     image spans          a causal and a bidirectional call, the text runs' and the images' queries gathered too
                          (bidirectional.py)
     context parallelism  this rank's chunk against the row's keys, all-gathered over its group (parallel/context.py)

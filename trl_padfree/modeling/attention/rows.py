@@ -1,25 +1,26 @@
 """How a packed row's tokens attend: one object per kind of row, handed to every attention layer as the `packed_row`
 keyword (transformers passes a model's keyword arguments down to its attention functions).
 
-    PackedRow           each segment attends to itself: the plain packed row (with image spans, bidirectional.py,
-                        in a causal and a bidirectional call: Gemma 3's images see themselves both ways)
-    SharedPrefixRow     prefix sharing (packing/prefix_sharing.py): one call, each rejected branch's keys gathered
-                        after its prompt's
+    PackedRow           each segment attends to itself; with prefix sharing (packing/prefix_sharing.py) each
+                        rejected branch to its prompt too, in one call over gathered keys; with image spans
+                        (bidirectional.py), in a causal and a bidirectional call (Gemma 3's images see themselves
+                        both ways)
     ContextParallelRow  (parallel/context.py) this rank's chunk of the row against the row's gathered keys
 
-The last two, and image spans, attend over gathered keys (gathered.py): one type, laid out by each from host integers.
-
-A row is made for one forward and carries what its attention calls share (`KernelSession`: the kernel and its plans,
-decided once) and its boundaries as host integers (`bounds`), so no call reads the device.
+Prefix sharing, image spans and context parallelism attend over gathered keys (gathered.py): one type, laid out by
+each from host integers. A row is made from the collator's host integers (`PackedRow.of_host_row`: the packed batch
+asks for the row of its `HostRow`, and prefix sharing's rules give each segment's keys) for one forward, and carries
+what its attention calls share (`KernelSession`: the kernel and its plans, decided once) and its boundaries as host
+integers (`bounds`), so no call reads the device.
 
 The registered attention (interface.py) validates a call, asks the row for its segments as the layer cuts them
 (chunked layers cut finer, once per forward) and lets the row attend: no attention code knows which kind of row it
 has, and a new kind of row edits none of it.
 
-A row that must be read (prefix sharing, context parallelism) is in flight while its forward runs (`row_in_flight`):
-an attention call that did not receive it raises, and so does a forward in which no attention call read it (a model
-whose attention does not take transformers' keyword arguments, or that mixes tokens elsewhere). The plain row needs
-neither: a layer that reads `cu_seq_lens` itself keeps sequences apart as well.
+A row that must be read (prefix sharing, image spans, context parallelism) is in flight while its forward runs
+(`row_in_flight`): an attention call that did not receive it raises, and so does a forward in which no attention call
+read it (a model whose attention is not `padfree_varlen`, does not take transformers' keyword arguments, or mixes
+tokens elsewhere). The plain row needs neither: a layer that reads `cu_seq_lens` itself keeps sequences apart as well.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import ClassVar
 
 import torch
 
-from ...packing.layout import chunked_bounds, chunked_cu_seq_lens, host_to_device
+from ...packing.layout import HostRow, chunked_bounds, chunked_cu_seq_lens, host_to_device
+from ...packing.prefix_sharing import segment_keys, shared_prefix_keys
 from ...refusals import (
     refuse_image_spans_with_chunked_layers,
     refuse_layout_not_read,
@@ -40,11 +42,12 @@ from ...refusals import (
     refuse_prefix_sharing_with_chunked_layers,
 )
 from .bidirectional import SpanAttention
-from .gathered import GatheredKeys, Piece
+from .gathered import GatheredKeys
 from .varlen import KernelSession, varlen_attention
 
 PACKED_ROW_KWARG = "packed_row"
-# What a row with image spans needs of every attention call, as `must_be_read` says it
+# What a row with prefix sharing's or image spans' gathered keys needs of every attention call, as `must_be_read` says
+SHARED_PREFIX_LAYOUT = ("prefix-sharing layout", "rejected tokens would not see their prompt", "prefix_sharing=False")
 SPANS_LAYOUT = (
     "image spans (images whose tokens attend to the whole image both ways: Gemma 3's, Gemma 4's)",
     "image tokens would attend causally, unlike the model's own forward",
@@ -54,13 +57,17 @@ SPANS_LAYOUT = (
 
 @dataclass
 class PackedRow:
-    """A packed row whose segments each attend to themselves, causally."""
+    """A packed row whose segments each attend to themselves, causally; with prefix sharing's keys (`shared`), each
+    rejected branch after its prompt."""
 
     cu_seq_lens: torch.Tensor  # int32, the padding segment included
     max_length: int | None  # the longest segment; None: read from the boundaries when a kernel needs it
     attention_calls: int = field(default=0, compare=False)
     _chunked: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     spans: SpanAttention | None = field(default=None, kw_only=True, repr=False)  # image tokens that see each other
+    # Prefix sharing: the row's queries against keys gathered so that each rejected branch reads its prompt first;
+    # causal alignment to the bottom-right corner does the rest
+    shared: GatheredKeys | None = field(default=None, kw_only=True, repr=False, compare=False)
     bounds: tuple[int, ...] | None = field(default=None, kw_only=True)  # `cu_seq_lens` on the host, when known
     session: KernelSession = field(default_factory=KernelSession, kw_only=True, repr=False, compare=False)
     _chunked_bounds: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
@@ -70,10 +77,35 @@ class PackedRow:
     consequence: ClassVar[str] = ""
     way_out: ClassVar[str] = ""
 
+    @classmethod
+    def of_host_row(
+        cls,
+        host: HostRow,
+        cu_seq_lens: torch.Tensor,
+        max_length: int | None,
+        image_spans: tuple[tuple[int, int], ...] | None = None,
+        sliding_layers_only: bool = False,
+    ) -> PackedRow:
+        """The row of the collator's host integers (`cu_seq_lens`: its boundaries on the device), for one forward:
+        each segment's keys as prefix sharing lays them out (packing/prefix_sharing.py), gathered when a rejected
+        branch reads its prompt; with `image_spans`, each image's tokens attending to the whole image (with
+        `sliding_layers_only`, on sliding-window layers alone: Gemma 4). Copies to the device, reads nothing back."""
+        device = cu_seq_lens.device
+        spans = None
+        if image_spans is not None:
+            spans = SpanAttention.of_row(
+                segment_keys(host), host.cu_seq_lens, image_spans, device, sliding_layers_only=sliding_layers_only
+            )
+        pieces = shared_prefix_keys(host)
+        shared = None if pieces is None else GatheredKeys.of_pieces(pieces, device)
+        return cls(cu_seq_lens, max_length, spans=spans, shared=shared, bounds=host.cu_seq_lens)
+
     def must_be_read(self) -> tuple[str, str, str] | None:
         """(layout, consequence, way out) when every attention call must read this row, else None."""
         if self.layout is not None:
             return self.layout, self.consequence, self.way_out
+        if self.shared is not None:
+            return SHARED_PREFIX_LAYOUT
         if self.spans is not None:
             return SPANS_LAYOUT
         return None
@@ -83,6 +115,8 @@ class PackedRow:
         `chunk_size` tokens from its start, computed once per forward (one host sync), not per layer."""
         if chunk_size is None:
             return self.cu_seq_lens, self.max_length
+        if self.shared is not None:
+            refuse_prefix_sharing_with_chunked_layers()
         if self.spans is not None:
             refuse_image_spans_with_chunked_layers()
         if chunk_size not in self._chunked:
@@ -108,42 +142,17 @@ class PackedRow:
         """`(1, T_q, heads, dim)` for `(1, heads, T, dim)` inputs; `options`: scaling, sliding_window, dropout,
         softcap, sinks, module."""
         self.attention_calls += 1
-        if self.spans is not None and self.spans.holds_on(options):  # (a chunked layer refused them: `segments`)
+        # (A chunked layer refused spans and shared prefixes: `segments`.) Spans are laid out with each branch's
+        # prefix keys too (bidirectional.py)
+        if self.spans is not None and self.spans.holds_on(options):
             return self.spans.attend(query, key, value, self.session, options)
+        if self.shared is not None:
+            return self.shared.attend(query, key, value, self.session, options)
         bounds = self.host_bounds(cu_seq_lens)
         return varlen_attention(
             query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length,
             session=self.session, bounds=bounds and (bounds, bounds), **options,
         )  # fmt: skip
-
-
-@dataclass
-class SharedPrefixRow(PackedRow):
-    """A prefix-sharing row: one call, the row's queries against keys gathered so that each rejected branch reads its
-    prefix first (`shared`: each segment's queries and keys, packing/prefix_sharing.py); causal alignment to the
-    bottom-right corner does the rest."""
-
-    shared: tuple[Piece, ...] = field(kw_only=True)
-    keys: GatheredKeys = field(init=False, repr=False, compare=False)  # on the row's device, made once per forward
-
-    layout: ClassVar[str] = "prefix-sharing layout"
-    consequence: ClassVar[str] = "rejected tokens would not see their prompt"
-    way_out: ClassVar[str] = "prefix_sharing=False"
-
-    def __post_init__(self):
-        self.keys = GatheredKeys.of_pieces(self.shared, self.cu_seq_lens.device)
-
-    def segments(self, chunk_size: int | None) -> tuple[torch.Tensor, int | None]:
-        if chunk_size is not None:
-            refuse_prefix_sharing_with_chunked_layers()
-        return super().segments(None)
-
-    def attend(self, query, key, value, cu_seq_lens, max_length, options: dict) -> torch.Tensor:
-        self.attention_calls += 1
-        # Spans are laid out with each branch's prefix keys too (bidirectional.py)
-        if self.spans is not None and self.spans.holds_on(options):
-            return self.spans.attend(query, key, value, self.session, options)
-        return self.keys.attend(query, key, value, self.session, options)
 
 
 # The row of the forward in flight, when every attention call must read it

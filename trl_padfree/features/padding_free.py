@@ -28,7 +28,10 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ..integrations.transformers import attn_implementation, modeling_modules_imported, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
-from ..packing.balanced_batches import REBALANCE
+from ..modeling.mixers import mixers_run_per_segment
+from ..modeling.packability import check_packable, choose_packed_attention
+from ..modeling.packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
+from ..modeling.vision import image_token_id, per_image_loop
 from ..packing.collator import PaddingFreePreferenceCollator
 from ..packing.layout import pad_length_to_multiple
 from ..packing.prefix_sharing import AUTO, MIN_SHARED_PROMPT_TOKENS, SharingCost, log_sharing_summary
@@ -46,10 +49,7 @@ from ..refusals import (
     check_zero3_mixer_calls,
     check_zero3_per_image_loop,
 )
-from .mixers import mixers_run_per_segment
-from .packability import check_packable, choose_packed_attention
-from .packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
-from .vision import image_token_id, per_image_loop
+from .balanced_batches import REBALANCE
 
 
 @dataclass(frozen=True)

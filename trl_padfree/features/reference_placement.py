@@ -2,8 +2,9 @@
 the reference; trl-padfree changes where it goes and checks afterwards that it went there:
 
     before TRL's __init__   refuse `ref_offload` where it cannot apply; under ZeRO-3, load the reference offloaded
-    during it               reroute TRL's preparation: FSDP2 a unit per layer (fsdp2.py) with padding-free training or
-                            ref_offload, ZeRO-3 offload (deepspeed.py); a padded run without ref_offload keeps TRL's
+    during it               reroute TRL's preparation: FSDP2 a unit per layer (placement/fsdp2.py) with padding-free
+                            training or ref_offload, ZeRO-3 offload (placement/deepspeed.py); a padded run without
+                            ref_offload keeps TRL's
     after it                FSDP really set up; the reference really prepared that way (TRL may stop calling the
                             rerouted names); with precomputed log-probs, the offloaded reference released
 """
@@ -16,20 +17,20 @@ from dataclasses import dataclass
 
 from ..integrations.transformers import attn_implementation
 from ..integrations.trl import get_config_model_id
-from ..refusals import check_fsdp2_vision_lm_head
-from .deepspeed import (
+from ..placement.deepspeed import (
     check_ref_offload,
     check_reference_offloaded,
     load_offloaded_reference,
     reference_prepared_by_own_config,
 )
-from .fsdp2 import (
+from ..placement.fsdp2 import (
     check_fsdp_engine,
     check_reference_sharded_by_layer,
     lm_head_tied,
     planned_fsdp_version,
     reference_sharded_by_layer,
 )
+from ..refusals import check_fsdp2_vision_lm_head
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""Micro-batches of different pair counts, trained as one batch of the step's pairs.
+"""`PairWeightedSteps`: micro-batches of different pair counts, trained as one batch of the step's pairs.
 
 Token-budget batching and balanced batches both give processes and micro-steps rows of different numbers of pairs.
 TRL's loss is the mean over a micro-batch's pairs, Trainer divides it by the accumulation steps and data parallelism
 averages gradients over processes: every micro-batch would count the same, whatever its pairs. Here each micro-batch's
 loss is weighted by its pairs, so a step's loss and gradient are the mean over all of the step's pairs, those of
-padded TRL on one batch of them; TRL's per-pair metrics are weighed the same way.
+padded TRL on one batch of them; TRL's per-pair metrics are weighed the same way. Such micro-batches come from a
+batch sampler, which the trainer's dataloader takes (`batch_sampler_dataloader`) and tells each epoch
+(`EpochOfBatchSampler`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import torch
 from transformers import TrainerCallback
 
 from ..integrations.accelerate import uneven_gathers
-from .balance import imbalance, row_cost
-from .layout import HOST_ROW
+from ..packing.balance import imbalance, row_cost
+from ..packing.layout import HOST_ROW
 
 # TRL's metrics that are means over the pairs of a micro-batch
 PER_PAIR_METRICS = (
