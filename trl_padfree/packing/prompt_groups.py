@@ -1,0 +1,154 @@
+"""Prompt groups: the pairs of one prompt in the same micro-batch, so that the batch can compute the prompt once.
+
+`PromptGroupBatchSampler` yields TRL's batches, `batch_size` pairs each (the last one shorter unless `drop_last`),
+every pair once per epoch, with a prompt's pairs together wherever the batch sizes allow. A group is the pairs sharing
+a group id (`prompt_id` of `data.scored_pairs`, or the tokenized prompt). Each epoch:
+
+    pairs (id)          0:a 1:a 2:a 3:b 4:c 5:c 6:d 7:d 8:d 9:d 10:d 11:d 12:e 13:e        batch_size 4
+    groups, shuffled    d:6  a:3  e:2  c:2  b:1
+    cut to fit          d:4 as a whole batch | pieces d:2  a:3  e:2  c:2  b:1
+    best fit, largest   [a a a b]  [d d e e]  [c c]            full bins are batches
+    short bins, cut     [c c] laid end to end and cut every 4 pairs: here the epoch's last, short batch
+    batches             [d d d d] [a a a b] [d d e e] shuffled, then [c c]
+
+A group larger than a batch fills whole batches and leaves a piece; pieces go largest first into the fullest bin that
+holds them (best-fit decreasing; equal sizes in the shuffled order). Where whole groups cannot fill every batch
+exactly (groups of 3 in batches of 4), the bins left short are laid end to end and cut every `batch_size` pairs: each
+such cut splits one group in two consecutive batches, and costs one more computation of its prompt. Only there is a
+group that fits a batch split, so never when the group sizes divide each other and `batch_size` (K completions paired
+the same way for every prompt: `all_pairs` of K = 4 is 6 pairs, so batches of 6, 12, ...).
+
+`prompt_groups` finds the groups within one batch, for the collator: the pairs whose prompts are token-identical.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+
+def prompt_groups(prompt_ids: Sequence[Sequence[int]], keys: Sequence[Hashable] | None = None) -> list[list[int]]:
+    """The positions of a batch's pairs grouped by token-identical prompt (and equal `keys`, where given: what else
+    must match for two prompts to be one, e.g. a digest of their images), groups in order of first appearance.
+
+    >>> prompt_groups([[5, 6], [7], [5, 6], [5, 6, 7], [7]])
+    [[0, 2], [1, 4], [3]]
+    >>> prompt_groups([[5, 6], [5, 6]], keys=["cat.png", "dog.png"])  # same tokens, other images
+    [[0], [1]]
+    """
+    if keys is not None and len(keys) != len(prompt_ids):
+        raise ValueError(f"{len(keys)} keys for {len(prompt_ids)} prompts: give one key per pair.")
+    groups: dict[tuple, list[int]] = {}
+    for position, prompt in enumerate(prompt_ids):
+        key = (tuple(prompt), keys[position] if keys is not None else None)
+        groups.setdefault(key, []).append(position)
+    return list(groups.values())
+
+
+def pack_prompt_groups(groups: Sequence[Sequence[int]], batch_size: int) -> tuple[list[list[int]], list[int]]:
+    """Batches of exactly `batch_size` pairs from groups of pair indices, in the order of the module's docstring:
+    whole batches of groups larger than a batch, then best-fit decreasing bins of the rest; the pairs of the bins left
+    short come back apart, in bin order, for the caller to cut. Returns `(full batches, pairs of the short bins)`.
+
+    >>> pack_prompt_groups([[0, 1, 2], [3], [4, 5, 6, 7, 8], [9, 10], [11]], batch_size=4)
+    ([[4, 5, 6, 7], [0, 1, 2, 3], [9, 10, 8, 11]], [])
+    >>> pack_prompt_groups([[0, 1, 2], [3, 4, 5], [6, 7, 8]], batch_size=4)  # 9 pairs: no group can fill a batch
+    ([], [0, 1, 2, 3, 4, 5, 6, 7, 8])
+    """
+    full, pieces = [], []
+    for group in groups:
+        whole = len(group) - len(group) % batch_size
+        full.extend(list(group[start : start + batch_size]) for start in range(0, whole, batch_size))
+        if whole < len(group):
+            pieces.append(list(group[whole:]))
+    # open_bins[room]: the bins with `room` pairs left, oldest first; a piece goes to the fullest one that holds it
+    open_bins: list[deque[list[int]]] = [deque() for _ in range(batch_size)]
+    opened: list[list[int]] = []
+    for piece in sorted(pieces, key=len, reverse=True):  # stable: equal sizes keep their order
+        room = next((room for room in range(len(piece), batch_size) if open_bins[room]), None)
+        if room is None:
+            batch, room = [], batch_size
+            opened.append(batch)
+        else:
+            batch = open_bins[room].popleft()
+        batch.extend(piece)
+        if room > len(piece):
+            open_bins[room - len(piece)].append(batch)
+    full.extend(batch for batch in opened if len(batch) == batch_size)
+    return full, [index for batch in opened if len(batch) < batch_size for index in batch]
+
+
+class PromptGroupBatchSampler(Sampler[list[int]]):
+    """Yields batches of pair indices (`batch_size` each, the epoch's last shorter unless `drop_last`) that keep the
+    pairs of one group together wherever the batch sizes allow: the module's docstring shows how. Every pair comes
+    once per epoch (but those of a short last batch under `drop_last`); `set_epoch` reshuffles, from `seed` and the
+    epoch alone.
+
+    Args:
+        group_ids (`Sequence[Hashable]`):
+            Each pair's group: its prompt id, or its prompt's tokens (a list is read as a tuple).
+        batch_size (`int`):
+            Pairs per batch: `per_device_train_batch_size`, as TRL's sampler deals them.
+        shuffle (`bool`, *optional*, defaults to `True`):
+            Shuffle the groups and the batches each epoch; otherwise groups in order of first appearance.
+        seed (`int`, *optional*, defaults to `0`):
+            Seed of the shuffle (`data_seed`, else `seed`).
+        drop_last (`bool`, *optional*, defaults to `False`):
+            Drop the epoch's last batch when it is short (`dataloader_drop_last`).
+
+    >>> sampler = PromptGroupBatchSampler(["a", "a", "b", "c", "c", "c", "b"], batch_size=4, shuffle=False)
+    >>> list(sampler)
+    [[0, 1, 2, 6], [3, 4, 5]]
+    """
+
+    def __init__(
+        self,
+        group_ids: Sequence[Hashable],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        if len(group_ids) == 0:
+            raise ValueError("PromptGroupBatchSampler got no pairs: the training set is empty.")
+        groups: dict[Hashable, list[int]] = {}
+        for index, group_id in enumerate(group_ids):
+            key = tuple(group_id) if isinstance(group_id, list) else group_id
+            try:
+                groups.setdefault(key, []).append(index)
+            except TypeError as error:  # unhashable
+                raise ValueError(f"The group id of pair {index} ({group_id!r}) cannot be a key: {error}.") from None
+        self.groups = list(groups.values())
+        self.pairs, self.batch_size = len(group_ids), batch_size
+        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.pairs // self.batch_size
+        return -(-self.pairs // self.batch_size)
+
+    def epoch_batches(self) -> list[list[int]]:
+        """This epoch's batches, in the order they are yielded."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        groups = self.groups
+        if self.shuffle:
+            groups = [groups[number] for number in torch.randperm(len(groups), generator=generator).tolist()]
+        full, rest = pack_prompt_groups(groups, self.batch_size)
+        full.extend(rest[start : start + self.batch_size] for start in range(0, len(rest), self.batch_size))
+        short = [full.pop()] if len(full[-1]) < self.batch_size else []
+        if self.shuffle:
+            full = [full[number] for number in torch.randperm(len(full), generator=generator).tolist()]
+        return full if self.drop_last else full + short
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.epoch_batches()
