@@ -5,7 +5,8 @@ Qwen-VL (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe) and
 cosmos3_omni (Qwen3-VL), qwen2_5_omni_thinker and qwen3_omni_moe_thinker (Qwen2.5-VL's and Qwen3-VL-MoE's towers and
 language models beside an audio tower, frozen: image pairs never run it), hyperclovax_vision_v2, lfm3_vl, exaone4_5;
 GLM-4V (glm4v, glm4v_moe, glm46v, glm_ocr: GLM-4V's layout and GLM-4.6V's processor, glmga: GLM-4.6V's class and
-processor); paddleocr_vl, kimi_k25 (DeepSeek-V3's language model), cosmos3_edge; and hy_v4_vl (a newline token after
+processor); paddleocr_vl, kimi_k25 (DeepSeek-V3's language model), cosmos3_edge, video_llama_3 (each image's merge
+an input of its own); and hy_v4_vl (a newline token after
 each merged row of an image), exact on eager attention only.
 
     family          image inputs                                          per-token key (1 on)
@@ -19,6 +20,8 @@ each merged row of an image), exact on eager attention only.
     kimi_k25        pixel_values (P, 3, 14, 14), image_grid_thw (4, 3)    none (plain positions)
     cosmos3_edge    pixel_values (P, 768), image_grid_thw (4, 3)          mm_token_type_ids (<|image_pad|>)
     exaone4_5       pixel_values (P, 1176), image_grid_thw (4, 3)         none (plain positions)
+    video_llama_3   pixel_values (P, 588), image_grid_thw (4, 3),         none (plain positions)
+                      image_merge_sizes (4,)
     qwen2_5_omni_thinker  as qwen2_5_vl                                   none (images found by <|vision_start|>)
     qwen3_omni_moe_thinker  as qwen3_vl                                   none (as Qwen2.5-Omni's)
 
@@ -66,6 +69,8 @@ from transformers import (
     Qwen2VLProcessor,
     Qwen3OmniMoeProcessor,
     Qwen3VLProcessor,
+    VideoLlama3ImageProcessorPil,
+    VideoLlama3Processor,
     WhisperFeatureExtractor,
 )
 from transformers.image_processing_backends import PilBackend
@@ -628,6 +633,33 @@ def _hy_v4_vl_config(model_type, processor):
     return dict(text_config=text, vision_config=vision, image_token_id=image_id, video_token_id=video_id)
 
 
+class TinyVideoLlama3Processor(WithoutVideoProcessor, VideoLlama3Processor):
+    """`VideoLlama3Processor` without a video processor."""
+
+
+def _video_llama_3_processor(model_type, tokenizer, template, merge_size=2):
+    """VideoLLaMA3's PIL image processor: 14-pixel patches, images resized to 1 to 12 tokens of `merge_size` x
+    `merge_size` patches (its checkpoints merge images 1 x 1, videos 2 x 2; 2 here, so the tower's per-image
+    downsampling runs), each image's merge in `image_merge_sizes`."""
+    token_pixels = (merge_size * 14) ** 2
+    image_processor = VideoLlama3ImageProcessorPil(
+        patch_size=14, merge_size=merge_size, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return TinyVideoLlama3Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _video_llama_3_config(model_type, processor):
+    """VideoLLaMA3: a SigLIP-like tower over the processor's flattened patches (2-D rotary, attention per image), each
+    image merged by its `image_merge_sizes`, a 2-layer MLP projector; Qwen2's language model on plain positions."""
+    image_id, video_id = processor.tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS[2:]))
+    return dict(
+        text_config=dict(TEXT, model_type="qwen2"),
+        vision_config=dict(VISION, patch_size=processor.image_processor.patch_size),
+        image_token_id=image_id,
+        video_token_id=video_id,
+    )
+
+
 # --- Model fix-ups ------------------------------------------------------------------------------------------------
 
 
@@ -724,6 +756,12 @@ TINY_FAMILIES = {
         placeholder=QWEN_PLACEHOLDER,
         processor=_exaone4_5_processor,
         config=_exaone4_5_config,
+    ),
+    "video_llama_3": TinyFamily(
+        tokens=QWEN_TOKENS,  # Qwen2.5's tokenizer; its processor looks <|image_pad|> and <|video_pad|> up by name
+        placeholder=QWEN_TOKENS[2],  # <|image_pad|>, expanded to the image's tokens
+        processor=_video_llama_3_processor,
+        config=_video_llama_3_config,
     ),
     # Its sparse indexer reads the attention mask: exact on eager attention only (its model has no sdpa)
     "hy_v4_vl": TinyFamily(

@@ -19,16 +19,23 @@ from .shapes import doubled
 LAYOUT = "patches"
 # Twin image grids (temporal, height, width, in merged patches): tokens 4, 2 and 2
 TWIN_GRIDS = ((1, 2, 2), (1, 1, 2), (1, 2, 1))
+# Where the vision config names no merge and the processor hands each image's over (VideoLLaMA3's `image_merge_sizes`):
+# the twin's images merged 2 x 2, so the tower's per-image downsampling really runs
+TWIN_INPUT_MERGE = 2
 
 
-def patch_images(unflattened: bool = False, newline_per_row: bool = False):
+def patch_images(unflattened: bool = False, newline_per_row: bool = False, merge_input: str | None = None):
     """The twin's images as its processor lays them out: `unflattened` where it hands each patch over as
-    (channels, patch, patch); `newline_per_row` where every merged row of an image ends with a newline token."""
+    (channels, patch, patch); `newline_per_row` where every merged row of an image ends with a newline token;
+    `merge_input` where it hands each image's merge over as an input of that name, the vision config naming none."""
 
     def images(twin, images_per_example: list[int], noise) -> tuple[dict, list[int]]:
         vision = twin.config.vision_config
         kernel = getattr(vision, "merge_kernel_size", None)  # Kimi K2.5 names its merge a kernel
-        merge = kernel[0] if kernel is not None else vision.spatial_merge_size
+        if merge_input is not None:
+            merge = TWIN_INPUT_MERGE
+        else:
+            merge = kernel[0] if kernel is not None else vision.spatial_merge_size
         count = sum(images_per_example)
         grids = torch.tensor([TWIN_GRIDS[index % len(TWIN_GRIDS)] for index in range(count)])
         grids[:, 1:] *= merge
@@ -39,7 +46,10 @@ def patch_images(unflattened: bool = False, newline_per_row: bool = False):
         tokens = grids.prod(-1) // merge**2
         if newline_per_row:
             tokens = grids[:, 0] * (grids[:, 1] // merge) * (grids[:, 2] // merge + 1)
-        return doubled({"pixel_values": pixels, "image_grid_thw": grids}), tokens.tolist()
+        inputs = {"pixel_values": pixels, "image_grid_thw": grids}
+        if merge_input is not None:
+            inputs[merge_input] = torch.full((count,), merge)
+        return doubled(inputs), tokens.tolist()
 
     return images
 
@@ -105,14 +115,12 @@ FAMILIES = {
     "hyperclovax_vision_v2": PLAIN_POSITIONS,  # Qwen2.5-VL's tower
     # Qwen3-VL's tower; the tower's short convolutions run once per image
     "lfm3_vl": replace(PLAIN_POSITIONS, per_image_loop="model.vision_tower.layers.*.conv"),
+    # a Qwen2 language model on plain positions; each image's merge an input of its own (image_merge_sizes), applied
+    # by a bilinear resize per image
+    "video_llama_3": replace(PLAIN_POSITIONS, twin_images=patch_images(merge_input="image_merge_sizes")),
     "qwen2_5_omni_thinker": OMNI_THINKER,
     "qwen3_omni_moe_thinker": OMNI_THINKER,
     # Unchecked: what the check needs before it can give their twins images
-    "video_llama_3": VisionFamily(
-        LAYOUT,
-        unchecked="image patches with per-image merge sizes (image_merge_sizes): a twin branch for its vision config, "
-        "which has no merge or temporal size",
-    ),
     "minimax_m3_vl": VisionFamily(
         LAYOUT,
         unchecked="its checkpoints' sparse layers (minimax_m3_sparse) run a lightning indexer that compares key "
