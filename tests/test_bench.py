@@ -413,3 +413,11 @@ def test_the_flop_model_imports_the_standard_library_only():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names)
+
+
+def test_prompt_group_batches_hold_each_prompts_six_pairs_with_shared_completions():
+    batches = make_batches("prompt_groups", num_batches=2, pairs_per_batch=6, max_length=1024, vocab_size=2048, seed=3)
+    for batch in batches:  # one prompt's 4 completions paired all ways, a batch of 6 pairs holding one prompt
+        assert len({tuple(pair["prompt_ids"]) for pair in batch}) == 1
+        completions = {tuple(pair[side]) for pair in batch for side in ("chosen_ids", "rejected_ids")}
+        assert len(completions) == 4

@@ -22,12 +22,16 @@ from torch.autograd import DeviceType
 from tools import gpu_report
 from trl_padfree.cli.bench import harness
 from trl_padfree.cli.bench.harness import make_bench_model
-from trl_padfree.cli.bench.rows import PREFIX_SHARING_AUTO, measure_steps
+from trl_padfree.cli.bench.rows import PREFIX_SHARING, PREFIX_SHARING_AUTO, measure_steps
 from trl_padfree.modeling.kernels import stand_in_kernels
 from trl_padfree.tiny import DEMO_MODEL_SIZES
 
 PRECISIONS = {"both": ("trl_default", "bf16"), "trl_default": ("trl_default",)}
-MODES = {"auto": ("padded", "padfree_varlen", PREFIX_SHARING_AUTO), "none": ("padded", "padfree_varlen")}
+MODES = {
+    "auto": ("padded", "padfree_varlen", PREFIX_SHARING_AUTO),
+    "true": ("padded", "padfree_varlen", PREFIX_SHARING),
+    "none": ("padded", "padfree_varlen"),
+}
 
 
 @pytest.fixture
@@ -62,8 +66,10 @@ def test_dry_run_benches_the_plans_in_order_with_checkpointing_on(tmp_path, dry_
     assert report["dry_run"] and report["device"]["name"].startswith("cpu")
     assert {"torch", "transformers", "trl", "peft", "commit"} <= report["versions"].keys()
     plans = gpu_report.DRY_RUN_PLANS
-    # Headline shapes first, then the attention varlen cannot compute; the GPU tests last, in their own slice
+    # Headline shapes first, then prompt groups, then the attention varlen cannot compute; the GPU tests last, in their
+    # own slice
     assert [plan.model for plan in gpu_report.GPU_PLANS][:2] == ["qwen2.5-0.5b", "llama3.1-8b"]
+    assert gpu_report.GPU_PLANS[2].distribution == "prompt_groups" == plans[2].distribution
     for dry, gpu in zip(plans, gpu_report.GPU_PLANS, strict=True):  # the dry run takes the GPU run's paths
         assert (dry.lora, dry.precision, dry.prefix_sharing) == (gpu.lora, gpu.precision, gpu.prefix_sharing)
         dry_type = harness.MODEL_SHAPES.get(dry.model, {}).get("model_type")  # None: the demo Llama
@@ -94,7 +100,7 @@ def test_dry_run_benches_the_plans_in_order_with_checkpointing_on(tmp_path, dry_
             assert row["varlen_calls_per_attention_call"] is None and row["flop_ideal_speedup"] is None
         else:  # the kernel calls, whatever path the layer takes (1.0 on the kernel; 0 where none is called)
             assert 0 <= row["varlen_calls_per_attention_call"] <= 1 and row["fraction_of_flop_ideal"] > 0
-        assert (row["shared_batches"] is None) == (mode != PREFIX_SHARING_AUTO)
+        assert (row["shared_batches"] is None) == (mode not in (PREFIX_SHARING, PREFIX_SHARING_AUTO))
     # Under the stand-in both precisions reach the kernel: TRL's default casts float32 queries and keys to bf16
     assert rows[("tiny", "trl_default", "padfree_varlen")]["varlen_calls_per_attention_call"] == 1.0
     assert rows[("tiny", "bf16", PREFIX_SHARING_AUTO)]["varlen_calls_per_attention_call"] == 1.0

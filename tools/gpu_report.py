@@ -16,7 +16,9 @@ in DIR/errors.log) or skipped; a failed stage does not stop the next:
     pytest    python -m pytest -m gpu -q -p no:cacheprovider, its log in DIR/pytest.log (a dry run records the
               command only: it is not run from inside a test run)
 
-The plans run headline shapes first (Qwen2.5-0.5B; Llama-3.1-8B with LoRA), then attention that torch's varlen kernel
+The plans run headline shapes first (Qwen2.5-0.5B; Llama-3.1-8B with LoRA), then many pairs of one prompt
+(Qwen2.5-0.5B on prompt groups: padded TRL, padfree_varlen, and prefix sharing computing each prompt and completion
+once), then attention that torch's varlen kernel
 cannot compute (GPT-OSS's sinks, Gemma 2's softcapping), each padded TRL on the kernel its users pick against packed
 `padfree_varlen`. Every mode trains as TRL's `DPOConfig` does by default: activation checkpointing on.
 
@@ -105,7 +107,8 @@ class BenchPlan:
 
     @property
     def label(self) -> str:
-        return self.model + (" (LoRA)" if self.lora else "")
+        grouped = " (prompt groups)" if self.distribution == "prompt_groups" else ""
+        return self.model + (" (LoRA)" if self.lora else "") + grouped
 
     def bench_args(self, device: str) -> list[str]:
         """`trl-padfree bench`'s arguments for the same rows."""
@@ -123,6 +126,11 @@ class BenchPlan:
 GPU_PLANS = (
     BenchPlan("qwen2.5-0.5b", lora=False, pairs_per_batch=8, max_length=1024, warmup=3, steps=10),
     BenchPlan("llama3.1-8b", lora=True, pairs_per_batch=4, max_length=512, warmup=2, steps=6),
+    # Many pairs of one prompt (4 completions paired all ways, 2 prompts a batch): prefix sharing computes each
+    # prompt and each completion once
+    BenchPlan(
+        "qwen2.5-0.5b", False, 12, 1024, 3, 10, "trl_default", prefix_sharing="true", distribution="prompt_groups"
+    ),
     BenchPlan("gpt-oss-4-layers", False, 8, 1024, 3, 6, precision="trl_default", prefix_sharing="none"),
     BenchPlan("gemma2-9b-4-layers", False, 8, 1024, 3, 6, precision="trl_default", prefix_sharing="none"),
 )
@@ -131,6 +139,9 @@ GPU_PLANS = (
 DRY_RUN_PLANS = (
     BenchPlan("tiny", lora=False, pairs_per_batch=2, max_length=32, warmup=1, steps=1),
     BenchPlan("tiny", lora=True, pairs_per_batch=2, max_length=32, warmup=0, steps=1),
+    BenchPlan(
+        "tiny", False, 6, 64, 0, 1, precision="trl_default", prefix_sharing="true", distribution="prompt_groups"
+    ),
     BenchPlan("gpt-oss-tiny", False, 2, 32, 0, 1, precision="trl_default", prefix_sharing="none"),
     BenchPlan("gemma2-tiny", False, 2, 32, 0, 1, precision="trl_default", prefix_sharing="none"),
 )

@@ -9,7 +9,7 @@ import datasets
 
 from ...tiny import DEMO_MODEL_SIZES
 from .budget import format_batching_table, run_batching_bench
-from .harness import DISTRIBUTIONS, MODEL_SHAPES
+from .harness import DEFAULT_DISTRIBUTIONS, DISTRIBUTIONS, MODEL_SHAPES
 from .precision import PRECISION_CHOICES
 from .report import format_conditions, format_step_table, format_table, plot, write_rows
 from .rows import (
@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--distributions",
         nargs="+",
         choices=DISTRIBUTIONS,
-        default=list(DISTRIBUTIONS),
+        default=list(DEFAULT_DISTRIBUTIONS),
         help="length distributions to draw pairs from: ultrafeedback (single-turn chat, short prompts), capybara "
-        "(multi-turn, long prompts), shipped (the shipped data's exact lengths) (default: all three)",
+        "(multi-turn, long prompts), shipped (the shipped data's exact lengths), prompt_groups (capybara's prompts "
+        "with 4 completions each, paired all ways: 6 consecutive pairs per prompt) (default: the first three)",
     )
     parser.add_argument(
         "--backends",

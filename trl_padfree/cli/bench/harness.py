@@ -5,6 +5,9 @@ Length distributions (token counts; content is random token ids, which does not 
 - `ultrafeedback`: single-turn chat, short prompts; `capybara`: multi-turn, long prompts. Lognormal models fitted to
   published statistics of those datasets (`trl_padfree.data.length_models`, sources in docs/guides/quickstart.md).
 - `shipped`: the exact lengths of the preference data shipped in the package, tokenized as TRL does.
+- `prompt_groups`: many pairs of one prompt, as on-policy and UltraFeedback-style data give them: each of capybara's
+  long prompts with 4 completions paired all ways (6 pairs, consecutive: `train_sampling_strategy="group_by_prompt"`
+  batches them so). Not in the default set.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import copy
 import ctypes
 import gc
 import importlib.util
+import itertools
 import platform
 import random
 import statistics
@@ -41,7 +45,9 @@ from ...packing.layout import kept_prompt_and_completion
 from ...tiny import DEMO_MODEL_SIZES, make_demo_model, make_model
 from ...trainer import DPOTrainer
 
-DISTRIBUTIONS = ("ultrafeedback", "capybara", "shipped")
+DISTRIBUTIONS = ("ultrafeedback", "capybara", "shipped", "prompt_groups")
+DEFAULT_DISTRIBUTIONS = DISTRIBUTIONS[:3]
+GROUP_COMPLETIONS = 4  # `prompt_groups`: completions per prompt, paired all ways
 # Shapes of public models, built with random weights from the config alone (no download)
 MODEL_SHAPES = {
     "llama3.1-8b": dict(
@@ -175,24 +181,48 @@ def make_batches(
 ) -> list[list[dict]]:
     """`num_batches` lists of tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) following `distribution`."""
     rng = random.Random(seed)
-    if distribution == "shipped":
-        lengths = shipped_lengths()
-        rng.shuffle(lengths)
-        draws = [lengths[index % len(lengths)] for index in range(num_batches * pairs_per_batch)]
-    elif distribution in ("ultrafeedback", "capybara"):
-        model = SINGLE_TURN if distribution == "ultrafeedback" else MULTI_TURN
-        draws = [sample_lengths(model, rng, max_length) for _ in range(num_batches * pairs_per_batch)]
-    else:
-        raise ValueError(f"Unknown distribution {distribution!r}; choose from {list(DISTRIBUTIONS)}.")
 
     def tokens(count: int) -> list[int]:
         return [rng.randrange(4, vocab_size) for _ in range(count)]  # ids 0..3 are special tokens
 
-    pairs = [
-        {"prompt_ids": tokens(p), "chosen_ids": tokens(c), "rejected_ids": tokens(r)}
-        for p, c, r in (truncated_pair_lengths(*draw, max_length) for draw in draws)
-    ]
+    if distribution == "prompt_groups":
+        pairs = []
+        while len(pairs) < num_batches * pairs_per_batch:
+            pairs += _prompt_group(rng, tokens, max_length)
+    else:
+        pairs = [
+            {"prompt_ids": tokens(p), "chosen_ids": tokens(c), "rejected_ids": tokens(r)}
+            for p, c, r in (
+                truncated_pair_lengths(*draw, max_length)
+                for draw in _pair_length_draws(distribution, rng, num_batches * pairs_per_batch, max_length)
+            )
+        ]
+    pairs = pairs[: num_batches * pairs_per_batch]
     return [pairs[start : start + pairs_per_batch] for start in range(0, len(pairs), pairs_per_batch)]
+
+
+def _pair_length_draws(distribution: str, rng: random.Random, count: int, max_length: int) -> list[tuple]:
+    if distribution == "shipped":
+        lengths = shipped_lengths()
+        rng.shuffle(lengths)
+        return [lengths[index % len(lengths)] for index in range(count)]
+    if distribution in ("ultrafeedback", "capybara"):
+        model = SINGLE_TURN if distribution == "ultrafeedback" else MULTI_TURN
+        return [sample_lengths(model, rng, max_length) for _ in range(count)]
+    raise ValueError(f"Unknown distribution {distribution!r}; choose from {list(DISTRIBUTIONS)}.")
+
+
+def _prompt_group(rng: random.Random, tokens, max_length: int) -> list[dict]:
+    """One prompt's pairs: `GROUP_COMPLETIONS` completions (capybara's lengths) paired all ways, each truncated as
+    TRL's keep_start truncation cuts it (the same completion alike in every pair)."""
+    draws = [sample_lengths(MULTI_TURN, rng, max_length) for _ in range(GROUP_COMPLETIONS // 2)]
+    prompt = tokens(draws[0][0])
+    completions = [tokens(length) for _, chosen, rejected in draws for length in (chosen, rejected)]
+    pairs = []
+    for better, worse in itertools.combinations(completions, 2):
+        kept, chosen, rejected = truncated_pair_lengths(len(prompt), len(better), len(worse), max_length)
+        pairs.append({"prompt_ids": prompt[:kept], "chosen_ids": better[:chosen], "rejected_ids": worse[:rejected]})
+    return pairs
 
 
 def truncated_pair_lengths(prompt: int, chosen: int, rejected: int, max_length: int) -> tuple[int, int, int]:
