@@ -17,6 +17,8 @@ _EXPORTS = {
     "DPOTrainer": ".trainer",
     "PaddingFreePreferenceCollator": ".packing.collator",
     "concatenated_inputs": ".packing.collator",
+    "pair_scored_completions": ".data.scored_pairs",
+    "pair_ultrafeedback": ".data.scored_pairs",
 }
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ from .refusals import (
     check_at_least_one,
     check_context_parallel_config,
     check_fp32_log_probs_value,
+    check_group_by_prompt_config,
     check_positive,
     check_prefix_sharing_config,
     check_prefix_sharing_value,
@@ -21,11 +22,14 @@ from .refusals import (
 )
 
 
-def changed_field(name: str, help_text: str):
+def changed_field(name: str, help_text: str, more_choices: tuple[str, ...] = ()):
     """A field of `trl.DPOConfig` (or of transformers' `TrainingArguments` under it) whose meaning trl-padfree changes:
-    its default and metadata (choices) as there, with our help text."""
+    its default and metadata (choices) as there, with our help text and the values trl-padfree adds to its choices."""
     inherited = {trl_field.name: trl_field for trl_field in fields(trl.DPOConfig)}[name]
-    return field(default=inherited.default, metadata={**inherited.metadata, "help": help_text})
+    metadata = {**inherited.metadata, "help": help_text}
+    if more_choices:
+        metadata["choices"] = [*inherited.metadata["choices"], *more_choices]
+    return field(default=inherited.default, metadata=metadata)
 
 
 @dataclass
@@ -163,6 +167,15 @@ class DPOConfig(trl.DPOConfig):
             `padfree/balance_cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
             `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
             `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/concepts/balancing.md.
+
+            `"group_by_prompt"` (trl-padfree's) puts a prompt's pairs in the same micro-batch: pairs whose prompts
+            tokenize the same are one group, and each epoch's groups are shuffled and packed into batches of
+            `per_device_train_batch_size` pairs, every pair once per epoch, so training equals padded TRL fed the
+            same batches. Pick a batch size the pairs per prompt divide (K completions paired all ways: K(K-1)/2
+            pairs), or groups get cut across batches. With `padding_free=True` and `prefix_sharing`, each prompt is
+            then computed once per micro-batch; otherwise it only orders the batches. Data with K scored
+            completions per prompt becomes pairs with `trl_padfree.pair_scored_completions`. Not with
+            `max_tokens_per_batch` or vision-language data yet.
     """
 
     # TRL's fields whose meaning changes here: TRL's default and choices, our help (what `trl-padfree dpo --help` shows)
@@ -179,9 +192,12 @@ class DPOConfig(trl.DPOConfig):
     )
     train_sampling_strategy: str = changed_field(
         "train_sampling_strategy",
-        "Sampler for training: 'random' (default), 'sequential', 'group_by_length', or 'batch_rebalance' (with "
+        "Sampler for training: 'random' (default), 'sequential', 'group_by_length', 'batch_rebalance' (with "
         "padding_free=true: each step's pairs split over processes and micro-steps so every packed row costs about "
-        "the same, training equal to padded TRL on the same batches; docs/concepts/balancing.md).",
+        "the same, training equal to padded TRL on the same batches; docs/concepts/balancing.md), or "
+        "'group_by_prompt' (a prompt's pairs in the same micro-batch; pick a batch size the pairs per prompt divide; "
+        "prefix sharing then computes each prompt once per micro-batch).",
+        more_choices=("group_by_prompt",),
     )
     packed_attn_implementation: str = field(
         default="auto",
@@ -270,6 +286,7 @@ class DPOConfig(trl.DPOConfig):
             check_positive("max_tokens_per_batch", self.max_tokens_per_batch)
         check_prefix_sharing_config(self.prefix_sharing, self.padding_free, self.prefix_sharing_min_prompt_tokens)
         check_positive("token_budget_window", self.token_budget_window)
+        check_group_by_prompt_config(self.train_sampling_strategy, self.max_tokens_per_batch)
         launched_size = _sequence_parallel_size_from_accelerate_launch()
         check_sequence_parallel_sizes_agree(self.sequence_parallel_size, launched_size)
         if launched_size > 1:

@@ -8,6 +8,7 @@ and its own part of a step:
     RowSplit             row_split.py              one row over several ranks (Ulysses, context parallelism)
     TokenBudgetBatching  token_budget_batching.py  micro-batches filled by tokens
     BalancedBatches      balanced_batches.py       each step's pairs split so every process's row costs the same
+    PromptGroupBatches   prompt_group_batches.py   a prompt's pairs in the same micro-batch (padded or not)
     PairWeightedSteps    pair_weighted_steps.py    the loss and metrics of micro-batches of uneven pair counts
 
 TRL's private names it builds on are behind `integrations.trl.TRLSeams`.
@@ -22,7 +23,14 @@ from torch.utils.data import DataLoader
 
 from .config import fp32_log_probs_enabled
 from .data.preference_format import checked_preference_datasets
-from .features import BalancedBatches, PaddingFree, ReferencePlacement, RowSplit, TokenBudgetBatching
+from .features import (
+    BalancedBatches,
+    PaddingFree,
+    PromptGroupBatches,
+    ReferencePlacement,
+    RowSplit,
+    TokenBudgetBatching,
+)
 from .features.pair_weighted_steps import EpochOfBatchSampler, PairWeightedSteps, batch_sampler_dataloader
 from .integrations.trl import TRLSeams, bound_init_arguments
 from .modeling.fused_lm_head import fused_lm_head_lookups
@@ -60,6 +68,7 @@ class DPOTrainer(TRLSeams):
         self._token_budget = None  # max_tokens_per_batch, once TRL has tokenized the data
         self._balanced = None  # train_sampling_strategy="batch_rebalance", once TRL has tokenized the data
         self._pair_weights = None  # either of them: micro-batches of uneven pair counts
+        self._prompt_groups = None  # train_sampling_strategy="group_by_prompt", once TRL has tokenized the data
         self._row_split = None  # rows shared by several ranks
         self._reference, arguments["ref_model"] = ReferencePlacement.before_init(
             args, model, ref_model, arguments.get("peft_config")
@@ -79,9 +88,11 @@ class DPOTrainer(TRLSeams):
             self._padding_free.pad_rows_to(self, self._row_split.ranks_per_row)
         self._token_budget = TokenBudgetBatching.set_up(self)
         self._balanced = BalancedBatches.set_up(self)
+        self._prompt_groups = PromptGroupBatches.set_up(self)
         if self._token_budget is not None or self._balanced is not None:
             shape, reference_forward = (None, True) if self._balanced is None else self._balanced.pricing
             self._pair_weights = PairWeightedSteps(self.accelerator, shape, reference_forward)
+        if self._train_batch_sampler() is not None:
             self.add_callback(EpochOfBatchSampler(self._train_batch_sampler()))
         self._reference.release_after_precompute(self)
         self._check_datasets_not_empty()
@@ -108,9 +119,9 @@ class DPOTrainer(TRLSeams):
         check_datasets_not_empty(sizes, self.args.max_length)
 
     def get_train_dataloader(self) -> DataLoader:
-        if self._pair_weights is not None:
+        batch_sampler = self._train_batch_sampler()
+        if batch_sampler is not None:
             dataset = self.columns_the_model_takes(self.train_dataset, description="Training")
-            batch_sampler = self._train_batch_sampler()
             dataloader = batch_sampler_dataloader(
                 batch_sampler, dataset, self.data_collator, self.args, self.accelerator
             )
@@ -119,8 +130,12 @@ class DPOTrainer(TRLSeams):
         return dataloader if self._row_split is None else self._row_split.train_dataloader(dataloader)
 
     def _train_batch_sampler(self):
-        """The balanced micro-batches (or the token budget's bins dealt balanced), or the token budget's bins."""
-        return self._balanced.sampler if self._balanced is not None else self._token_budget.sampler
+        """The balanced micro-batches (or the token budget's bins dealt balanced), the token budget's bins, or the
+        prompt groups' batches; None for TRL's own sampler."""
+        for feature in (self._balanced, self._token_budget, self._prompt_groups):
+            if feature is not None:
+                return feature.sampler
+        return None
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.padding_free_enabled:  # an optimizer step starts: its micro-batches are fetched and collated

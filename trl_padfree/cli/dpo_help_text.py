@@ -88,7 +88,7 @@ HELP = r'''usage: trl-padfree dpo [-h] [--dataset_name DATASET_NAME] [--dataset_
                        [--dataloader_in_order [DATALOADER_IN_ORDER]] [--no_dataloader_in_order]
                        [--remove_unused_columns [REMOVE_UNUSED_COLUMNS]]
                        [--no_remove_unused_columns] [--label_names LABEL_NAMES [LABEL_NAMES ...]]
-                       [--train_sampling_strategy {random,sequential,group_by_length,batch_rebalance}]
+                       [--train_sampling_strategy {random,sequential,group_by_length,batch_rebalance,group_by_prompt}]
                        [--length_column_name LENGTH_COLUMN_NAME]
                        [--ddp_find_unused_parameters DDP_FIND_UNUSED_PARAMETERS]
                        [--ddp_bucket_cap_mb DDP_BUCKET_CAP_MB]
@@ -517,12 +517,14 @@ options:
   --label_names LABEL_NAMES [LABEL_NAMES ...], --label-names LABEL_NAMES [LABEL_NAMES ...]
                         The list of keys in your dictionary of inputs that correspond to the labels.
                         (default: None)
-  --train_sampling_strategy {random,sequential,group_by_length,batch_rebalance}, --train-sampling-strategy {random,sequential,group_by_length,batch_rebalance}
+  --train_sampling_strategy {random,sequential,group_by_length,batch_rebalance,group_by_prompt}, --train-sampling-strategy {random,sequential,group_by_length,batch_rebalance,group_by_prompt}
                         Sampler for training: 'random' (default), 'sequential', 'group_by_length',
-                        or 'batch_rebalance' (with padding_free=true: each step's pairs split over
+                        'batch_rebalance' (with padding_free=true: each step's pairs split over
                         processes and micro-steps so every packed row costs about the same, training
-                        equal to padded TRL on the same batches; docs/concepts/balancing.md).
-                        (default: random)
+                        equal to padded TRL on the same batches; docs/concepts/balancing.md), or
+                        'group_by_prompt' (a prompt's pairs in the same micro-batch; pick a batch
+                        size the pairs per prompt divide; prefix sharing then computes each prompt
+                        once per micro-batch). (default: random)
   --length_column_name LENGTH_COLUMN_NAME, --length-column-name LENGTH_COLUMN_NAME
                         Column name for precomputed lengths. Ignored unless
                         `train_sampling_strategy` is 'group_by_length' or 'batch_rebalance'.

@@ -4,6 +4,7 @@
 from .balanced_batches import BalancedBatches
 from .padding_free import PaddingFree
 from .pair_weighted_steps import PairWeightedSteps
+from .prompt_group_batches import PromptGroupBatches
 from .reference_placement import ReferencePlacement
 from .row_split import RowSplit
 from .token_budget_batching import TokenBudgetBatching
@@ -12,6 +13,7 @@ __all__ = [
     "BalancedBatches",
     "PaddingFree",
     "PairWeightedSteps",
+    "PromptGroupBatches",
     "ReferencePlacement",
     "RowSplit",
     "TokenBudgetBatching",

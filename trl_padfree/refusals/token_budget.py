@@ -1,5 +1,5 @@
-"""Refusals of token-budget batching (`max_tokens_per_batch`) and balanced batches (`batch_rebalance`), and of pair
-sizes counted from image sizes."""
+"""Refusals of token-budget batching (`max_tokens_per_batch`), balanced batches (`batch_rebalance`) and prompt groups
+(`group_by_prompt`), and of pair sizes counted from image sizes."""
 
 from __future__ import annotations
 
@@ -76,6 +76,20 @@ def check_balanced_batches_split(pairs: int, pairs_per_round: int, any_step: boo
             f"train_sampling_strategy='batch_rebalance' with dataloader_drop_last=True: a training set of {pairs} "
             f"pairs holds no whole round of {pairs_per_round} pairs (per_device_train_batch_size on every process), "
             "so every pair would be dropped. Set dataloader_drop_last=False, or use more pairs."
+        )
+
+
+def check_prompt_groups_setup(vision: bool, sized: bool) -> None:
+    """`train_sampling_strategy="group_by_prompt"`: what grouping needs of the training set."""
+    if vision:
+        raise ValueError(
+            "train_sampling_strategy='group_by_prompt' does not group vision-language pairs yet: their prompts are "
+            "tokenized with their images only when collated. Use train_sampling_strategy='random' (the default)."
+        )
+    if not sized:
+        raise ValueError(
+            "train_sampling_strategy='group_by_prompt' needs a training dataset with a length, not an "
+            "IterableDataset: each epoch's batches are made from every pair's prompt."
         )
 
 
