@@ -13,6 +13,12 @@ gives a process its slice of the same global batches the single process sees who
 holds a saved vision-language model and, where it can be saved, its processor (else tests/tiny_vision/ builds it), and
 the data is `tiny_vision.vision_preference_rows`, pairs with noise images.
 
+With `--prompt-groups K` the data is prompt groups: each of the first `--num-pairs` shipped prompts with K of the
+shipped completions, paired all ways by `pair_scored_completions` (K = 4: 6 pairs per prompt). This package's trainer
+batches them with `train_sampling_strategy="group_by_prompt"`; TRL's (the 'trl' option), which cannot, is fed the
+same grouped batches, `--joined-processes` of them together per micro-batch: a one-process baseline of that many
+processes. The report's "prompt_groups" says which pairs and prompts each process's micro-batches held.
+
 `--model` is a saved model folder, or a folder of them: a run named `NAME:<options>` trains `<model>/NAME`, so one
 launch can train several architectures one after the other (the report keys are the run names as given).
 """
@@ -21,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import hashlib
 import json
 import sys
 import time
 import warnings
+from array import array
 from itertools import pairwise
 from pathlib import Path
 
@@ -33,11 +41,14 @@ import trl
 from transformers import TrainerCallback
 
 import trl_padfree
-from trl_padfree import DPOConfig, DPOTrainer
+from trl_padfree import DPOConfig, DPOTrainer, pair_scored_completions
 from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
+from trl_padfree.features.pair_weighted_steps import batch_sampler_dataloader
+from trl_padfree.features.prompt_group_batches import prompt_group_ids
 from trl_padfree.modeling.mixers import SEGMENTS_KWARG, MixerSegments, stateful_mixers
 from trl_padfree.packing.balance import bin_costs, imbalance
+from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler
 from trl_padfree.parallel.ulysses import sequence_parallel_size
 from trl_padfree.placement.deepspeed import reference_offloaded, zero3_init_config
 
@@ -119,6 +130,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--images-per-row", default="1", help="with --vision: comma-separated images per example, cycled over the rows"
     )
     parser.add_argument(
+        "--prompt-groups",
+        type=int,
+        metavar="K",
+        help="train on prompt groups: each of --num-pairs shipped prompts with K shipped completions, paired all ways "
+        "(K(K-1)/2 pairs per prompt), batched by train_sampling_strategy='group_by_prompt' (TRL's trainer: fed the "
+        "same batches)",
+    )
+    parser.add_argument(
+        "--joined-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --prompt-groups, for TRL's trainer ('trl' runs only): stand in for N data-parallel processes, each "
+        "micro-batch the N grouped batches of --batch-size pairs they run in one step",
+    )
+    parser.add_argument(
         "--count-collectives",
         action="store_true",
         help="report each step's torch.distributed calls and split-row host reads (step_collectives.py)",
@@ -154,6 +181,14 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     flags = run_options(run)
     trainer_class, config_class = (trl.DPOTrainer, trl.DPOConfig) if "trl" in flags else (DPOTrainer, DPOConfig)
     extra = {"ref_offload": True} if "ref_offload" in flags else {}
+    batch_size = options.batch_size
+    if options.joined_processes != 1 and not (options.prompt_groups and "trl" in flags):
+        raise ValueError(f"--joined-processes is for 'trl' runs with --prompt-groups, not {run!r}.")
+    if options.prompt_groups and "trl" in flags:
+        trainer_class = TRLOnPromptGroups
+        batch_size *= options.joined_processes
+    elif options.prompt_groups:
+        extra["train_sampling_strategy"] = "group_by_prompt"
     if "sp" in flags:
         extra["sequence_parallel_size"] = options.sp_size
     if "cp" in flags:
@@ -195,8 +230,8 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         output_dir=output_dir,
         padding_free="padding_free" in flags,
         precompute_ref_log_probs="precompute" in flags,
-        per_device_train_batch_size=options.batch_size,
-        per_device_eval_batch_size=options.batch_size,
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size,
         gradient_accumulation_steps=options.grad_accum,
         max_steps=options.steps,
         learning_rate=options.learning_rate,
@@ -218,7 +253,12 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         auto_class = AutoModelForImageTextToText if options.vision else AutoModelForCausalLM
         with zero3_init_config(None):  # a plain model, as a user would load it
             ref_model = auto_class.from_pretrained(model, dtype=torch.float32)
-    dataset, processing_class = vision_data(model, options) if options.vision else text_data(model, options)
+    if options.vision:
+        dataset, processing_class = vision_data(model, options)
+    elif options.prompt_groups:
+        dataset, processing_class = prompt_group_data(model, options)
+    else:
+        dataset, processing_class = text_data(model, options)
     if options.pairs:
         dataset = dataset.select([int(index) for index in options.pairs.split(",")])
     trainer = trainer_class(
@@ -229,7 +269,10 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         processing_class=processing_class,
         **extra_trainer,
     )
-    trainer.data_collator = RowRecorder(trainer.data_collator)
+    if trainer_class is TRLOnPromptGroups:
+        trainer.joined_processes = options.joined_processes
+    collator = PairRecorder(trainer.data_collator) if options.prompt_groups else trainer.data_collator
+    trainer.data_collator = RowRecorder(collator)
     if options.save_grads:
         trainer.add_callback(FirstStepGradients(options.save_grads.replace("{run}", run), trainer))
     trainer.add_callback(PrecisionProbe(trainer))
@@ -245,6 +288,107 @@ def text_data(model: str, options: argparse.Namespace):
     else:
         tokenizer = load_demo_tokenizer()
     return load_demo_dataset("train").select(range(options.num_pairs)), tokenizer
+
+
+def prompt_group_data(model: str, options: argparse.Namespace):
+    """Prompt groups from the shipped pairs: prompt i is pair i's prompt, its K completions the first K of the chosen
+    and rejected completions of pairs i, i + 1, ... (of other prompts, but text the tokenizer knows), scored
+    distinctly, so that `pair_scored_completions` makes K(K-1)/2 pairs of each, next to each other."""
+    from datasets import Dataset
+
+    _, tokenizer = text_data(model, options)
+    shipped = load_demo_dataset("train")
+    count, k = options.num_pairs, options.prompt_groups
+    texts = [text for index in range(count + k) for text in (shipped[index]["chosen"], shipped[index]["rejected"])]
+    rows = {
+        "prompt": [shipped[index]["prompt"] for index in range(count)],
+        "completions": [texts[2 * index : 2 * index + k] for index in range(count)],
+        "scores": [[(position + index) % k for position in range(k)] for index in range(count)],  # best: varies
+    }
+    return pair_scored_completions(Dataset.from_dict(rows), "all_pairs"), tokenizer
+
+
+class JoinedBatches:
+    """`sampler`'s batches, `joined` consecutive ones together: what `joined` processes, dealt them round-robin by
+    accelerate, run in one step."""
+
+    def __init__(self, sampler, joined: int):
+        self.sampler, self.joined = sampler, joined
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.joined)
+
+    def __iter__(self):
+        batches = list(self.sampler)
+        for start in range(0, len(batches), self.joined):
+            yield [index for batch in batches[start : start + self.joined] for index in batch]
+
+
+class TRLOnPromptGroups(trl.DPOTrainer):
+    """TRL's padded trainer fed the batches `train_sampling_strategy="group_by_prompt"` makes of its tokenized
+    training set (the same sampler, arguments and seed as this package's trainer), `joined_processes` of them in each
+    micro-batch."""
+
+    joined_processes = 1
+
+    def get_train_dataloader(self):
+        args = self.args
+        self.prompt_group_sampler = PromptGroupBatchSampler(
+            prompt_group_ids(self.train_dataset),
+            args.per_device_train_batch_size // self.joined_processes,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            drop_last=args.dataloader_drop_last,
+        )
+        batches = JoinedBatches(self.prompt_group_sampler, self.joined_processes)
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        return batch_sampler_dataloader(batches, dataset, self.data_collator, args, self.accelerator)
+
+
+def pair_digest(*token_lists) -> str:
+    """A short digest of a pair's (or a prompt's) token ids, to compare batches across processes."""
+    data = b"|".join(array("q", tokens).tobytes() for tokens in token_lists)
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+class PairRecorder:
+    """The collator, recording each batch's pairs and distinct prompts (digests of their token ids)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.batches = []
+
+    def __call__(self, examples):
+        self.batches.append(
+            {
+                "pairs": sorted(pair_digest(e["prompt_ids"], e["chosen_ids"], e["rejected_ids"]) for e in examples),
+                "prompts": sorted({pair_digest(e["prompt_ids"]) for e in examples}),
+            }
+        )
+        return self.collator(examples)
+
+
+def prompt_group_report(trainer) -> dict:
+    """With --prompt-groups: every process's recorded batches (`batches[process][micro_batch]`, all processes join the
+    gather), the epoch's grouped batches of pair indices and each pair's digest."""
+    recorded = trainer.data_collator.collator.batches
+    if torch.distributed.is_initialized():
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, recorded)
+    else:
+        gathered = [recorded]
+    sampler = getattr(trainer, "prompt_group_sampler", None) or trainer._train_batch_sampler()
+    dataset = trainer.train_dataset
+    return {
+        "batches": gathered,
+        "grouped_batches": epoch_micro_batches(sampler, 0),
+        "pairs": [
+            pair_digest(*tokens)
+            for tokens in zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True)
+        ],
+    }
 
 
 def vision_data(model: str, options: argparse.Namespace):
@@ -571,6 +715,8 @@ def main(argv=None) -> None:
             trainer.add_callback(counts)
         trainer.train()
         reports[run] = describe(trainer)
+        if options.prompt_groups:
+            reports[run]["prompt_groups"] = prompt_group_report(trainer)
         if options.count_collectives:
             reports[run]["collectives"] = counts.steps
         reports[run]["seconds"] = time.perf_counter() - start  # building the trainer and training, this process
