@@ -16,6 +16,7 @@ from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
 from ..modeling.packed_forward import PackedBatch
 from ..modeling.vision import bidirectional_image_marks, image_spans_on_sliding_layers_only, packed_position_ids
 from ..packing.prefix_sharing import shared_prefix_keys
+from ..refusals import check_prefix_sharing_without_sequence_parallel
 from .context import ContextParallelRow
 from .groups import RowGroup
 from .image_shares import images_dealt
@@ -40,7 +41,9 @@ class SplitRowRun:
         return self.row.size
 
     def run(self, forward, packed_batch: PackedBatch, kwargs: dict, module):
-        # (stateful mixers and prefix sharing under Ulysses were refused at set-up: features/row_split.py)
+        # Stateful mixers were refused at set-up (features/row_split.py); a shared row is this batch's, read from its
+        # host integers: a collator that shares may be handed in past the set-up check
+        check_prefix_sharing_without_sequence_parallel(packed_batch.host.shared_pairs > 0, self.ulysses is not None)
         images = packed_batch.image_inputs is not None
         if images:  # the model's own forward embeds the whole row; its language model runs this rank's chunk
             marks = bidirectional_image_marks(module)  # Ulysses attends over the whole row: spans and all
