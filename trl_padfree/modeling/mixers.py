@@ -17,20 +17,24 @@ Each such mixer (a module owning a depthwise causal `Conv1d`) gets a forward tha
   transformers' PyTorch fallbacks, or a function that swallows keywords, run per segment instead.
 - **per segment** (CPU, and CUDA without such kernels): the mixer runs once per sequence, its state starting fresh.
 
-With prefix sharing a rejected branch has no prompt of its own on the row; its mixers read the prompt's tokens
-(`gather_index`) in front of the branch, so their state at the branch is the one the prompt leaves, and only the
-branch's outputs are kept. Which path runs, and why, is logged once per mixer class (the `trl_padfree.modeling.kernels`
-logger).
+With prefix sharing a branch (a rejected sequence, or another completion of a prompt group) has no prompt of its own on
+the row; its mixers read the prompt's tokens (`gather_index`) in front of the branch, so their state at the branch is
+the one the prompt leaves, and only the branch's outputs are kept. The mixer row holds every sequence of the batch,
+also those a prompt group lays out once (the best completion paired with each worse one): run per segment, a mixer's
+calls are then one per sequence on every process, as ZeRO-3's weight gathers need. Mixer layers so compute each
+sequence as without sharing, attention layers each prompt and distinct sequence once. Which path runs, and why, is
+logged once per mixer class (the `trl_padfree.modeling.kernels` logger).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
 
-from ..packing.layout import cu_seq_lens_from_lengths, segment_ids_from_lengths
+from ..packing.layout import host_to_device, segment_ids_from_lengths
 from ..refusals import check_mixer_conv_width, check_mixer_inputs, check_mixer_segments
 from .kernels import MixerKernels, branch_key, conv_kernel_refusing, log_once, mixer_kernels, takes_cuda_branch
 
@@ -62,32 +66,42 @@ class MixerSegments:
     @classmethod
     def from_lengths(cls, lengths: list[int], gather_index=None, output_index=None, device=None) -> MixerSegments:
         lengths = [length for length in lengths if length > 0]
-        cu_seqlens = cu_seq_lens_from_lengths(lengths, device=device)
-        seq_idx = segment_ids_from_lengths(torch.tensor(lengths, device=device)).to(torch.int32)
-        ends = cu_seqlens.tolist()
-        bounds = list(zip(ends[:-1], ends[1:], strict=True))
-        return cls(bounds, cu_seqlens, seq_idx.unsqueeze(0), gather_index, output_index)
+        ends = list(itertools.accumulate(lengths, initial=0))
+        cu_seqlens = host_to_device(torch.tensor(ends, dtype=torch.int32), device or torch.device("cpu"))
+        seq_idx = segment_ids_from_lengths(torch.tensor(lengths)).to(torch.int32)
+        seq_idx = host_to_device(seq_idx, device or torch.device("cpu"))
+        return cls(list(itertools.pairwise(ends)), cu_seqlens, seq_idx.unsqueeze(0), gather_index, output_index)
 
     @classmethod
     def of_packed_batch(cls, packed) -> MixerSegments:
-        """The segments of a `packed_forward.PackedBatch`: its `cu_seq_lens`, or with prefix sharing each sequence's prompt
-        and own tokens laid out one after another, then the row's padding."""
+        """The segments of a `packed_forward.PackedBatch`, from its host integers: its segments, or with prefix
+        sharing every sequence's prompt and own tokens laid out one after another, then the row's padding."""
         device = packed.input_ids.device
-        if not packed.host.shared_pairs:
-            return cls.from_lengths(packed.cu_seq_lens.diff().tolist(), device=device)
-        # token_index lists each sequence's tokens, prompt first, in row positions: that is the mixer row
-        gather_index = packed.token_index[packed.token_valid]
-        offsets = torch.arange(packed.width, device=device).expand_as(packed.token_index)
-        own = (offsets >= packed.shared_prefix_lens.unsqueeze(1))[packed.token_valid]  # not read from another's prompt
-        tail = torch.arange(packed.real_row_tokens, packed.row_length, device=device)
-        gather_index = torch.cat([gather_index, tail])
-        own = torch.cat([own, torch.ones_like(tail, dtype=torch.bool)])
-        output_index = torch.full((packed.row_length,), -1, dtype=torch.long, device=device)
-        output_index[gather_index[own]] = torch.arange(len(gather_index), device=device)[own]
+        host = packed.host
+        if not any(host.prefix_lens) and len(host.laid_out) == len(host.seq_lens):  # a segment per sequence
+            return cls.from_lengths(
+                [end - start for start, end in itertools.pairwise(host.cu_seq_lens)], device=device
+            )
+        spans, own = [], []  # the mixer row: row positions, and whether each is its sequence's own token
+        for sequence in range(len(host.seq_lens)):
+            start, length = host.seq_starts[sequence], host.seq_lens[sequence]
+            prefix_start, prefix = host.prefix_starts[sequence], host.prefix_lens[sequence]
+            spans += [range(prefix_start, prefix_start + prefix), range(start, start + length - prefix)]
+            own += [False] * prefix + [True] * (length - prefix)
+        real, row_length = host.real_row_tokens, packed.row_length
+        spans.append(range(real, row_length))
+        own += [True] * (row_length - real)
+        gather_index = torch.tensor([position for span in spans for position in span], dtype=torch.long)
+        own = torch.tensor(own)
+        output_index = torch.full((row_length,), -1, dtype=torch.long)
+        # (sequences that read the same tokens compute equal outputs: the last one's are kept)
+        output_index[gather_index[own]] = torch.arange(len(gather_index))[own]
         if bool((output_index < 0).any()):
             raise ValueError("Prefix-sharing row: some positions belong to no sequence (a collator bug).")
-        lengths = packed.seq_lens.tolist() + [packed.row_length - packed.real_row_tokens]
-        return cls.from_lengths(lengths, gather_index, output_index, device)
+        lengths = [*host.seq_lens, row_length - real]
+        return cls.from_lengths(
+            lengths, host_to_device(gather_index, device), host_to_device(output_index, device), device
+        )
 
     def run(self, mixer_forward, hidden_states: torch.Tensor, kwargs: dict, whole_row: bool) -> torch.Tensor:
         """`mixer_forward` on `hidden_states` (1, T, hidden) with every sequence kept apart: in one call given the

@@ -38,7 +38,8 @@ class PackedBatch:
     max_length: int
     seq_lens: torch.Tensor  # (sequences,), the padding segment excluded
     # From a prefix-sharing collator, for the padded views: per sequence, the row start of its own tokens and of the
-    # prefix it reads first, and that prefix's tokens
+    # prefix it reads first, and that prefix's tokens (a prompt group's equal sequences read the same positions: the
+    # padded views' gather sums their gradients)
     seq_starts: torch.Tensor | None = None
     shared_prefix_starts: torch.Tensor | None = None
     shared_prefix_lens: torch.Tensor | None = None
@@ -88,7 +89,7 @@ class PackedBatch:
 
     @property
     def real_row_tokens(self) -> int:
-        """Tokens of the row before its padding segment (every pair lays out two segments, shared or not)."""
+        """Tokens of the row before its padding segment (`HostRow.real_row_tokens`)."""
         return self.host.real_row_tokens
 
     @property
@@ -119,7 +120,8 @@ class PackedBatch:
 
     @property
     def images_encoded(self) -> int:
-        """Images the row hands the vision tower (each pair's twice, or once when its prompt is shared)."""
+        """Images the row hands the vision tower (each pair's twice, or once when its prompt is shared: vision rows are
+        laid out pair by pair, packing/vision.py)."""
         if self.images_per_sequence is None:
             return 0
         encoded = self.images_per_sequence[: len(self.seq_lens) // 2].sum()  # every chosen sequence's images

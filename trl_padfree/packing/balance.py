@@ -91,10 +91,12 @@ def pair_cost(
 
 def row_cost(shape: DecoderShape, row: HostRow, reference_forward: bool = True) -> float:
     """Training-step FLOPs of a collated row, from its host integers: the sum of its pairs' `pair_cost`, as the
-    collator laid them out (shared or not). The trailing padding segment is left out: it is what the cost model
+    collator laid them out (shared or not; a prompt group's sequences that read the same tokens counted once, so a
+    grouped row costs less than its pairs). The trailing padding segment is left out: it is what the cost model
     counts for every layout alike, and a balanced step's rows differ in it by less than `pad_to_multiple_of`."""
     segments = [
-        Segment(length - prefix, prefix=prefix) for length, prefix in zip(row.seq_lens, row.prefix_lens, strict=True)
+        Segment(row.seq_lens[sequence] - row.prefix_lens[sequence], prefix=row.prefix_lens[sequence])
+        for sequence in row.laid_out
     ]
     work = packed_row_work(segments, row.scored_tokens)
     return float(training_step_flops(shape, work, reference_forward=reference_forward))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..costs.flops import Segment
 from ..integrations.trl import DataCollatorForPreference
 from ..refusals import (
     check_examples,
@@ -29,9 +30,10 @@ from .prefix_sharing import (
     DEFAULT_MIN_PROMPT_TOKENS,
     MIN_SHARED_PROMPT_TOKENS,
     SharingCost,
+    grouped_row_layout,
+    layout_pays,
     shared_prefix_length,
     shared_row_layout,
-    shares_pay,
 )
 
 REQUIRED_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -100,6 +102,10 @@ class Sequences:
     def lengths(self) -> list[int]:
         return [len(tokens) for tokens in self.chosen + self.rejected]
 
+    @property
+    def masks(self) -> list[list[int]]:
+        return self.chosen_masks + self.rejected_masks
+
     def shared_prefixes(self, min_prompt_tokens: int) -> list[int]:
         """Per pair, the prefix its rejected sequence reads from the chosen one's (0: laid out unshared)."""
         return [
@@ -113,11 +119,19 @@ class RowLayout:
     """The row's segments, and where each sequence of the batch (chosen ones, then rejected ones) reads its tokens."""
 
     segments: list[tuple[list[int], list[int], int]]  # tokens, completion mask, position of the first token
-    sources: list[tuple[int, int]]  # per segment: the sequence it holds, and from which of its tokens on
+    sources: list[tuple[int, int]]  # per segment: the (first) sequence it holds, and from which of its tokens on
     seq_starts: list[int]  # row start of each sequence's own tokens
     prefix_starts: list[int]  # row start of the shared prefix it reads first (prefix sharing)
     prefix_lens: list[int]  # tokens of that prefix, 0 if none
-    pair_by_pair: bool = False  # laid out for prefix sharing (whether or not any pair shares)
+    shared: bool = False  # laid out for prefix sharing (whether or not any sequence reads another's tokens)
+
+    @classmethod
+    def of_sources(cls, sequences: Sequences, sources, seq_starts, prefix_starts, prefix_lens) -> RowLayout:
+        """A prefix-sharing layout (`prefix_sharing.shared_row_layout`'s or `grouped_row_layout`'s host integers)."""
+        tokens = sequences.chosen + sequences.rejected
+        masks = sequences.chosen_masks + sequences.rejected_masks
+        segments = [(tokens[sequence][first:], masks[sequence][first:], first) for sequence, first in sources]
+        return cls(segments, sources, seq_starts, prefix_starts, prefix_lens, shared=True)
 
 
 def lay_out_row(sequences: Sequences, prefixes: list[int] | None = None) -> RowLayout:
@@ -125,18 +139,23 @@ def lay_out_row(sequences: Sequences, prefixes: list[int] | None = None) -> RowL
     pair by pair, each rejected sequence reading the first `prefixes[pair]` tokens of the chosen one first
     (`prefix_sharing.shared_row_layout`)."""
     tokens = sequences.chosen + sequences.rejected
-    masks = sequences.chosen_masks + sequences.rejected_masks
     if prefixes is None:
-        segments = [(sequence, mask, 0) for sequence, mask in zip(tokens, masks, strict=True)]
+        segments = [(sequence, mask, 0) for sequence, mask in zip(tokens, sequences.masks, strict=True)]
         seq_starts = [0] + list(itertools.accumulate(len(sequence) for sequence in tokens))[:-1]
         sources = [(index, 0) for index in range(len(tokens))]
         return RowLayout(segments, sources, seq_starts, [0] * len(tokens), [0] * len(tokens))
     lengths = sequences.lengths
-    sources, seq_starts, prefix_starts, prefix_lens = shared_row_layout(
-        lengths[: len(prefixes)], lengths[len(prefixes) :], prefixes
+    return RowLayout.of_sources(
+        sequences, *shared_row_layout(lengths[: len(prefixes)], lengths[len(prefixes) :], prefixes)
     )
-    segments = [(tokens[sequence][first:], masks[sequence][first:], first) for sequence, first in sources]
-    return RowLayout(segments, sources, seq_starts, prefix_starts, prefix_lens, pair_by_pair=True)
+
+
+def lay_out_groups(sequences: Sequences, min_prompt_tokens: int) -> RowLayout:
+    """Prefix sharing over prompt groups (`prefix_sharing.grouped_row_layout`): each prompt of at least
+    `min_prompt_tokens` once per batch, each distinct sequence once."""
+    tokens = sequences.chosen + sequences.rejected
+    prompts = [_leading_zeros(mask) for mask in sequences.masks]
+    return RowLayout.of_sources(sequences, *grouped_row_layout(tokens, prompts, min_prompt_tokens))
 
 
 def concatenated_inputs(
@@ -156,10 +175,12 @@ def concatenated_inputs(
     With `pad_to_multiple_of`, the row ends with one padding segment (positions restarting at 0, completion mask 0):
     kernels see it as a separate segment, so no real token attends to it, and it is not a sequence of the batch.
 
-    With `prefix_sharing`, pairs are laid out one after another, each as `[prefix + chosen branch]` and `[rejected
-    branch]` segments whose rejected branch reads the prefix (see `trl_padfree.packing.prefix_sharing`); a pair whose
-    truncated sequences do not start with the same prompt tokens, or whose prompt is shorter than
-    `prefix_sharing_min_prompt_tokens`, keeps its two unshared segments.
+    With `prefix_sharing`, the sequences are laid out in prompt groups (see `trl_padfree.packing.prefix_sharing`):
+    those whose truncated prompt tokens are identical as one `[prefix + first sequence]` segment and one `[branch]`
+    segment per other distinct sequence, which reads the prefix; a sequence identical to one laid out reads that
+    one's tokens. A pair of its own prompt is `[prefix + chosen branch]`, `[rejected branch]`. A sequence whose prompt
+    is shorter than `prefix_sharing_min_prompt_tokens`, or kept other prompt tokens than every other, is laid out
+    whole.
 
     Args:
         examples: dicts with `prompt_ids`, `chosen_ids`, `rejected_ids` (lists of token ids) and optionally both
@@ -170,7 +191,7 @@ def concatenated_inputs(
         pad_to_multiple_of: pad the row (not each sequence) to a multiple of this length.
         return_attention_mask: also return `attention_mask` (1 on real tokens, 0 on the padding segment). It is for
             callers that want it; transformers treats a row with a mask as one sequence, so never pass it to a model.
-        prefix_sharing: compute each pair's prompt once (needs the `padfree_varlen` attention); `"auto"`: when
+        prefix_sharing: compute each prompt once per batch (needs the `padfree_varlen` attention); `"auto"`: when
             `prefix_sharing_cost` predicts the batch's step is cheaper shared (every prompt of 2 tokens or more).
         prefix_sharing_min_prompt_tokens: share only prompts of at least this many tokens (at least 2).
         prefix_sharing_cost: the model's cost model, for `"auto"` (without one, `"auto"` shares).
@@ -179,33 +200,37 @@ def concatenated_inputs(
         A dict with `input_ids`, `position_ids`, `completion_mask` of shape `(1, total_length)`; `seq_lens` (one
         length per sequence, chosen then rejected); `cu_seq_lens_q`/`cu_seq_lens_k` (int32 segment boundaries,
         padding segment included) and `max_length_q`/`max_length_k` for varlen kernels; `host_row`, the same
-        boundaries as host integers (`HostRow`); and the reference log-probs when the examples carry them. With `prefix_sharing`, also `seq_starts`, `shared_prefix_starts` and
-        `shared_prefix_lens` (per sequence: row start of its own tokens, and of the prefix it reads first).
+        boundaries as host integers (`HostRow`); and the reference log-probs when the examples carry them. With
+        `prefix_sharing`, also `seq_starts`, `shared_prefix_starts` and `shared_prefix_lens` (per sequence: row start
+        of its own tokens, and of the prefix it reads first; equal for sequences that read the same tokens).
     """
     _validate_examples(examples)
     sequences = Sequences.of(examples, max_length, truncation_mode)
-    prefixes = _shared_prefixes(sequences, prefix_sharing, prefix_sharing_min_prompt_tokens, prefix_sharing_cost)
-    output = packed_row(
-        sequences, lay_out_row(sequences, prefixes), pad_token_id, pad_to_multiple_of, return_attention_mask
-    )
+    layout = _layout(sequences, prefix_sharing, prefix_sharing_min_prompt_tokens, prefix_sharing_cost)
+    output = packed_row(sequences, layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
     if REF_COLUMNS[0] in examples[0]:
         for column in REF_COLUMNS:
             output[column] = torch.tensor([example[column] for example in examples])
     return output
 
 
-def _shared_prefixes(
+def _layout(
     sequences: Sequences, prefix_sharing: bool | str, min_prompt_tokens: int, cost: SharingCost | None
-) -> list[int] | None:
-    """Each pair's shared prefix (None: TRL's order, unshared); with "auto", all of them or none, as `cost` says."""
+) -> RowLayout:
+    """TRL's order unshared, or prefix sharing's prompt groups; with "auto", the groups of every prompt that can
+    share, or (as `cost` says) the pairs one after another, unshared."""
+    if not prefix_sharing:
+        return lay_out_row(sequences)
     if prefix_sharing != AUTO:
-        return sequences.shared_prefixes(min_prompt_tokens) if prefix_sharing else None
-    prefixes = sequences.shared_prefixes(MIN_SHARED_PROMPT_TOKENS)
-    scored = sum(map(sum, sequences.chosen_masks + sequences.rejected_masks))
-    lengths = [
-        (len(chosen), len(rejected)) for chosen, rejected in zip(sequences.chosen, sequences.rejected, strict=True)
-    ]
-    return prefixes if shares_pay(cost, lengths, prefixes, scored) else [0] * len(prefixes)
+        return lay_out_groups(sequences, min_prompt_tokens)
+    grouped = lay_out_groups(sequences, MIN_SHARED_PROMPT_TOKENS)
+    # A branch starts at the token after the prefix it reads: its first token's position is the prefix's length
+    segments = [Segment(len(tokens), prefix=first) for tokens, _, first in grouped.segments]
+    scored = sum(map(sum, sequences.masks))
+    row_scored = sum(sum(mask) for _, mask, _ in grouped.segments)
+    if layout_pays(cost, sequences.lengths, segments, scored, row_scored):
+        return grouped
+    return lay_out_row(sequences, [0] * len(sequences.chosen))
 
 
 def packed_row(
@@ -244,7 +269,7 @@ def packed_row(
     }
     if return_attention_mask:
         row["attention_mask"] = torch.tensor([[1] * real_length + [0] * padding_length], dtype=torch.long)
-    if layout.pair_by_pair:
+    if layout.shared:
         row["seq_starts"] = torch.tensor(layout.seq_starts, dtype=torch.long)
         row["shared_prefix_starts"] = torch.tensor(layout.prefix_starts, dtype=torch.long)
         row["shared_prefix_lens"] = torch.tensor(layout.prefix_lens, dtype=torch.long)

@@ -74,7 +74,7 @@ class HostRow:
 
     cu_seq_lens: tuple[int, ...]  # segment boundaries, the padding segment included
     seq_lens: tuple[int, ...]  # per sequence, chosen then rejected
-    seq_starts: tuple[int, ...]  # row start of each sequence's own tokens
+    seq_starts: tuple[int, ...]  # row start of each sequence's own tokens (equal sequences of a prompt group: one)
     prefix_starts: tuple[int, ...]  # row start of the shared prefix it reads first (prefix sharing)
     prefix_lens: tuple[int, ...]  # tokens of that prefix, 0 if none
     scored_tokens: int = 0  # completion tokens, which the LM head scores (the row's cost, `packing.balance.row_cost`)
@@ -102,12 +102,27 @@ class HostRow:
 
     @property
     def real_row_tokens(self) -> int:
-        """Tokens before the padding segment (every pair lays out two segments, shared or not)."""
-        return self.cu_seq_lens[len(self.seq_lens)]
+        """Tokens before the padding segment: the end of the last sequence's own tokens (a prompt group lays out
+        fewer segments than sequences)."""
+        ends = zip(self.seq_starts, self.seq_lens, self.prefix_lens, strict=True)
+        return max((start + length - prefix for start, length, prefix in ends), default=0)
+
+    @property
+    def laid_out(self) -> tuple[int, ...]:
+        """The sequences whose own tokens the row holds: of those reading the same tokens (a prompt group's equal
+        sequences), the first."""
+        first = {}
+        for sequence, start in enumerate(self.seq_starts):
+            first.setdefault(start, sequence)
+        return tuple(first.values())
 
     @property
     def shared_pairs(self) -> int:
-        return sum(1 for prefix in self.prefix_lens if prefix > 0)
+        """Pairs (sequences `i` and `pairs + i`) that do not lay out both their prompts: one of their sequences reads
+        its prompt from another, or is another's tokens."""
+        laid_out = {sequence for sequence in self.laid_out if self.prefix_lens[sequence] == 0}
+        pairs = len(self.seq_lens) // 2
+        return sum(1 for pair in range(pairs) if not {pair, pairs + pair} <= laid_out)
 
     def segment_of(self, row_position: int) -> int:
         return bisect.bisect_right(self.cu_seq_lens, row_position) - 1

@@ -1,4 +1,4 @@
-"""Prefix sharing: each pair laid out once, its prompt computed once for both completions.
+"""Prefix sharing: each prompt computed once per batch, for every completion of it.
 
     unshared row   | p0 p1 p2 p3 c0 c1 | p0 p1 p2 p3 r0 r1 r2 |
     shared row     | p0 p1 p2 | p3 c0 c1 | p3 r0 r1 r2 |
@@ -21,10 +21,19 @@ Causal attention aligned to the bottom-right corner (flash attention's varlen co
 reference's) then lets branch token i see the whole prefix and the branch up to itself: exactly the keys of the
 unshared rejected sequence.
 
-Every rule of the layout is here, on host integers: each pair's prefix (`shared_prefix_length`), the row laid out pair
-by pair (`shared_row_layout`, which the collator turns into its `HostRow`), and the keys each segment reads
-(`segment_keys`, `shared_prefix_keys`), which the row of a `HostRow` gathers (modeling/attention/rows.py); and
-`prefix_sharing="auto"`'s cost model. docs/concepts/prefix-sharing.md walks the setting from the config to the kernel.
+Prompt groups generalize the pair: the sequences of a batch whose truncated prompts are token-identical (a prompt's K
+completions, paired any way) lay the prompt out once, their first sequence whole and every other distinct one as a
+branch reading it; a sequence equal in every token to one laid out (the best completion, paired with each worse one)
+reads that one's tokens, so several sequences share a row start:
+
+    K = 4 all pairs    sequences a>b a>c a>d b>c b>d c>d: 12, of 4 distinct completions
+    grouped row        | p0 p1 p2 p3 a0 a1 | p3 b0 | p3 c0 c1 c2 | p3 d0 d1 |      one prompt, 4 completions
+
+Every rule of the layout is here, on host integers: each pair's prefix (`shared_prefix_length`), the row laid out in
+prompt groups (`grouped_row_layout`; vision batches pair by pair, `shared_row_layout`), which the collator turns into
+its `HostRow`, and the keys each segment reads (`segment_keys`, `shared_prefix_keys`), which the row of a `HostRow`
+gathers (modeling/attention/rows.py); and `prefix_sharing="auto"`'s cost model. docs/concepts/prefix-sharing.md walks
+the setting from the config to the kernel.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import torch
 
 from ..costs.flops import DecoderShape, Segment, packed_row_work, training_step_flops
 from .layout import HostRow, kept_prompt_and_completion, pair_tokens
+from .prompt_groups import prompt_groups
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +92,8 @@ def shared_row_layout(
     chosen_lengths: Sequence[int], rejected_lengths: Sequence[int], prefixes: Sequence[int]
 ) -> tuple[list[tuple[int, int]], list[int], list[int], list[int]]:
     """A batch's row laid out pair by pair, `[prefix + chosen branch]` then `[rejected branch]`, the rejected sequence
-    reading the first `prefixes[pair]` tokens of the chosen one (0: the pair's two sequences laid out whole).
+    reading the first `prefixes[pair]` tokens of the chosen one (0: the pair's two sequences laid out whole). Vision
+    batches are laid out this way (packing/vision.py); text batches in prompt groups (`grouped_row_layout`).
 
     Returns, per segment, the sequence it holds (chosen ones, then rejected ones) and from which of its tokens on; and
     per sequence, the row start of its own tokens, the row start of the prefix it reads first, and that prefix's
@@ -103,9 +114,53 @@ def shared_row_layout(
     return sources, seq_starts, prefix_starts, prefix_lens
 
 
+def grouped_row_layout(
+    sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], min_prompt_tokens: int
+) -> tuple[list[tuple[int, int]], list[int], list[int], list[int]]:
+    """A batch's row laid out in prompt groups: the sequences (chosen ones, then rejected ones, as truncated) whose
+    kept prompt tokens (`prompt_lens[sequence]` of them) are identical form one group, laid out once, in the order the
+    groups first appear pair by pair:
+
+        group   | p0 p1 p2 p3 a0 a1 | p3 b0 | p3 c0 c1 c2 | p3 d0 d1 |      K = 4 completions, any pairing
+                  a, whole            b, c, d: branches reading p0 p1 p2
+
+    The group's first sequence is laid out whole, every other distinct one as a branch reading the first
+    `prompt - 1` tokens of the first (as `shared_row_layout`'s rejected branch), and a sequence equal in every token
+    to one already laid out (the best completion paired with each worse one) reads that one's tokens: several
+    sequences with the same row start and prefix. A sequence whose prompt is shorter than `min_prompt_tokens` (and 2)
+    is laid out whole and alone. Batches with distinct prompts get `shared_row_layout`'s row (but for a pair whose
+    chosen and rejected sequences are equal: laid out once).
+
+    Returns what `shared_row_layout` returns; a segment's sequence is the first that reads it.
+    """
+    pairs = len(sequences) // 2
+    in_pair_order = [sequence for pair in range(pairs) for sequence in (pair, pairs + pair)]
+    minimum = max(MIN_SHARED_PROMPT_TOKENS, min_prompt_tokens)
+    prompts = [sequences[sequence][: prompt_lens[sequence]] for sequence in in_pair_order]
+    alone = [None if prompt_lens[sequence] >= minimum else sequence for sequence in in_pair_order]
+    sources = []
+    seq_starts, prefix_starts, prefix_lens = [0] * len(sequences), [0] * len(sequences), [0] * len(sequences)
+    offset = 0
+    for group in prompt_groups(prompts, keys=alone):
+        first = in_pair_order[group[0]]
+        laid_out: dict[tuple[int, ...], int] = {}  # each distinct sequence of the group, by its tokens
+        for sequence in (in_pair_order[position] for position in group):
+            same = laid_out.setdefault(tuple(sequences[sequence]), sequence)
+            if same != sequence:
+                seq_starts[sequence], prefix_starts[sequence] = seq_starts[same], prefix_starts[same]
+                prefix_lens[sequence] = prefix_lens[same]
+                continue
+            sources.append((sequence, 0 if sequence == first else prompt_lens[first] - 1))
+            seq_starts[sequence] = offset
+            if sequence != first:  # a branch
+                prefix_starts[sequence], prefix_lens[sequence] = seq_starts[first], prompt_lens[first] - 1
+            offset += len(sequences[sequence]) - prefix_lens[sequence]
+    return sources, seq_starts, prefix_starts, prefix_lens
+
+
 def segment_keys(row: HostRow) -> list[list[tuple[int, int]]]:
     """Per segment of `row`, the `[start, end)` row ranges its queries read as keys, in order: its own tokens, after
-    the prefix it shares with its pair when it is a prefix-sharing branch."""
+    the prefix it reads when it is a prefix-sharing branch."""
     prefixes = {
         row.segment_of(start): (prefix_start, prefix_len)
         for start, prefix_start, prefix_len in zip(row.seq_starts, row.prefix_starts, row.prefix_lens, strict=True)
@@ -165,28 +220,50 @@ class SharingCost:
         return cls(DecoderShape.of_model(model), kv_heads * head_dim, gather)
 
     def step_costs(self, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> tuple[float, float]:
-        """(unshared, shared) costs of a batch's row: `lengths` the (chosen, rejected) tokens of each pair, `prefixes`
-        the tokens each rejected sequence would read from its chosen one, `scored` the completion tokens."""
-        unshared = [length for pair in lengths for length in pair]
-        shared = [
-            segment
-            for (chosen, rejected), prefix in zip(lengths, prefixes, strict=True)
-            for segment in (Segment(chosen), Segment(rejected - prefix, prefix=prefix))
-        ]
-        unshared_cost = training_step_flops(self.shape, packed_row_work(unshared, scored))
-        shared_cost = training_step_flops(self.shape, packed_row_work(shared, scored))
-        gathered = sum(unshared)  # the shared row's keys, and every prefix a second time
+        """(unshared, shared) costs of a batch laid out pair by pair: `lengths` the (chosen, rejected) tokens of each
+        pair, `prefixes` the tokens each rejected sequence would read from its chosen one, `scored` the completion
+        tokens (`row_costs` of the pairs' segments)."""
+        sequence_lengths = [length for pair in lengths for length in pair]
+        return self.row_costs(sequence_lengths, pair_segments(lengths, prefixes), scored, scored)
+
+    def row_costs(
+        self, sequence_lengths: list[int], segments: list[Segment], scored: int, row_scored: int
+    ) -> tuple[float, float]:
+        """(unshared, shared) costs of a batch: `sequence_lengths` its sequences' tokens (the unshared row's
+        segments), `segments` the shared row's (each reading its prefix), `scored` the sequences' completion tokens,
+        `row_scored` the shared row's (fewer where a prompt group lays identical sequences out once)."""
+        unshared_cost = training_step_flops(self.shape, packed_row_work(sequence_lengths, scored))
+        shared_cost = training_step_flops(self.shape, packed_row_work(segments, row_scored))
+        gathered = sum(segment.length + segment.prefix for segment in segments)  # every key, each prefix again
         gather = GATHER_PASSES * self.shape.attention_layers * 2 * self.key_value_width * gathered
         return float(unshared_cost), shared_cost + gather * self.gather_flops_per_element
 
 
+def pair_segments(lengths: list[tuple[int, int]], prefixes: list[int]) -> list[Segment]:
+    """The segments of pairs laid out pair by pair: `[prefix + chosen branch]`, `[rejected branch]`."""
+    return [
+        segment
+        for (chosen, rejected), prefix in zip(lengths, prefixes, strict=True)
+        for segment in (Segment(chosen), Segment(rejected - prefix, prefix=prefix))
+    ]
+
+
 def shares_pay(cost: SharingCost | None, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> bool:
-    """Whether `prefix_sharing="auto"` lays this batch out shared; logged once per outcome, with the reason."""
-    if not any(prefixes):
+    """Whether `prefix_sharing="auto"` lays this batch out shared, pair by pair (`layout_pays`)."""
+    sequence_lengths = [length for pair in lengths for length in pair]
+    return layout_pays(cost, sequence_lengths, pair_segments(lengths, prefixes), scored, scored)
+
+
+def layout_pays(
+    cost: SharingCost | None, sequence_lengths: list[int], segments: list[Segment], scored: int, row_scored: int
+) -> bool:
+    """Whether `prefix_sharing="auto"` lays this batch out shared (`SharingCost.row_costs`' arguments); logged once
+    per outcome, with the reason."""
+    if sum(segment.length for segment in segments) == sum(sequence_lengths):  # nothing shared
         return False
     if cost is None:  # a collator used without a trainer: no model to weigh
         return True
-    unshared, shared = cost.step_costs(lengths, prefixes, scored)
+    unshared, shared = cost.row_costs(sequence_lengths, segments, scored, row_scored)
     share = shared < unshared
     if share not in _OUTCOMES_LOGGED:
         _OUTCOMES_LOGGED.add(share)

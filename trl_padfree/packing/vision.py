@@ -302,6 +302,8 @@ def pack_vision_batch(
     prefixes = (
         _shared_prefixes(sequences, image_token_id, prefix_sharing_min_prompt_tokens) if prefix_sharing else None
     )
+    # Pair by pair, not in prompt groups: a group's images would be encoded once and read by every branch, which the
+    # image inputs' order (`rows_with_images`) and `PackedBatch.images_encoded` do not express yet
     layout = lay_out_row(sequences, prefixes)
     row = packed_row(sequences, layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
     width = padded["input_ids"].shape
