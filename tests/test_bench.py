@@ -38,6 +38,8 @@ from trl_padfree.costs.flops import (
     training_step_flops,
 )
 from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.packing.collator import concatenated_inputs
+from trl_padfree.packing.layout import HOST_ROW, HostRow
 
 
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
@@ -403,8 +405,18 @@ def test_batch_work_reads_the_collated_layout():
         "completion_mask": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]),
         "seq_lens": torch.tensor([6, 5]),
         "shared_prefix_lens": torch.tensor([0, 3]),
+        HOST_ROW: HostRow((0, 6, 8), (6, 5), (0, 6), (0, 0), (0, 3)),
     }
     assert batch_work(shared) == BatchWork(tokens=8, scored_tokens=5, attention_pairs=21 + (2 * 3 + 3))
+    # A prompt group: the rejected sequence of the second pair is the first pair's rejected one, counted once
+    grouped = concatenated_inputs(
+        [{"prompt_ids": [5, 6, 7], "chosen_ids": [8, 9, 10], "rejected_ids": [11, 12]},
+         {"prompt_ids": [5, 6, 7], "chosen_ids": [13], "rejected_ids": [11, 12]}],
+        prefix_sharing=True, prefix_sharing_min_prompt_tokens=2,
+    )  # fmt: skip
+    # [5 6 7 8 9 10] [7 11 12] [7 13], each branch reading the prompt's first 2 tokens: 21 + (3 x 2 + 6) + (2 x 2 + 3)
+    # pairs; the row's completion tokens scored once each
+    assert batch_work(grouped) == BatchWork(tokens=11, scored_tokens=6, attention_pairs=21 + 12 + 7)
 
 
 def test_the_flop_model_imports_the_standard_library_only():

@@ -291,6 +291,20 @@ SOURCES = {
         setup="float32; the `tiny` demo model; mean step times recorded, no per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED,
     ),
+    "prompt_groups.json": dict(
+        command="python tools/measure/measure_prompt_groups.py --output docs/bench/prompt_groups.json",
+        machine="any (counted, not timed)",
+        versions="torch 2.13.0+cpu, TRL 1.16.0, transformers 5.24.0",
+        date="2026-11-29",
+        setup='one micro-batch of one prompt\'s pairs, as `train_sampling_strategy="group_by_prompt"` batches them: K '
+        "completions of 0.8 to 1.2 x C tokens (seeded), paired all ways (K(K-1)/2 pairs); rows collated by the real "
+        "collator; FLOPs of one training step (policy forward and backward, reference forward) of Llama 3.1 8B's "
+        "shape from the cost model (costs/flops.py)",
+        measured="**Measured** (counted on the rows the collator lays out, not timed): the tokens each layout computes per forward (padded TRL: 2 x pairs sequences padded to "
+        "the longest; pair by pair: each pair collated alone with prefix sharing; grouped: the batch collated with "
+        "prefix sharing) against the ideal, each prompt and each distinct completion once (plus the one prompt token "
+        "each further completion repeats). Computed: the step FLOPs.",
+    ),
     "prefix-sharing-cpu.json": dict(
         command="trl-padfree bench --backends padfree_varlen --output docs/bench/prefix-sharing-cpu.json",
         machine=EPYC,
@@ -506,6 +520,52 @@ def text_bench_section(name: str, title: str, plot: str | None = None, notes: tu
     if plot:
         out.append(f"![speedup against the ideal, per distribution](bench/{plot})\n")
     return "\n".join(out)
+
+
+def prompt_groups_section() -> str:
+    name = "prompt_groups.json"
+    data = load(name)
+    header = ["K", "pairs", "prompt", "completions", "padded", "pair by pair", "grouped", "ideal", "tokens vs pair by "
+              "pair", "step FLOPs vs padded", "step FLOPs vs pair by pair"]  # fmt: skip
+    table = []
+    for row in data["rows"]:
+        if row["pairing"] != "all_pairs" or row["prompt_tokens"] not in (512, 4096) or row["completion_tokens"] == 256:
+            continue
+        tokens, flops = row["tokens"], row["step_tflops"]
+        table.append(
+            [
+                str(row["completions"]),
+                str(row["pairs"]),
+                number(row["prompt_tokens"]),
+                number(row["completion_tokens"]),
+                number(tokens["padded"]),
+                number(tokens["pair_by_pair"]),
+                number(tokens["grouped"]),
+                number(tokens["ideal"]),
+                f"**{times(tokens['pair_by_pair'] / tokens['grouped'])}**",
+                times(flops["padded"] / flops["grouped"]),
+                times(flops["pair_by_pair"] / flops["grouped"]),
+            ]
+        )
+    best_vs_worst = [row for row in data["rows"] if row["pairing"] == "best_vs_worst"]
+    same = all(row["tokens"]["grouped"] == row["tokens"]["pair_by_pair"] for row in best_vs_worst)
+    ideal = sum(row["tokens"]["grouped"] == row["tokens"]["ideal"] for row in data["rows"])
+    notes = [
+        "Tokens per forward; prompts and completions in tokens (completions about that long). Every row of the file "
+        f"({len(data['rows'])}: K = 2, 4, 8; prompts of 512 to 4,096 tokens; completions of 128 to 512; all pairs and "
+        "best against worst) is in its JSON; the table shows all pairs at the extremes.",
+        f"Grouped equals the ideal in {ideal} of the file's {len(data['rows'])} rows. Best against worst gives one pair per prompt: nothing to "
+        f"group, and grouped {'equals' if same else 'differs from'} pair by pair in all {len(best_vs_worst)} of its "
+        "rows; it gains what prefix sharing gains.",
+    ]
+    return "\n".join(
+        [
+            "### Many pairs of one prompt (prompt groups)\n",
+            provenance(name),
+            markdown_table(header, table) + "\n",
+            *[wrap(note) + "\n" for note in notes],
+        ]
+    )
 
 
 def batching_section() -> str:
@@ -844,6 +904,7 @@ def benchmarks_page() -> str:
         text_bench_section("cpu_tiny_quick.json", "DPO step, `tiny` model (`--quick`)", plot="cpu_tiny_quick.png")
     )
     out.append(text_bench_section("prefix-sharing-cpu.json", "Prefix sharing, `small` model"))
+    out.append(prompt_groups_section())
     out.append(batching_section())
     out.append(balanced_ranks_section())
     out.append(vision_split_section())

@@ -28,17 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import AutoConfig  # noqa: E402
 
-from trl_padfree.cli.bench.harness import MODEL_SHAPES  # noqa: E402
-from trl_padfree.costs.flops import (  # noqa: E402
-    DecoderShape,
-    Segment,
-    packed_row_work,
-    padded_batch_work,
-    training_step_flops,
-)
+from trl_padfree.cli.bench.harness import MODEL_SHAPES, batch_work  # noqa: E402
+from trl_padfree.costs.flops import DecoderShape, padded_batch_work, training_step_flops  # noqa: E402
 from trl_padfree.packing.collator import concatenated_inputs  # noqa: E402
-from trl_padfree.packing.layout import HOST_ROW  # noqa: E402
-from trl_padfree.packing.prefix_sharing import segment_keys  # noqa: E402
 
 MODEL = "llama3.1-8b"
 COMPLETIONS = (2, 4, 8)
@@ -61,22 +53,6 @@ def examples_of_one_prompt(prompt: int, completions: int, length: int, pairing: 
     return [{"prompt_ids": prompt_ids, "chosen_ids": texts[a], "rejected_ids": texts[b]} for a, b in pairs]
 
 
-def row_work(batch: dict):
-    """The cost model's work of a collated packed row: each segment's tokens and the prefix it reads."""
-    host = batch[HOST_ROW]
-    segments = []
-    for ranges in segment_keys(host)[: _real_segments(host)]:
-        own = ranges[-1][1] - ranges[-1][0]
-        prefix = sum(end - start for start, end in ranges[:-1])
-        segments.append(Segment(own, prefix=prefix))
-    return packed_row_work(segments, host.scored_tokens), sum(segment.length for segment in segments)
-
-
-def _real_segments(host) -> int:
-    """Segments before the row's padding segment (none here: the rows are not padded to a multiple)."""
-    return sum(1 for start, end in itertools.pairwise(host.cu_seq_lens) if end <= host.real_row_tokens and end > start)
-
-
 def measure(shape: DecoderShape, prompt: int, completions: int, length: int, pairing: str) -> dict:
     examples = examples_of_one_prompt(
         prompt, completions, length, pairing, seed=prompt * 31 + completions * 7 + length
@@ -84,9 +60,9 @@ def measure(shape: DecoderShape, prompt: int, completions: int, length: int, pai
     sequences = [len(e["prompt_ids"]) + len(e[side]) for e in examples for side in ("chosen_ids", "rejected_ids")]
     scored = sum(len(e[side]) for e in examples for side in ("chosen_ids", "rejected_ids"))
     padded = padded_batch_work(sequences, scored)
-    pair_by_pair = [row_work(concatenated_inputs([example], prefix_sharing=True)) for example in examples]
-    per_pair_work = sum((work for work, _ in pair_by_pair[1:]), pair_by_pair[0][0])
-    grouped_work, grouped_tokens = row_work(concatenated_inputs(examples, prefix_sharing=True))
+    pair_by_pair = [batch_work(concatenated_inputs([example], prefix_sharing=True)) for example in examples]
+    per_pair_work = sum(pair_by_pair[1:], pair_by_pair[0])
+    grouped_work = batch_work(concatenated_inputs(examples, prefix_sharing=True))
     distinct = {tuple(e[side]) for e in examples for side in ("chosen_ids", "rejected_ids")}
     ideal_tokens = prompt + sum(len(c) for c in distinct) + len(distinct) - 1
     flops = {name: training_step_flops(shape, work) for name, work in
@@ -99,8 +75,8 @@ def measure(shape: DecoderShape, prompt: int, completions: int, length: int, pai
         "completion_tokens": length,
         "tokens": {
             "padded": padded.tokens,
-            "pair_by_pair": sum(tokens for _, tokens in pair_by_pair),
-            "grouped": grouped_tokens,
+            "pair_by_pair": per_pair_work.tokens,
+            "grouped": grouped_work.tokens,
             "ideal": ideal_tokens,
         },
         "step_tflops": {name: value / 1e12 for name, value in flops.items()},

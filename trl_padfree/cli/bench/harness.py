@@ -41,7 +41,7 @@ from ...costs.flops import (
 )
 from ...data import load_demo_dataset, load_demo_tokenizer
 from ...data.length_models import MULTI_TURN, SINGLE_TURN, LengthModel
-from ...packing.layout import kept_prompt_and_completion
+from ...packing.layout import HOST_ROW, kept_prompt_and_completion
 from ...tiny import DEMO_MODEL_SIZES, make_demo_model, make_model
 from ...trainer import DPOTrainer
 
@@ -582,15 +582,17 @@ def decoder_shape(model) -> DecoderShape:
 
 def batch_work(collated: dict[str, Any]) -> BatchWork:
     """What one forward of a collated batch processes: a padded batch (`attention_mask`, no `seq_lens`) at its padded
-    width, or a packed row's segments, each sequence's own tokens reading its shared prefix where it has one."""
+    width, or a packed row's segments, each laid-out sequence's own tokens reading its shared prefix where it has one
+    (a prompt group's sequences that read the same tokens counted once)."""
     scored_tokens = int(collated["completion_mask"].sum())
     if "seq_lens" not in collated:
         lengths = collated["attention_mask"].sum(dim=1).tolist()
         return padded_batch_work(lengths, scored_tokens, padded_length=collated["input_ids"].shape[1])
-    lengths = collated["seq_lens"].tolist()
-    prefixes = collated.get("shared_prefix_lens")
-    prefixes = prefixes.tolist() if prefixes is not None else [0] * len(lengths)
-    segments = [Segment(length - prefix, prefix) for length, prefix in zip(lengths, prefixes, strict=True)]
+    row = collated[HOST_ROW]
+    segments = [
+        Segment(row.seq_lens[sequence] - row.prefix_lens[sequence], row.prefix_lens[sequence])
+        for sequence in row.laid_out
+    ]
     return packed_row_work(segments, scored_tokens, row_tokens=collated["input_ids"].shape[1])
 
 
