@@ -7,12 +7,16 @@ one process fed the same global batches: accelerate deals the grouped batches ou
 2N and 2N + 1, and the baseline's micro-batch N is both. The grouping in one process: tests/test_group_by_prompt.py.
 
 Measured (tiny Llama, fp32, 3 AdamW steps): against the baseline, losses within 2.3e-6, grad_norm 1.7e-5 relative,
-rewards 5.7e-6, every other logged value within 2.3e-7 relative; tolerances.DISTRIBUTED_* bound them."""
+rewards 5.7e-6, every other logged value within 2.3e-7 relative; tolerances.DISTRIBUTED_* bound them.
+
+Context parallelism on a long group row (prompts of 329-431 tokens, rows of 758-917 tokens, each split over the two
+processes): against the baseline, losses within 6.2e-6, grad_norm 4.3e-6 relative, rewards 8.4e-6, log-probs 2.4e-7
+relative (3 float32 quanta of sums near -760), every other logged value within 1.3e-7 relative."""
 
 import math
 
 import pytest
-from distributed_runs import assert_same_training, launch, train_in_this_process
+from distributed_runs import assert_same_training, assert_split_row_training, launch, train_in_this_process
 from tolerances import DISTRIBUTED_METRIC_ATOL, DISTRIBUTED_METRIC_RTOL, FIRST_LOSS_ATOL
 
 PROCESSES = 2
@@ -110,3 +114,56 @@ def test_grouped_batches_under_fsdp2_train_as_padded_trl(fsdp2_runs, single_proc
     assert_grouped_batches_of_the_baseline(report, single_process_padded)
     assert_prompts_shared(report)
     assert_every_logged_metric_equal(report, single_process_padded)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Context parallelism on a long group row: both processes share each prompt's row (context_parallel_size=2, so one
+# data-parallel rank), each running one half of it with the whole row's keys gathered. The group runs its ranks'
+# micro-batches one after the other (parallel/batch_hand_out.py): step N is process N % 2's micro-batch N // 2, and the
+# baseline is TRL's trainer fed one grouped batch per step.
+
+K = 4  # completions per prompt, paired all ways: PAIRS_PER_PROMPT pairs
+# Shipped prompts of 431, 329, 388 and 235 tokens; the first three steps' rows (758, 917 and 787 tokens) are cut in
+# the prompt, in a branch and in the first sequence's completion. Four groups: the two processes' dataloaders share
+# the epoch evenly (accelerate would wrap an odd one, and the logged epoch would differ from the baseline's)
+GROUP_PROMPTS = "13,29,1,4"
+MAX_LENGTH = 512
+CP_OPTIONS = ("--prompt-groups", str(K), "--group-prompts", GROUP_PROMPTS, "--max-length", str(MAX_LENGTH))
+CP_OPTIONS += ("--steps", str(STEPS), "--batch-size", str(PAIRS_PER_PROMPT))
+CP_RUN = "padding_free+cp+prefix_sharing"
+
+
+def test_a_long_group_row_split_by_context_parallelism_trains_as_padded_trl(model_dir, tmp_path):
+    padded = train_in_this_process(model_dir, tmp_path / "padded.json", "--runs", "trl", *CP_OPTIONS)["trl"]
+    options = ("--runs", CP_RUN, "--cp-size", str(PROCESSES), *CP_OPTIONS)
+    report = launch("multi_gpu.yaml", model_dir, tmp_path / "cp.json", *options)[CP_RUN]
+    assert report["world_size"] == PROCESSES and report["context_parallel_size"] == PROCESSES
+    assert_split_row_training(report, padded)  # sequences crossed the chunk boundary; loss, grad_norm, metrics
+    assert_every_logged_metric_equal(report, padded)
+
+    grouping, expected = report["prompt_groups"], padded["prompt_groups"]
+    assert grouping["pairs"] == expected["pairs"] and grouping["grouped_batches"] == expected["grouped_batches"]
+    cuts = set()
+    for step, metrics in enumerate(report["metrics"]):
+        process, micro_batch = step % PROCESSES, step // PROCESSES
+        batch = grouping["batches"][process][micro_batch]
+        assert len(batch["prompts"]) == 1 and len(batch["pairs"]) == PAIRS_PER_PROMPT, step
+        assert batch["pairs"] == expected["batches"][0][step]["pairs"], step
+        assert batch["pairs"] == sorted(grouping["pairs"][index] for index in grouping["grouped_batches"][step])
+        # The row lays the prompt out once and each distinct completion once: the first sequence whole, every other
+        # completion a branch after the prompt's last token
+        (prompt,), completions = batch["prompt_tokens"], batch["completion_tokens"]
+        kept = sorted(min(tokens, MAX_LENGTH - prompt) for tokens in completions)  # TRL's keep_start truncation
+        assert len(kept) == K, step
+        boundaries, length = grouping["rows"][process][micro_batch]
+        laid_out = prompt + sum(kept) + K - 1
+        assert boundaries[K] == laid_out and length == boundaries[-1] and length % PROCESSES == 0, step
+        segments = [end - start for start, end in zip(boundaries[:K], boundaries[1 : K + 1], strict=True)]
+        assert sorted([segments[0] - prompt] + [branch - 1 for branch in segments[1:]]) == kept, step
+        assert metrics["padfree/real_tokens"] == 2 * PAIRS_PER_PROMPT * prompt + (K - 1) * sum(kept), step
+        assert metrics["padfree/shared_tokens"] == metrics["padfree/real_tokens"] - laid_out, step
+        # Where the row's two chunks meet: inside a sequence (the prompt, the rest of the first sequence or a branch)
+        cut = length // PROCESSES
+        assert cut not in boundaries, step
+        cuts.add("prompt" if cut < prompt else "first sequence" if cut < boundaries[1] else "branch")
+    assert cuts == {"prompt", "branch", "first sequence"}, cuts

@@ -14,10 +14,10 @@ holds a saved vision-language model and, where it can be saved, its processor (e
 the data is `tiny_vision.vision_preference_rows`, pairs with noise images.
 
 With `--prompt-groups K` the data is prompt groups: each of the first `--num-pairs` shipped prompts with K of the
-shipped completions, paired all ways by `pair_scored_completions` (K = 4: 6 pairs per prompt). This package's trainer
-batches them with `train_sampling_strategy="group_by_prompt"`; TRL's (the 'trl' option), which cannot, is fed the
-same grouped batches, `--joined-processes` of them together per micro-batch: a one-process baseline of that many
-processes. The report's "prompt_groups" says which pairs and prompts each process's micro-batches held.
+shipped completions, paired all ways by `pair_scored_completions` (K = 4: 6 pairs per prompt; `--group-prompts`
+names the shipped prompts instead, e.g. long ones). This package's trainer batches them with
+`train_sampling_strategy="group_by_prompt"`; TRL's (the 'trl' option), which cannot, is fed the same grouped batches,
+`--joined-processes` of them together per micro-batch: a one-process baseline of that many processes. The report's "prompt_groups" says which pairs and prompts each process's micro-batches held.
 
 `--model` is a saved model folder, or a folder of them: a run named `NAME:<options>` trains `<model>/NAME`, so one
 launch can train several architectures one after the other (the report keys are the run names as given).
@@ -136,6 +136,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="train on prompt groups: each of --num-pairs shipped prompts with K shipped completions, paired all ways "
         "(K(K-1)/2 pairs per prompt), batched by train_sampling_strategy='group_by_prompt' (TRL's trainer: fed the "
         "same batches)",
+    )
+    parser.add_argument(
+        "--group-prompts",
+        help="with --prompt-groups: comma-separated indices of the shipped pairs whose prompts (each with the K "
+        "completions it would get as prompt i) make the groups, instead of the first --num-pairs",
     )
     parser.add_argument(
         "--joined-processes",
@@ -298,12 +303,18 @@ def prompt_group_data(model: str, options: argparse.Namespace):
 
     _, tokenizer = text_data(model, options)
     shipped = load_demo_dataset("train")
-    count, k = options.num_pairs, options.prompt_groups
-    texts = [text for index in range(count + k) for text in (shipped[index]["chosen"], shipped[index]["rejected"])]
+    k = options.prompt_groups
+    if options.group_prompts:  # chosen by the caller, e.g. prompts of a few hundred tokens
+        prompts = [int(index) for index in options.group_prompts.split(",")]
+    else:
+        prompts = list(range(options.num_pairs))
+    texts = [
+        text for index in range(max(prompts) + k) for text in (shipped[index]["chosen"], shipped[index]["rejected"])
+    ]
     rows = {
-        "prompt": [shipped[index]["prompt"] for index in range(count)],
-        "completions": [texts[2 * index : 2 * index + k] for index in range(count)],
-        "scores": [[(position + index) % k for position in range(k)] for index in range(count)],  # best: varies
+        "prompt": [shipped[index]["prompt"] for index in prompts],
+        "completions": [texts[2 * index : 2 * index + k] for index in prompts],
+        "scores": [[(position + index) % k for position in range(k)] for index in range(len(prompts))],  # best: varies
     }
     return pair_scored_completions(Dataset.from_dict(rows), "all_pairs"), tokenizer
 
@@ -361,10 +372,18 @@ class PairRecorder:
         self.batches = []
 
     def __call__(self, examples):
+        completions = {
+            pair_digest(e["prompt_ids"], e[side]): len(e[side])
+            for e in examples
+            for side in ("chosen_ids", "rejected_ids")
+        }
         self.batches.append(
             {
                 "pairs": sorted(pair_digest(e["prompt_ids"], e["chosen_ids"], e["rejected_ids"]) for e in examples),
                 "prompts": sorted({pair_digest(e["prompt_ids"]) for e in examples}),
+                # tokens of each distinct prompt, and of each distinct completion (untruncated) of the batch
+                "prompt_tokens": sorted({len(e["prompt_ids"]) for e in examples}),
+                "completion_tokens": sorted(completions.values()),
             }
         )
         return self.collator(examples)
@@ -372,8 +391,8 @@ class PairRecorder:
 
 def prompt_group_report(trainer) -> dict:
     """With --prompt-groups: every process's recorded batches (`batches[process][micro_batch]`, all processes join the
-    gather), the epoch's grouped batches of pair indices and each pair's digest."""
-    recorded = trainer.data_collator.collator.batches
+    gather) and packed rows, the epoch's grouped batches of pair indices and each pair's digest."""
+    recorded = (trainer.data_collator.collator.batches, trainer.data_collator.rows)
     if torch.distributed.is_initialized():
         gathered = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, recorded)
@@ -382,7 +401,9 @@ def prompt_group_report(trainer) -> dict:
     sampler = getattr(trainer, "prompt_group_sampler", None) or trainer._train_batch_sampler()
     dataset = trainer.train_dataset
     return {
-        "batches": gathered,
+        "batches": [batches for batches, _ in gathered],
+        # padding-free: `rows[process][micro_batch]`, the packed row that process collated, [boundaries, length]
+        "rows": [rows for _, rows in gathered],
         "grouped_batches": epoch_micro_batches(sampler, 0),
         "pairs": [
             pair_digest(*tokens)
