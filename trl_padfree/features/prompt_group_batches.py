@@ -9,6 +9,7 @@ micro-batch's loss is TRL's mean over its pairs, so a run equals padded TRL fed 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from array import array
 
@@ -39,10 +40,13 @@ class PromptGroupBatches:
         args, dataset = trainer.args, trainer.train_dataset
         if not wants_prompt_groups(args) or dataset is None:
             return None
+        if getattr(args, "max_tokens_per_batch", None) is not None:  # the token budget packs whole groups itself
+            return None
         sized = hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset)
-        check_prompt_groups_setup(trainer.is_vision_dataset, sized)
+        check_prompt_groups_setup(sized)
+        group_ids = vision_prompt_group_ids(dataset) if trainer.is_vision_dataset else prompt_group_ids(dataset)
         sampler = PromptGroupBatchSampler(
-            prompt_group_ids(dataset),
+            group_ids,
             args.per_device_train_batch_size,
             seed=args.data_seed if args.data_seed is not None else args.seed,
             drop_last=args.dataloader_drop_last,
@@ -61,6 +65,36 @@ def prompt_group_ids(dataset, chunk: int = 1000) -> list[bytes]:
         for prompt in batch["prompt_ids"]:
             ids.append(hashlib.blake2b(array("q", prompt).tobytes(), digest_size=16).digest())
     return ids
+
+
+def vision_prompt_group_ids(dataset, chunk: int = 100) -> list[bytes]:
+    """Each vision-language pair's group id (the set is tokenized only when collated): a digest of its prompt (text,
+    or messages serialized with sorted keys) and of its images (each one's mode, size and pixel bytes), so that pairs
+    of the same prompt on the same images are one group. The collator groups by the tokens and image inputs
+    themselves; these ids only bring the pairs together."""
+    columns = ["prompt", *(column for column in ("image", "images") if column in dataset.column_names)]
+    ids = []
+    for batch in dataset.select_columns(columns).iter(batch_size=chunk):
+        for index, prompt in enumerate(batch["prompt"]):
+            digest = hashlib.blake2b(digest_size=16)
+            digest.update(json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str).encode())
+            images = batch["images"][index] if "images" in batch else [batch["image"][index]]
+            for image in images or []:
+                digest.update(_image_bytes(image))
+            ids.append(digest.digest())
+    return ids
+
+
+def _image_bytes(image) -> bytes:
+    """What tells an image from another: a PIL image's mode, size and pixels; an array's shape, type and values;
+    anything else (a path, a URL) as written."""
+    if image is None:
+        return b"none;"
+    if hasattr(image, "mode") and hasattr(image, "tobytes"):  # PIL
+        return f"{image.mode}{image.size};".encode() + image.tobytes()
+    if hasattr(image, "tobytes") and hasattr(image, "shape"):  # numpy
+        return f"{image.shape}{image.dtype};".encode() + image.tobytes()
+    return f"{image!r};".encode()
 
 
 def _computes_prompts_once(trainer) -> bool:

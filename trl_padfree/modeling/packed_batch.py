@@ -120,15 +120,12 @@ class PackedBatch:
 
     @property
     def images_encoded(self) -> int:
-        """Images the row hands the vision tower (each pair's twice, or once when its prompt is shared: vision rows are
-        laid out pair by pair, packing/vision.py)."""
+        """Images the row hands the vision tower: those of every sequence laid out from its first token (each pair's
+        twice unshared; once per pair, or once per prompt group, with prefix sharing: packing/vision.py)."""
         if self.images_per_sequence is None:
             return 0
-        encoded = self.images_per_sequence[: len(self.seq_lens) // 2].sum()  # every chosen sequence's images
-        if self.shared_prefix_lens is not None:  # and the rejected ones laid out whole
-            unshared = self.shared_prefix_lens[len(self.seq_lens) // 2 :] == 0
-            return int(encoded + self.images_per_sequence[len(self.seq_lens) // 2 :][unshared].sum())
-        return int(self.images_per_sequence.sum())
+        whole = [sequence for sequence in self.host.laid_out if self.host.prefix_lens[sequence] == 0]
+        return int(self.images_per_sequence[whole].sum())
 
     def padded_shifted(self, packed: torch.Tensor, fill_value=0) -> torch.Tensor:
         """`(1, T - 1, ...)` next-token outputs -> `(sequences, width - 1, ...)`."""

@@ -32,7 +32,6 @@ from .prefix_sharing import (
     SharingCost,
     grouped_row_layout,
     layout_pays,
-    shared_prefix_length,
     shared_row_layout,
 )
 
@@ -106,12 +105,10 @@ class Sequences:
     def masks(self) -> list[list[int]]:
         return self.chosen_masks + self.rejected_masks
 
-    def shared_prefixes(self, min_prompt_tokens: int) -> list[int]:
-        """Per pair, the prefix its rejected sequence reads from the chosen one's (0: laid out unshared)."""
-        return [
-            shared_prefix_length(_leading_zeros(chosen_mask), _leading_zeros(rejected_mask), min_prompt_tokens)
-            for chosen_mask, rejected_mask in zip(self.chosen_masks, self.rejected_masks, strict=True)
-        ]
+    @property
+    def prompt_lens(self) -> list[int]:
+        """The prompt tokens each sequence kept: those before its first completion token."""
+        return [_leading_zeros(mask) for mask in self.masks]
 
 
 @dataclass
@@ -150,12 +147,12 @@ def lay_out_row(sequences: Sequences, prefixes: list[int] | None = None) -> RowL
     )
 
 
-def lay_out_groups(sequences: Sequences, min_prompt_tokens: int) -> RowLayout:
+def lay_out_groups(sequences: Sequences, min_prompt_tokens: int, keys: list | None = None) -> RowLayout:
     """Prefix sharing over prompt groups (`prefix_sharing.grouped_row_layout`): each prompt of at least
-    `min_prompt_tokens` once per batch, each distinct sequence once."""
+    `min_prompt_tokens` once per batch, each distinct sequence once; with `keys`, only sequences of equal keys in one
+    group (a vision batch's: their images)."""
     tokens = sequences.chosen + sequences.rejected
-    prompts = [_leading_zeros(mask) for mask in sequences.masks]
-    return RowLayout.of_sources(sequences, *grouped_row_layout(tokens, prompts, min_prompt_tokens))
+    return RowLayout.of_sources(sequences, *grouped_row_layout(tokens, sequences.prompt_lens, min_prompt_tokens, keys))
 
 
 def concatenated_inputs(

@@ -30,7 +30,7 @@ reads that one's tokens, so several sequences share a row start:
     grouped row        | p0 p1 p2 p3 a0 a1 | p3 b0 | p3 c0 c1 c2 | p3 d0 d1 |      one prompt, 4 completions
 
 Every rule of the layout is here, on host integers: each pair's prefix (`shared_prefix_length`), the row laid out in
-prompt groups (`grouped_row_layout`; vision batches pair by pair, `shared_row_layout`), which the collator turns into
+prompt groups (`grouped_row_layout`, a vision batch's keyed by its images), which the collator turns into
 its `HostRow`, and the keys each segment reads (`segment_keys`, `shared_prefix_keys`), which the row of a `HostRow`
 gathers (modeling/attention/rows.py); and `prefix_sharing="auto"`'s cost model. docs/concepts/prefix-sharing.md walks
 the setting from the config to the kernel.
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -92,8 +92,9 @@ def shared_row_layout(
     chosen_lengths: Sequence[int], rejected_lengths: Sequence[int], prefixes: Sequence[int]
 ) -> tuple[list[tuple[int, int]], list[int], list[int], list[int]]:
     """A batch's row laid out pair by pair, `[prefix + chosen branch]` then `[rejected branch]`, the rejected sequence
-    reading the first `prefixes[pair]` tokens of the chosen one (0: the pair's two sequences laid out whole). Vision
-    batches are laid out this way (packing/vision.py); text batches in prompt groups (`grouped_row_layout`).
+    reading the first `prefixes[pair]` tokens of the chosen one (0: the pair's two sequences laid out whole). Prefix
+    sharing lays batches out in prompt groups (`grouped_row_layout`, this row for distinct prompts); "auto" lays a
+    batch it leaves unshared out this way, every prefix 0.
 
     Returns, per segment, the sequence it holds (chosen ones, then rejected ones) and from which of its tokens on; and
     per sequence, the row start of its own tokens, the row start of the prefix it reads first, and that prefix's
@@ -115,7 +116,10 @@ def shared_row_layout(
 
 
 def grouped_row_layout(
-    sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], min_prompt_tokens: int
+    sequences: Sequence[Sequence[int]],
+    prompt_lens: Sequence[int],
+    min_prompt_tokens: int,
+    keys: Sequence[Hashable] | None = None,
 ) -> tuple[list[tuple[int, int]], list[int], list[int], list[int]]:
     """A batch's row laid out in prompt groups: the sequences (chosen ones, then rejected ones, as truncated) whose
     kept prompt tokens (`prompt_lens[sequence]` of them) are identical form one group, laid out once, in the order the
@@ -129,7 +133,8 @@ def grouped_row_layout(
     to one already laid out (the best completion paired with each worse one) reads that one's tokens: several
     sequences with the same row start and prefix. A sequence whose prompt is shorter than `min_prompt_tokens` (and 2)
     is laid out whole and alone. Batches with distinct prompts get `shared_row_layout`'s row (but for a pair whose
-    chosen and rejected sequences are equal: laid out once).
+    chosen and rejected sequences are equal: laid out once). With `keys` (one per sequence), sequences group only
+    where their keys are equal too: what else must match, e.g. a digest of their images (packing/vision.py).
 
     Returns what `shared_row_layout` returns; a segment's sequence is the first that reads it.
     """
@@ -138,6 +143,8 @@ def grouped_row_layout(
     minimum = max(MIN_SHARED_PROMPT_TOKENS, min_prompt_tokens)
     prompts = [sequences[sequence][: prompt_lens[sequence]] for sequence in in_pair_order]
     alone = [None if prompt_lens[sequence] >= minimum else sequence for sequence in in_pair_order]
+    if keys is not None:
+        alone = [(mark, keys[sequence]) for mark, sequence in zip(alone, in_pair_order, strict=True)]
     sources = []
     seq_starts, prefix_starts, prefix_lens = [0] * len(sequences), [0] * len(sequences), [0] * len(sequences)
     offset = 0

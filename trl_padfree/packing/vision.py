@@ -7,10 +7,15 @@ image is in the batch twice). trl-padfree keeps all of that, TRL's own code and 
     TRL's padded batch     | p0 c0 . . | p1 c1 . | p0 r0 . | p1 r1 |   + images of rows 0, 1, 2, 3
     packed row             | p0 c0 | p1 c1 | p0 r0 | p1 r1 |          + the same images, in row order
     with prefix sharing    | p0 c0 | r0 | p1 c1 | r1 |                  + images of the chosen rows only
+    one prompt, K = 3      | p0 a0 | b0 | c0 |                          + the images of row a only
+    paired a>b a>c b>c
 
 Per-token inputs (Gemma 3's `token_type_ids`, Qwen-VL's `mm_token_type_ids`) are packed as the tokens are. Image
 inputs follow the image tokens: the row hands the model a row's images when that row's image tokens are in it. With
-prefix sharing a pair's prompt, its image tokens included, is laid out once, so its images are encoded once, not twice.
+prefix sharing the sequences of a batch whose kept prompt tokens and images are identical form one prompt group
+(`prefix_sharing.grouped_row_layout`, keyed by a digest of each row's image inputs): its prompt, image tokens
+included, is laid out once, so its images are encoded once, for every pair of that prompt in the batch. A branch never
+holds an image token: a sequence whose prompt ends on one is laid out whole, alone.
 
 How a processor lays out a batch's images, read from the keys it returns:
 
@@ -29,6 +34,7 @@ How a processor lays out a batch's images, read from the keys it returns:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +43,7 @@ import torch
 
 from ..integrations.trl import DataCollatorForVisionPreference
 from ..refusals import check_image_inputs_layout, check_image_tokens, refuse_truncated_image
-from .collator import RowLayout, Sequences, lay_out_row, packed_row
+from .collator import RowLayout, Sequences, lay_out_groups, lay_out_row, packed_row
 from .layout import HOST_ROW, token_runs
 from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS
 
@@ -161,6 +167,16 @@ class ImageUnits:
         axes = tuple((key, self.axes[key]) for key in entries if key in self.axes)
         return ImageUnitSizes(tuple((key, tuple(sizes)) for key, sizes in entries.items()), tuple(tokens), axes)
 
+    def digest(self, row: int) -> bytes:
+        """A digest of `row`'s images: the bytes, shape and type of its part of every image input (rows with the same
+        images, as the processor made them, have the same digest)."""
+        digest = hashlib.blake2b(digest_size=16)
+        for key in sorted(self.by_row):
+            part = self.by_row[key][row].contiguous()
+            digest.update(f"{key}{tuple(part.shape)}{part.dtype};".encode())
+            digest.update(part.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.digest()
+
     def of_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
         """The image inputs of `rows`, in that order; none where those rows hold no image."""
         inputs = {
@@ -249,14 +265,18 @@ def _checked_sequences(
     return Sequences(tokens[:pairs], tokens[pairs:], masks[:pairs], masks[pairs:])
 
 
-def _shared_prefixes(sequences: Sequences, image_token_id: int, min_prompt_tokens: int) -> list[int]:
-    """Prefix sharing's prefixes, but none for a pair whose rejected branch would hold an image token (a prompt that
-    ends on one): its images would then be needed twice, in the prefix and in the branch."""
-    prefixes = sequences.shared_prefixes(min_prompt_tokens)
-    return [
-        0 if image_token_id in rejected[prefix:] else prefix
-        for rejected, prefix in zip(sequences.rejected, prefixes, strict=True)
-    ]
+def _group_keys(sequences: Sequences, units: ImageUnits | None, image_token_id: int) -> list:
+    """Per sequence, what must match besides its prompt tokens for prefix sharing to group it with others: its images
+    (`ImageUnits.digest`). A sequence whose branch would hold an image token (its prompt ends on one, the token every
+    branch repeats) groups with none: its images would be needed in the prefix and in the branch."""
+    tokens = sequences.chosen + sequences.rejected
+    keys = []
+    for sequence, (ids, prompt) in enumerate(zip(tokens, sequences.prompt_lens, strict=True)):
+        if image_token_id in ids[max(prompt - 1, 0) :]:
+            keys.append(("alone", sequence))
+        else:
+            keys.append(units.digest(sequence) if units is not None else None)
+    return keys
 
 
 def _packed_per_token(padded: dict[str, torch.Tensor], key: str, layout: RowLayout, length: int) -> torch.Tensor:
@@ -299,20 +319,20 @@ def pack_vision_batch(
         sequence's grids in TRL's order, for the model's position function).
     """
     sequences = _checked_sequences(padded, images_per_row, image_token_id, max_length)
-    prefixes = (
-        _shared_prefixes(sequences, image_token_id, prefix_sharing_min_prompt_tokens) if prefix_sharing else None
-    )
-    # Pair by pair, not in prompt groups: a group's images would be encoded once and read by every branch, which the
-    # image inputs' order (`rows_with_images`) and `PackedBatch.images_encoded` do not express yet
-    layout = lay_out_row(sequences, prefixes)
-    row = packed_row(sequences, layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
     width = padded["input_ids"].shape
     per_token = [key for key, value in padded.items() if key not in TEXT_KEYS and _shape(value) == width]
     image_inputs = {key: value for key, value in padded.items() if key not in TEXT_KEYS and key not in per_token}
-    # A row's images are in the packed row when its sequence is laid out from its first token (not a shared branch)
-    rows_with_images = [sequence for sequence, start in layout.sources if start == 0]
     image_tokens_per_row = (padded["input_ids"] == image_token_id).sum(-1).tolist()
     units = ImageUnits.of(image_inputs, images_per_row, image_tokens_per_row) if image_inputs else None
+    if prefix_sharing:
+        keys = _group_keys(sequences, units, image_token_id)
+        layout = lay_out_groups(sequences, prefix_sharing_min_prompt_tokens, keys)
+    else:
+        layout = lay_out_row(sequences)
+    row = packed_row(sequences, layout, pad_token_id, pad_to_multiple_of, return_attention_mask)
+    # A row's images are in the packed row when its sequence is laid out from its first token: a group's first
+    # sequence, not its branches (which read its prefix) nor the sequences that read another's tokens
+    rows_with_images = [sequence for sequence, start in layout.sources if start == 0]
     inputs = units.of_rows(rows_with_images) if units is not None else {}
     if inputs:
         row[IMAGE_UNITS] = units.unit_sizes(list(inputs), rows_with_images, images_per_row, image_tokens_per_row)

@@ -79,13 +79,8 @@ def check_balanced_batches_split(pairs: int, pairs_per_round: int, any_step: boo
         )
 
 
-def check_prompt_groups_setup(vision: bool, sized: bool) -> None:
+def check_prompt_groups_setup(sized: bool) -> None:
     """`train_sampling_strategy="group_by_prompt"`: what grouping needs of the training set."""
-    if vision:
-        raise ValueError(
-            "train_sampling_strategy='group_by_prompt' does not group vision-language pairs yet: their prompts are "
-            "tokenized with their images only when collated. Use train_sampling_strategy='random' (the default)."
-        )
     if not sized:
         raise ValueError(
             "train_sampling_strategy='group_by_prompt' needs a training dataset with a length, not an "
