@@ -217,26 +217,23 @@ def test_a_run_resumed_in_its_second_epoch_continues_on_the_same_batches(tmp_pat
 # ---- refusals ----
 
 
-def test_token_budgets_are_refused_with_the_way_out(tmp_path):
-    with pytest.raises(ValueError, match=r"does not combine with max_tokens_per_batch=4096 yet.*Use one of them"):
-        DPOConfig(output_dir=str(tmp_path), use_cpu=True, padding_free=True, max_tokens_per_batch=4096,
-                  train_sampling_strategy="group_by_prompt")  # fmt: skip
-
-
 def test_a_streamed_training_set_is_refused():
     dataset = scored_pairs().to_iterable_dataset()
     with pytest.raises(ValueError, match="group_by_prompt' needs a training dataset with a length"):
         make_grouped_trainer(dataset=dataset, max_steps=1)
 
 
-def test_vision_language_pairs_are_refused():
+def test_vision_language_pairs_group_by_their_prompt_and_images():
+    # Tokenized only when collated: grouped by the prompt's messages and the images' pixels
+    # (tests/test_prompt_group_vision.py trains them)
     from tiny_vision import make_vision_trainer, vision_preference_rows
 
-    with pytest.raises(ValueError, match="does not group vision-language pairs yet.*train_sampling_strategy='random'"):
-        make_vision_trainer(
-            "qwen2_5_vl", True, vision_preference_rows("qwen2_5_vl", 4), train_sampling_strategy="group_by_prompt",
-            per_device_train_batch_size=2, max_steps=1,
-        )  # fmt: skip
+    rows = vision_preference_rows("qwen2_5_vl", 4)
+    trainer = make_vision_trainer(
+        "qwen2_5_vl", True, rows + rows[:2], train_sampling_strategy="group_by_prompt",
+        per_device_train_batch_size=2, max_steps=1,
+    )  # fmt: skip
+    assert sorted(trainer._train_batch_sampler().groups) == [[0, 4], [1, 5], [2], [3]]
 
 
 def test_the_command_line_takes_the_option():

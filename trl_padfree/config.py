@@ -12,7 +12,6 @@ from .refusals import (
     check_at_least_one,
     check_context_parallel_config,
     check_fp32_log_probs_value,
-    check_group_by_prompt_config,
     check_positive,
     check_prefix_sharing_config,
     check_prefix_sharing_value,
@@ -166,16 +165,20 @@ class DPOConfig(trl.DPOConfig):
             the step's pairs, so training equals padded TRL on the same global batches. Logs
             `padfree/balance_cost_max_over_mean`. Refused with loss types that couple a micro-batch's pairs (`aot`,
             `aot_unpaired`, `sft`), a MoE auxiliary loss, and with `max_tokens_per_batch` under split rows. With
+            `prefix_sharing`, a step's pairs of one prompt stay on one process and micro-step (priced as their
+            grouped row), so their prompt is computed once; without repeated prompts in a step nothing changes. With
             `padding_free=False` it is transformers' own `BatchRebalanceSampler`. See docs/concepts/balancing.md.
 
             `"group_by_prompt"` (trl-padfree's) puts a prompt's pairs in the same micro-batch: pairs whose prompts
-            tokenize the same are one group, and each epoch's groups are shuffled and packed into batches of
+            tokenize the same (vision-language pairs: the same prompt on the same images) are one group, and each epoch's groups are shuffled and packed into batches of
             `per_device_train_batch_size` pairs, every pair once per epoch, so training equals padded TRL fed the
             same batches. Pick a batch size the pairs per prompt divide (K completions paired all ways: K(K-1)/2
             pairs), or groups get cut across batches. With `padding_free=True` and `prefix_sharing`, each prompt is
             then computed once per micro-batch; otherwise it only orders the batches. Data with K scored
-            completions per prompt becomes pairs with `trl_padfree.pair_scored_completions`. Not with
-            `max_tokens_per_batch` or vision-language data yet.
+            completions per prompt becomes pairs with `trl_padfree.pair_scored_completions`. With
+            `max_tokens_per_batch`, the budget's micro-batches are filled with whole groups instead, each sized as its
+            grouped row under `prefix_sharing=True` (else the sum of its pairs' rows); a group over the budget is cut
+            into pieces that fit.
     """
 
     # TRL's fields whose meaning changes here: TRL's default and choices, our help (what `trl-padfree dpo --help` shows)
@@ -195,8 +198,9 @@ class DPOConfig(trl.DPOConfig):
         "Sampler for training: 'random' (default), 'sequential', 'group_by_length', 'batch_rebalance' (with "
         "padding_free=true: each step's pairs split over processes and micro-steps so every packed row costs about "
         "the same, training equal to padded TRL on the same batches; docs/concepts/balancing.md), or "
-        "'group_by_prompt' (a prompt's pairs in the same micro-batch; pick a batch size the pairs per prompt divide; "
-        "prefix sharing then computes each prompt once per micro-batch).",
+        "'group_by_prompt' (a prompt's pairs in the same micro-batch; pick a batch size the pairs per prompt divide, "
+        "or max_tokens_per_batch to fill micro-batches with whole groups; prefix sharing then computes each prompt "
+        "once per micro-batch).",
         more_choices=("group_by_prompt",),
     )
     packed_attn_implementation: str = field(
@@ -286,7 +290,6 @@ class DPOConfig(trl.DPOConfig):
             check_positive("max_tokens_per_batch", self.max_tokens_per_batch)
         check_prefix_sharing_config(self.prefix_sharing, self.padding_free, self.prefix_sharing_min_prompt_tokens)
         check_positive("token_budget_window", self.token_budget_window)
-        check_group_by_prompt_config(self.train_sampling_strategy, self.max_tokens_per_batch)
         launched_size = _sequence_parallel_size_from_accelerate_launch()
         check_sequence_parallel_sizes_agree(self.sequence_parallel_size, launched_size)
         if launched_size > 1:

@@ -4,9 +4,9 @@ Printed when the installed TRL and transformers are the ones below; tests/test_d
 what the parser prints.
 """
 
-RENDERED_FOR = {'python': '3.11', 'trl': '1.16.0', 'transformers': '5.24.0'}
+RENDERED_FOR = {"python": "3.11", "trl": "1.16.0", "transformers": "5.24.0"}
 
-HELP = r'''usage: trl-padfree dpo [-h] [--dataset_name DATASET_NAME] [--dataset_config DATASET_CONFIG]
+HELP = r"""usage: trl-padfree dpo [-h] [--dataset_name DATASET_NAME] [--dataset_config DATASET_CONFIG]
                        [--dataset_train_split DATASET_TRAIN_SPLIT]
                        [--dataset_test_split DATASET_TEST_SPLIT]
                        [--dataset_streaming [DATASET_STREAMING]]
@@ -523,8 +523,9 @@ options:
                         processes and micro-steps so every packed row costs about the same, training
                         equal to padded TRL on the same batches; docs/concepts/balancing.md), or
                         'group_by_prompt' (a prompt's pairs in the same micro-batch; pick a batch
-                        size the pairs per prompt divide; prefix sharing then computes each prompt
-                        once per micro-batch). (default: random)
+                        size the pairs per prompt divide, or max_tokens_per_batch to fill micro-
+                        batches with whole groups; prefix sharing then computes each prompt once per
+                        micro-batch). (default: random)
   --length_column_name LENGTH_COLUMN_NAME, --length-column-name LENGTH_COLUMN_NAME
                         Column name for precomputed lengths. Ignored unless
                         `train_sampling_strategy` is 'group_by_length' or 'batch_rebalance'.
@@ -817,4 +818,4 @@ llama3.1-8b_8gpu_fsdp2, llama3.1-8b_lora_1gpu, qwen2.5-0.5b_1gpu, qwen2.5-7b_256
 qwen2.5-vl-7b_64k_rows_cp8, qwen2.5-vl-7b_8gpu_zero3, tiny_cpu, yi-34b_8gpu_zero3.
 --accelerate_config takes an accelerate config file or a shipped one: fsdp2, multi_gpu, single_gpu,
 zero2, zero3, zero3_offload, zero3_offload_optimizer, zero3_sp2.
-'''
+"""

@@ -1,16 +1,19 @@
 """`BalancedBatches`: the trainer's feature for `train_sampling_strategy="batch_rebalance"` under padding-free, each
-optimizer step's pairs split by cost so every process's row costs about the same (the samplers and the split:
-packing/balanced_batches.py, packing/balance.py)."""
+optimizer step's pairs split by cost so every process's row costs about the same, a step's pairs of one prompt kept
+on one process and micro-step under prefix sharing (the samplers and the split: packing/balanced_batches.py,
+packing/balance.py)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from ..costs.flops import DecoderShape
-from ..packing.balanced_batches import BalancedBatchSampler, BalancedBudgetBins, pair_costs
+from ..packing.balanced_batches import BalancedBatchSampler, BalancedBudgetBins, grouped_pairs_cost, pair_costs
 from ..packing.pair_sizes import costs_of, training_set_pair_sizes
-from ..packing.prefix_sharing import AUTO
+from ..packing.prefix_sharing import AUTO, MIN_SHARED_PROMPT_TOKENS
 from ..refusals import check_balanced_batches_setup
+from .prompt_group_batches import prompt_group_ids, vision_prompt_group_ids
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class BalancedBatches:
         if budget is not None:
             sampler = BalancedBudgetBins(budget.sampler, costs, processes=processes, micro_steps=micro_steps)
         else:
+            group_ids, group_cost = _prompt_groups(trainer, shape, reference_forward)
             sampler = BalancedBatchSampler(
                 costs,
                 args.per_device_train_batch_size,
@@ -80,6 +84,8 @@ class BalancedBatches:
                 seed=args.data_seed if args.data_seed is not None else args.seed,
                 drop_last=args.dataloader_drop_last,
                 ranks_per_row=1 if row_split is None else row_split.ranks_per_row,
+                group_ids=group_ids,
+                group_cost=group_cost,
             )
             if trainer.accelerator.is_main_process and logger.isEnabledFor(logging.INFO):
                 _log_expected_gain(sampler)
@@ -89,6 +95,31 @@ class BalancedBatches:
     def pricing(self) -> tuple[DecoderShape, bool]:
         """What prices a row: the model's shape and whether the reference runs in the step."""
         return self.shape, self.reference_forward
+
+
+def _prompt_groups(trainer, shape: DecoderShape, reference_forward: bool):
+    """Under prefix sharing, each pair's prompt group and the cost of a set of one prompt's pairs, so that a step's
+    pairs of one prompt are split as one item (`BalancedBatchSampler`); (None, None) without prefix sharing, where
+    grouping saves nothing. A text group is priced as its grouped row (`grouped_pairs_cost`; under "auto" as the
+    collator groups when sharing pays); a vision-language group as the sum of its pairs' costs."""
+    args, collator, dataset = trainer.args, trainer.data_collator, trainer.train_dataset
+    if not collator.prefix_sharing:
+        return None, None
+    if trainer.is_vision_dataset:
+        return vision_prompt_group_ids(dataset), None
+    minimum = (
+        MIN_SHARED_PROMPT_TOKENS if collator.prefix_sharing == AUTO else collator.prefix_sharing_min_prompt_tokens
+    )
+    columns = list(zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True))
+    cost = functools.partial(
+        grouped_pairs_cost,
+        shape,
+        max_length=args.max_length,
+        truncation_mode=args.truncation_mode,
+        min_prompt_tokens=minimum,
+        reference_forward=reference_forward,
+    )
+    return prompt_group_ids(dataset), lambda pairs: cost([columns[index] for index in pairs])
 
 
 def _log_expected_gain(sampler: BalancedBatchSampler) -> None:

@@ -16,6 +16,12 @@ A process's loss is then weighted by its share of the step's pairs (`PairWeighte
 features/pair_weighted_steps.py), so the step's gradient is padded TRL's on the same global batch. With `max_tokens_per_batch` the budget's bins are balanced
 instead: each step's bins are sorted by cost and dealt so that a micro-step's processes get bins of neighbouring cost.
 
+A step's pairs of one prompt (`group_ids`, under prefix sharing) stay together: the split takes each prompt group of
+the step as one item priced as its grouped row (`grouped_pairs_cost`), so they land on one process and micro-step and
+the collator computes their prompt once. A group is cut (into consecutive pieces, each grouped) only where it costs
+more than the dealt step's costliest row, or where the step has fewer items than rows to fill. Without repeated
+prompts in a step the split is the one pair by pair.
+
 transformers' own `BatchRebalanceSampler` (padded mode) prices a micro-batch by its longest sequence and weighs every
 process's loss equally; here a row costs its pairs' FLOPs (`packing.balance.pair_cost`), and the loss is exact.
 """
@@ -23,16 +29,17 @@ process's loss equally; here a row costs its pairs' FLOPs (`packing.balance.pair
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
-from ..costs.flops import DecoderShape
+from ..costs.flops import DecoderShape, packed_row_work, training_step_flops
 from ..refusals import check_balanced_batches_split
-from .balance import best_split, bin_costs, imbalance, pair_cost
+from .balance import best_split, bin_costs, imbalance, pair_cost, partition, sorted_partition
 from .layout import kept_prompt_and_completion
 from .prefix_sharing import shared_prefix_length
+from .token_budget import fitting_pieces, grouped_row
 
 
 def epoch_order(pairs: int, seed: int, epoch: int) -> list[int]:
@@ -97,6 +104,11 @@ class BalancedBatchSampler(Sampler[list[int]]):
             `dataloader_drop_last`.
         ranks_per_row (`int`, *optional*, defaults to `1`):
             Ranks sharing each row (sequence x context parallel sizes): a row group counts as one process.
+        group_ids (`Sequence[Hashable]`, *optional*):
+            Each pair's prompt group (prefix sharing on): a step's pairs of one group are split as one item.
+        group_cost (`Callable[[Sequence[int]], float]`, *optional*):
+            With `group_ids`: the cost of a set of one prompt's pairs (dataset indices) laid out as one group
+            (`grouped_pairs_cost`); by default the sum of their `costs`.
     """
 
     def __init__(
@@ -109,8 +121,12 @@ class BalancedBatchSampler(Sampler[list[int]]):
         seed: int,
         drop_last: bool = False,
         ranks_per_row: int = 1,
+        group_ids: Sequence[Hashable] | None = None,
+        group_cost: Callable[[Sequence[int]], float] | None = None,
     ):
         self.costs = [float(cost) for cost in costs]
+        self.group_ids = None if group_ids is None else list(group_ids)
+        self.group_cost = group_cost or (lambda pairs: sum(self.costs[index] for index in pairs))
         # Not `batch_size`: accelerate's BatchSamplerShard reads that attribute as a fixed size, and would cut and
         # refill these micro-batches of different sizes to it
         self.pairs_per_process, self.processes = batch_size, processes
@@ -165,8 +181,46 @@ class BalancedBatchSampler(Sampler[list[int]]):
                     rows.append(list(range(start, start + len(row))))
                     start += len(row)
                 positions.append(rows)
-            split = best_split([self.costs[index] for index in batch], self.groups, len(dealt), positions)
+            split = self._grouped_split(batch, positions)
+            if split is None:
+                split = best_split([self.costs[index] for index in batch], self.groups, len(dealt), positions)
             yield [[sorted(batch[number] for number in row) for row in step] for step in split]
+
+    def _grouped_split(self, batch: list[int], dealt: list[list[list[int]]]) -> list[list[list[int]]] | None:
+        """The step's split with its prompt groups kept whole (positions in `batch`), or None where the step repeats
+        no prompt (the split pair by pair). Each group is one item of `partition` and `sorted_partition`, priced by
+        `group_cost`; a group costing more than the dealt step's costliest row is cut into pieces that do not, and
+        the groups with the most pairs are halved while the step has fewer items than rows. Of the two splits, the
+        one estimated shortest whose costliest row is no costlier than the dealt one's (else the dealt rows)."""
+        if self.group_ids is None:
+            return None
+        by_group: dict[Hashable, list[int]] = {}
+        for position, index in enumerate(batch):
+            by_group.setdefault(self.group_ids[index], []).append(position)
+        if len(by_group) == len(batch):
+            return None
+
+        def cost(positions: Sequence[int]) -> float:
+            pairs = [batch[position] for position in positions]
+            return self.costs[pairs[0]] if len(pairs) == 1 else self.group_cost(pairs)
+
+        limit = max(max(step) for step in bin_costs([self.costs[index] for index in batch], dealt))
+        items = [piece for group in by_group.values() for piece in fitting_pieces(group, cost, limit)]
+        rows = self.groups * len(dealt)
+        while len(items) < rows:  # every row needs an item: halve the group with the most pairs
+            largest = max(range(len(items)), key=lambda number: (len(items[number]), -number))
+            group = items.pop(largest)
+            items[largest:largest] = [group[: (len(group) + 1) // 2], group[(len(group) + 1) // 2 :]]
+        item_costs = [cost(item) for item in items]
+        candidates = [partition(item_costs, self.groups, len(dealt))]
+        if len(dealt) > 1:
+            candidates.append(sorted_partition(item_costs, self.groups, len(dealt)))
+        priced = [(bins, bin_costs(item_costs, bins)) for bins in candidates]
+        allowed = [(bins, costs) for bins, costs in priced if max(max(step) for step in costs) <= limit]
+        if not allowed:
+            return dealt
+        bins = min(allowed, key=lambda candidate: imbalance(candidate[1]))[0]
+        return [[[position for number in row for position in items[number]] for row in step] for step in bins]
 
     def __iter__(self) -> Iterator[list[int]]:
         # Each step's rows go to their slots; slots are yielded in order as soon as all before them are filled (a
@@ -220,6 +274,21 @@ class BalancedBudgetBins(Sampler[list[int]]):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Costs of a training set
+
+
+def grouped_pairs_cost(
+    shape: DecoderShape,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+    max_length: int | None,
+    truncation_mode: str,
+    min_prompt_tokens: int,
+    reference_forward: bool,
+) -> float:
+    """Training-step FLOPs of these pairs (`(prompt_ids, chosen_ids, rejected_ids)`) laid out together under prefix
+    sharing (`prefix_sharing.grouped_row_layout`): each kept prompt once per group, each distinct sequence once;
+    `packing.balance.row_cost` of the row the collator lays them out in (`token_budget.grouped_row`)."""
+    segments, scored = grouped_row(pairs, max_length, truncation_mode, min_prompt_tokens)
+    return float(training_step_flops(shape, packed_row_work(segments, scored), reference_forward=reference_forward))
 
 
 def pair_costs(

@@ -65,13 +65,3 @@ def check_context_parallel_config(size: int, padding_free: bool) -> None:
             f"context_parallel_size={size} needs padding_free=True: it splits one packed row over the group. Set "
             "padding_free=True."
         )
-
-
-def check_group_by_prompt_config(train_sampling_strategy: str, max_tokens_per_batch: int | None) -> None:
-    if train_sampling_strategy == "group_by_prompt" and max_tokens_per_batch is not None:
-        raise ValueError(
-            f"train_sampling_strategy='group_by_prompt' does not combine with max_tokens_per_batch="
-            f"{max_tokens_per_batch} yet: token budgets fill micro-batches by tokens, and would cut a prompt's pairs "
-            "apart. Use one of them: group_by_prompt with per_device_train_batch_size (a multiple of the pairs per "
-            "prompt), or max_tokens_per_batch with train_sampling_strategy='random'."
-        )
