@@ -150,13 +150,14 @@ def test_the_log_says_how_many_prompts_are_cut_and_when_grouping_only_orders(cap
 # ---- training equals padded TRL fed the same batches ----
 
 # Every pair's loss is computed within its micro-batch, as padded TRL does: the losses that couple a batch's pairs
-# (aot sorts them, sft weighs them by tokens) stay equal because the batches are the same
-ONE_STEP_LOSS_TYPES = ["sigmoid", "aot", "sft"]
-assert set(ONE_STEP_LOSS_TYPES) <= set(LOSS_TYPES)
+# (aot sorts them, sft weighs them by tokens) stay equal because the batches are the same. Grouped (shared) under
+# every loss type; unshared (the batches only ordered) under three
+UNSHARED_LOSS_TYPES = ["sigmoid", "aot", "sft"]
+assert set(UNSHARED_LOSS_TYPES) <= set(LOSS_TYPES)
+ONE_STEP_CASES = [(True, loss_type) for loss_type in LOSS_TYPES] + [(False, loss) for loss in UNSHARED_LOSS_TYPES]
 
 
-@pytest.mark.parametrize("loss_type", ONE_STEP_LOSS_TYPES)
-@pytest.mark.parametrize("prefix_sharing", [True, False], ids=["shared", "unshared"])
+@pytest.mark.parametrize("prefix_sharing, loss_type", ONE_STEP_CASES)
 def test_a_grouped_batch_steps_as_padded_trl_on_it(prefix_sharing, loss_type):
     grouped = make_grouped_trainer(max_steps=1, prefix_sharing=prefix_sharing, loss_type=[loss_type])
     batch = grouped._train_batch_sampler().epoch_batches()[0]
