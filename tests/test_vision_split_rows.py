@@ -285,7 +285,7 @@ def test_context_parallel_2_on_image_rows_under_a_sharding_engine(
 # Every family tests/tiny_vision/ packs (`-m slow`): context parallelism in one launch, Ulysses and both together in
 # a launch per family
 
-# Refused, with the way out (refusals.py): Gemma 3's image spans under context parallelism; Qwen3.5's gated delta-net
+# Refused, with the way out (refusals/): Gemma 3's image spans under context parallelism; Qwen3.5's gated delta-net
 # layers (MiniCPM-V's language model is Qwen3.5's) and LFM3-VL's short convolutions carry state along the row, which a
 # chunk would cut; a MoE router loss over a split row (as for text models)
 SPLIT_FAMILIES = tuple(
