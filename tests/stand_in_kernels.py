@@ -137,6 +137,29 @@ def _no_kv_cache(seqused_k, block_table) -> None:
         raise NotImplementedError("the stand-in computes packed training rows only (no seqused_k, no block_table)")
 
 
+def _boundary_and_layout_checks(query, key, value, cu_seq_q, cu_seq_k, more: dict) -> None:
+    """What `mha_varlen_fwd` and `mha_varlen_bwd` both check after their dtypes, in their order: int32 boundaries,
+    every tensor (`more`: the backward's out, dout and softmax_lse) on the query's device, a contiguous last dimension
+    of q, k and v, contiguous boundaries."""
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if boundaries.dtype != torch.int32:
+            raise RuntimeError(f"{name} must have dtype int32")
+    tensors = {"q": query, "k": key, "v": value, **more, "cu_seqlens_q": cu_seq_q, "cu_seqlens_k": cu_seq_k}
+    for name, tensor in tensors.items():
+        if tensor.device != query.device:
+            raise RuntimeError(f"{name} must be on CUDA")
+    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
+        raise RuntimeError("Input tensor must have contiguous last dimension")
+    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
+        if not boundaries.is_contiguous():
+            raise RuntimeError(f"{name} must be contiguous")
+
+
+def _batch_check(cu_seq_q) -> None:
+    if cu_seq_q.numel() - 1 <= 0:
+        raise RuntimeError("batch size must be positive")
+
+
 def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability) -> None:
     """ATen's `mha_varlen_fwd` (flash_api.cpp), in its order; the first failure wins. CUDA tensors are played by
     tensors on the query's device."""
@@ -152,27 +175,10 @@ def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability) -> No
         raise RuntimeError("query and key must have the same dtype")
     if value.dtype != query.dtype:
         raise RuntimeError("query and value must have the same dtype")
-    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
-        if boundaries.dtype != torch.int32:
-            raise RuntimeError(f"{name} must have dtype int32")
-    for name, tensor in (
-        ("q", query),
-        ("k", key),
-        ("v", value),
-        ("cu_seqlens_q", cu_seq_q),
-        ("cu_seqlens_k", cu_seq_k),
-    ):
-        if tensor.device != query.device:
-            raise RuntimeError(f"{name} must be on CUDA")
-    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
-        raise RuntimeError("Input tensor must have contiguous last dimension")
-    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
-        if not boundaries.is_contiguous():
-            raise RuntimeError(f"{name} must be contiguous")
+    _boundary_and_layout_checks(query, key, value, cu_seq_q, cu_seq_k, {})
     if query.dim() != 3:
         raise RuntimeError("temp_q must have shape (total_q, num_heads, head_size_og)")
-    if cu_seq_q.numel() - 1 <= 0:
-        raise RuntimeError("batch size must be positive")
+    _batch_check(cu_seq_q)
     head_dim, heads, kv_heads = query.shape[-1], query.shape[1], key.shape[1]
     if head_dim > FLASH_MAX_HEAD_DIM:
         raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
@@ -233,28 +239,10 @@ def flash_varlen_backward_checks(grad_out, query, key, value, out, lse, cu_seq_q
     for name, tensor in (("key", key), ("value", value), ("out", out), ("dout", grad_out)):
         if tensor.dtype != query.dtype:
             raise RuntimeError(f"query and {name} must have the same dtype")
-    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
-        if boundaries.dtype != torch.int32:
-            raise RuntimeError(f"{name} must have dtype int32")
-    for name, tensor in (
-        ("q", query),
-        ("k", key),
-        ("v", value),
-        ("out", out),
-        ("dout", grad_out),
-        ("softmax_lse", lse),
-        ("cu_seqlens_q", cu_seq_q),
-        ("cu_seqlens_k", cu_seq_k),
-    ):
-        if tensor.device != query.device:
-            raise RuntimeError(f"{name} must be on CUDA")
-    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
-        raise RuntimeError("Input tensor must have contiguous last dimension")
-    for name, boundaries in (("cu_seqlens_q", cu_seq_q), ("cu_seqlens_k", cu_seq_k)):
-        if not boundaries.is_contiguous():
-            raise RuntimeError(f"{name} must be contiguous")
-    if cu_seq_q.numel() - 1 <= 0:
-        raise RuntimeError("batch size must be positive")
+    _boundary_and_layout_checks(
+        query, key, value, cu_seq_q, cu_seq_k, {"out": out, "dout": grad_out, "softmax_lse": lse}
+    )
+    _batch_check(cu_seq_q)
     head_dim, head_dim_og, heads, kv_heads = query.shape[-1], grad_out.shape[-1], query.shape[1], key.shape[1]
     if head_dim % 8:
         raise RuntimeError("head_size should be a multiple of 8")

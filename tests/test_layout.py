@@ -165,15 +165,19 @@ def test_the_cost_model_is_the_bottom_floor():
     assert not up, up
 
 
-def test_packing_and_modeling_import_nothing_of_the_planner():
-    graph = _package_import_graph()
-    up = [
+def _imports_up(graph: dict[str, set[str]], below: tuple[str, ...], above: str) -> list[str]:
+    """Imports from a module of the packages `below` into the package `above`."""
+    return [
         f"{module} -> {name}"
         for module, names in graph.items()
-        if _in(module, BELOW_THE_PLANNER)
+        if _in(module, below)
         for name in names
-        if _in(name, ("trl_padfree.plan",))
+        if _in(name, (above,))
     ]
+
+
+def test_packing_and_modeling_import_nothing_of_the_planner():
+    up = _imports_up(_package_import_graph(), BELOW_THE_PLANNER, "trl_padfree.plan")
     assert not up, up
 
 
@@ -181,13 +185,7 @@ def test_nothing_below_the_features_imports_them():
     # Annotations included: a mechanism that names a feature's type has a feature above it in its design too
     graph = _package_import_graph(annotations=True)
     assert any(_in(module, ("trl_padfree.features",)) for module in graph)
-    up = [
-        f"{module} -> {name}"
-        for module, names in graph.items()
-        if _in(module, BELOW_THE_FEATURES)
-        for name in names
-        if _in(name, ("trl_padfree.features",))
-    ]
+    up = _imports_up(graph, BELOW_THE_FEATURES, "trl_padfree.features")
     assert not up, up
 
 

@@ -230,3 +230,29 @@ def test_group_by_prompt_with_a_token_budget_trains_as_padded_trl_on_the_same_pa
     per_pair = {key: padded.metrics[key] for key in PER_PAIR_METRICS}
     packed = StepResult(logged["loss"], gradients.grads, {key: logged[key] for key in PER_PAIR_METRICS})
     assert_same_step(StepResult(padded.loss, padded.grads, per_pair), packed)
+
+
+def test_a_balanced_step_with_repeated_prompts_trains_as_padded_trl_on_its_pairs():
+    """batch_rebalance with prefix sharing on prompt-group data (6 prompts' 36 pairs: a step's 6 pairs repeat
+    prompts): each repeated prompt's pairs share one micro-batch, and the step equals padded TRL on its 6 pairs."""
+    trainer = make_grouped_trainer(
+        prefix_sharing=True, train_sampling_strategy="batch_rebalance", per_device_train_batch_size=2,
+        gradient_accumulation_steps=3, max_steps=1, max_grad_norm=0.0, logging_steps=1,
+    )  # fmt: skip
+    sampler = trainer._train_batch_sampler()
+    assert isinstance(sampler, BalancedBatchSampler)
+    prompts = [tuple(row["prompt_ids"]) for row in trainer.train_dataset]
+    micro_batches = list(sampler)[:3]
+    step = [index for batch in micro_batches for index in batch]
+    repeated = [prompt for prompt, count in Counter(prompts[index] for index in step).items() if count > 1]
+    assert repeated  # the step repeats a prompt, and keeps its pairs together
+    for prompt in repeated:
+        assert sum(1 for batch in micro_batches if any(prompts[index] == prompt for index in batch)) == 1
+    gradients = FirstStepGradients()
+    trainer.add_callback(gradients)
+    trainer.train()
+    padded = padded_step_on(step)
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    per_pair = {key: padded.metrics[key] for key in PER_PAIR_METRICS}
+    packed = StepResult(logged["loss"], gradients.grads, {key: logged[key] for key in PER_PAIR_METRICS})
+    assert_same_step(StepResult(padded.loss, padded.grads, per_pair), packed)
