@@ -22,9 +22,9 @@ from test_kernel_coverage import real_head_dims
 from tolerances import FUSED_GRAD_ATOL_BY_MODEL, FUSED_TOLERANCES_BY_MODEL, HALF_GRAD_ATOL_BY_MODEL
 from trainer_utils import PRECISIONS, assert_same_step, make_trainer, one_step
 
-from trl_padfree.modeling.attention import fused
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.segments import per_segment_attention
+from trl_padfree.modeling.attention.sinks import varlen_with_sinks
 from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
@@ -100,7 +100,7 @@ def test_the_sink_correction_is_exact():
     boundaries = (torch.tensor(bounds, dtype=torch.int32),) * 2
     kernel = exact_varlen_kernel(bounds, dim**-0.5)
 
-    output = fused.varlen_with_sinks(*inputs, sinks, boundaries, (14, 14), kernel, dict(window_size=(-1, 0)))
+    output = varlen_with_sinks(*inputs, sinks, boundaries, (14, 14), kernel, dict(window_size=(-1, 0)))
     query, key, value = (tensor.transpose(0, 1).unsqueeze(0) for tensor in inputs)
     reference = per_segment_attention(query, key, value, *boundaries, None, None, 0.0, sinks=sinks)[0]
 

@@ -10,7 +10,7 @@ varlen.KernelSession) and the architecture check's kernel coverage (packability)
     varlen_sinks       attention sinks (GPT-OSS)                       the same, then each output scaled by the share
                                                                        its sink leaves (from the kernel's
                                                                        log-sum-exp); the backward op given the
-                                                                       scaled output (attention/fused.py)
+                                                                       scaled output (attention/sinks.py)
     flash_attn         logit softcapping (Gemma 2), flash-attn >= 2.6  `flash_attn_varlen_func(softcap=)`
     flex               softcapping without flash-attn                  FlexAttention, the row's document mask and a
                                                                        softcap score_mod

@@ -50,6 +50,7 @@ from .plan import (
     varlen_kernel_plan,
 )
 from .segments import per_segment_attention
+from .sinks import varlen_with_sinks
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +258,7 @@ def fused_attention(
     elif plan.kernel == VARLEN_SINKS:
         with session.kernel_backend():
             kernel = session.kernel_in_force()
-            output = fused.varlen_with_sinks(
+            output = varlen_with_sinks(
                 query_in, key_in, value_in, sinks, boundaries, max_lengths, kernel, plan.options
             )
     elif plan.kernel == FLASH_ATTN:
