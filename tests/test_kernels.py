@@ -526,6 +526,64 @@ def test_a_conv_kernel_that_swallows_keywords_runs_per_sequence(caplog):
     assert "Lfm2ShortConv layers run once per sequence" in caplog.text and "takes no `seq_idx`" in caplog.text
 
 
+def _kernel_warnings(caplog) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "trl_padfree.modeling.kernels" and record.levelno == logging.WARNING
+    ]
+
+
+def test_a_kernel_wrapper_a_release_moved_runs_per_sequence_and_says_so(monkeypatch, caplog):
+    """A transformers release that wraps a mixer's kernel in a way trl-padfree cannot read (as 5.25 did, wrapping each
+    in a `kernels` function module): the run stays exact, its mixers run once per sequence, and it says at WARNING
+    what it lost, the tested releases and the way out, never only at INFO."""
+    padded = one_step(make_trainer(False, model_factory=factory("lfm2")))
+    mixer_class = type(stateful_mixers(make_trainer(True, model_factory=factory("lfm2")).model)[0])
+    module = sys.modules[mixer_class.__module__]
+
+    class MovedWrapper(torch.nn.Module):
+        kernel_layer_name = "causal_conv1d_fn"  # the hub name, readable whatever the layout
+
+        def __init__(self, target):
+            super().__init__()
+            self.target = target
+
+        def forward(self, *args, **kwargs):
+            return self.target(*args, **kwargs)
+
+    monkeypatch.setattr(module, "causal_conv1d_fn", MovedWrapper(module.causal_conv1d_fn))
+    kernels.log_once.cache_clear()
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.kernels"):
+        with stand_in_kernels(varlen=varlen_stand_in(), mixer_kernels=MIXER_STAND_INS):
+            decision = mixer_kernels(mixer_class)
+            trainer = make_trainer(True, model_factory=factory("lfm2"))
+            packed = one_step(trainer)
+
+    assert decision.moved_seam and not decision.whole_row
+    assert_same_step(padded, packed)
+    assert all(calls.segmented and not calls.whole_row for calls in mixer_calls(trainer.model).values())
+    (warning,) = _kernel_warnings(caplog)
+    assert "`causal_conv1d_fn`" in warning and "cannot read" in warning and "once per sequence" in warning
+    assert "pip install 'transformers>=5.23.0,<=5.25.0'" in warning
+
+
+def test_a_kernelized_mixer_runs_per_sequence():
+    """`use_kernels=True`: `kernels.kernelize` puts hub kernels in place of transformers' functions, which trl-padfree
+    cannot read: the mixers run once per sequence (exact) rather than hand those kernels a whole row."""
+    padded = one_step(make_trainer(False, model_factory=factory("lfm2")))
+    make_trainer(True, model_factory=factory("lfm2"))  # imports the model's module
+    with stand_in_kernels(varlen=varlen_stand_in(), mixer_kernels=MIXER_STAND_INS):
+        trainer = make_trainer(True, model_factory=factory("lfm2"))
+        for mixer in stateful_mixers(trainer.model):  # as kernelize leaves a layer: a hub forward on its function
+            hub = vars(mixer).setdefault("_kernel_funcs", {}).setdefault("causal_conv1d_fn", torch.nn.Identity())
+            hub.forward = hub.forward
+        packed = one_step(trainer)
+
+    assert_same_step(padded, packed)
+    assert all(calls.segmented and not calls.whole_row for calls in mixer_calls(trainer.model).values())
+
+
 def test_lfm3s_width_7_conv_which_the_kernel_rejects_is_refused_with_the_way_out():
     lfm3 = factory("lfm3")
     model = lfm3(0)  # imports its module

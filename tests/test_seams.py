@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from trl_padfree.features.balanced_batches import REBALANCE
 from trl_padfree.features.pair_weighted_steps import (
@@ -608,8 +609,11 @@ TRANSFORMERS = [
     Seam(
         "transformers", "transformers.integrations.hub_kernels.use_kernel_func_from_hub_with_fallback",
         "the decorator of every mixer kernel: its wrappers' closures say what a call runs (integrations.transformers.kernel_wrapper, "
-        "tests/test_seams.py::test_transformers_kernel_wrappers_hold_what_they_resolved); the stand-ins rebuild them "
-        "with it", "integrations/transformers.py, modeling/kernels.py", parameters=("func_name", "package"),
+        "tests/test_seams.py::test_transformers_kernel_wrappers_hold_what_they_resolved), read through the `kernels` "
+        "function module it returns where `kernels` is installed (its class's `forward` closure `func`, "
+        "`kernel_layer_name`) and the model module's own helpers; `_PACKAGE_SUPPORTED_DEVICES` (>= 5.25), left out "
+        "when the stand-ins rebuild them with it; a layer's `_kernel_funcs`, where `kernelize` puts hub kernels",
+        "integrations/transformers.py, modeling/kernels.py", parameters=("func_name", "package"),
     ),
     Seam(
         "transformers", "transformers.Trainer.get_train_dataloader", "overridden (token-budget and split-row loaders)",
@@ -1236,3 +1240,25 @@ def test_transformers_kernel_wrappers_hold_what_they_resolved():
         "causal_conv1d_fn", "no_such_kernel_package", fallback, True,
     )  # fmt: skip
     assert wrapper(1, 2, unknown=3) == ("fallback", [])  # keywords the implementation does not name are dropped
+
+
+def test_rebuilt_kernel_wrappers_run_the_given_function_on_any_device():
+    """The stand-ins' wrappers (integrations.transformers.rewrapped) run the function they were given on CPU inputs
+    too: transformers >= 5.25 hands a package's kernel only inputs on the devices it lists for the package
+    (`_PACKAGE_SUPPORTED_DEVICES`, CUDA for causal-conv1d), which the rebuild leaves out."""
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+
+    from trl_padfree.integrations.transformers import kernel_wrapper, rewrapped
+
+    def fallback(x, weight, bias=None, activation=None, **kwargs):
+        return "fallback"
+
+    def stand_in(x, weight, bias=None, seq_idx=None, activation=None):
+        return ("stand-in", seq_idx)
+
+    wrapper = use_kernel_func_from_hub_with_fallback("causal_conv1d_fn", "causal_conv1d")(fallback)
+    rebuilt = rewrapped(wrapper, stand_in)
+
+    assert rebuilt(torch.zeros(1), None, seq_idx=3) == ("stand-in", 3)
+    assert kernel_wrapper(rebuilt).runs_on("cpu") and kernel_wrapper(rebuilt).runs_on("cuda")
+    assert kernel_wrapper(wrapper).is_fallback  # the original is untouched

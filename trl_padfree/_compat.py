@@ -23,3 +23,20 @@ def check_trl_version() -> None:
             f"is installed. Run `pip install 'trl>={low},<{high}'`, or upgrade trl-padfree to a release that supports "
             f"TRL {installed}."
         )
+
+
+# transformers has no upper pin: its monthly releases bring the models users upgrade for. Every private name of it
+# that trl-padfree reads is checked where it is used: a moved name that would make results wrong raises; one that
+# would only make a run slower says so at WARNING level (`moved_seam_warning`), naming this tested range.
+TESTED_TRANSFORMERS = (Version("5.23.0"), Version("5.25.0"))
+
+
+def moved_seam_warning(what: str, lost: str) -> str:
+    """The WARNING for a transformers seam that moved in a release newer than the tested ones: what could not be read,
+    what the run loses, and the way out."""
+    low, high = TESTED_TRANSFORMERS
+    return (
+        f"transformers {version('transformers')}: {what}, which trl-padfree cannot read (tested with transformers "
+        f"{low} to {high}). {lost} Way out: `pip install 'transformers>={low},<={high}'`, or a trl-padfree release that "
+        "supports this transformers."
+    )

@@ -128,6 +128,10 @@ def attention_calls_counted(attn_implementation: str) -> Iterator[AttentionCalls
 # Each mixer kernel is a module-level PyTorch function decorated with `use_kernel_func_from_hub_with_fallback(
 # func_name, package)`, which resolves at import the package's implementation (or the PyTorch function) and returns a
 # wrapper that passes on only the keywords the implementation names. The wrapper's closure holds what it resolved.
+# With the `kernels` package installed (a dependency of transformers >= 5.25), the decorator also turns the wrapper
+# into a `kernels` function module: an `nn.Module` instance whose class's `forward` calls the wrapper (`func` in its
+# closure) and whose class carries the hub name (`kernel_layer_name`). A mixer's forward may reach its kernels through
+# such a module around a helper of its own module (5.25: `causal_conv1d_forward`, which calls `causal_conv1d_fn`).
 
 _WRAPPER_CLOSURE = ("implementation", "is_new_implementation", "func_name", "package", "torch_function")
 
@@ -141,28 +145,64 @@ class KernelWrapper:
     implementation: Callable  # what a call runs
     is_fallback: bool  # transformers' own PyTorch function (the package is not installed)
     torch_function: Callable  # that PyTorch function
+    # The device types the implementation is handed inputs on (others run `torch_function`); None: every device
+    # (transformers < 5.25, or a package it lists no devices for)
+    devices: tuple[str, ...] | None = None
+
+    def runs_on(self, device_type: str) -> bool:
+        """Whether a call with inputs on `device_type` runs `implementation` (not transformers' PyTorch function)."""
+        return not self.is_fallback and (self.devices is None or device_type in self.devices)
+
+
+def _closure(function) -> dict:
+    if not isinstance(function, types.FunctionType) or function.__closure__ is None:
+        return {}
+    cells = (cell.cell_contents for cell in function.__closure__)
+    return dict(zip(function.__code__.co_freevars, cells, strict=True))
+
+
+def hub_function(value) -> Callable | None:
+    """The function a `kernels` function module calls (`value` an instance of the module class `kernels` makes of a
+    decorated function); None for anything else."""
+    forward = getattr(type(value), "forward", None)
+    if not hasattr(type(value), "kernel_layer_name") or forward is None:
+        return None
+    function = _closure(forward).get("func")
+    return function if callable(function) else None
+
+
+def hub_kernel_name(value) -> str | None:
+    """The kernel-hub name `value` was decorated with (a transformers wrapper or a `kernels` function module), read
+    without its closure: what a mixer's module defines even where the wrapper's layout moved."""
+    name = getattr(type(value), "kernel_layer_name", None)
+    if isinstance(name, str):
+        return name
+    return _closure(value).get("func_name") if isinstance(value, types.FunctionType) else None
 
 
 def kernel_wrapper(function) -> KernelWrapper | None:
-    """What `function` resolves to, if it is a transformers kernel wrapper; else None."""
-    if not isinstance(function, types.FunctionType) or function.__closure__ is None:
-        return None
-    cells = (cell.cell_contents for cell in function.__closure__)
-    closure = dict(zip(function.__code__.co_freevars, cells, strict=True))
+    """What `function` resolves to, if it is a transformers kernel wrapper (bare, or inside a `kernels` function
+    module); else None."""
+    inner = hub_function(function)
+    closure = _closure(function if inner is None else inner)
     if not set(_WRAPPER_CLOSURE) <= set(closure):
         return None
+    devices = closure.get("supported_devices")
     return KernelWrapper(
         name=closure["func_name"],
         package=closure["package"],
         implementation=closure["implementation"],
         is_fallback=not closure["is_new_implementation"],
         torch_function=closure["torch_function"],
+        devices=tuple(devices) if devices is not None else None,
     )
 
 
 def rewrapped(wrapper, implementation: Callable):
-    """A wrapper like `wrapper`, built by transformers' own decorator, that resolves to `implementation`: the decorator
-    imports the kernel's package, here a module holding only that function."""
+    """A wrapper like `wrapper`, built by transformers' own decorator, that resolves to `implementation` on inputs of
+    any device (a stand-in plays a GPU kernel on CPU tensors): the decorator imports the kernel's package, here a
+    module holding only that function, and is told no device list for it."""
+    from transformers.integrations import hub_kernels
     from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
 
     resolved = kernel_wrapper(wrapper)
@@ -170,28 +210,65 @@ def rewrapped(wrapper, implementation: Callable):
     setattr(package, resolved.name, implementation)
     previous = sys.modules.get(resolved.package)
     sys.modules[resolved.package] = package
+    devices = getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", {})  # transformers >= 5.25
+    listed = devices.pop(resolved.package, None)
     try:
         rebuilt = use_kernel_func_from_hub_with_fallback(resolved.name, resolved.package)(resolved.torch_function)
     finally:
+        if listed is not None:
+            devices[resolved.package] = listed
         if previous is None:
             del sys.modules[resolved.package]
         else:
             sys.modules[resolved.package] = previous
-    if kernel_wrapper(rebuilt).implementation is not implementation:
+    if kernel_wrapper(rebuilt).implementation is not implementation or kernel_wrapper(rebuilt).devices is not None:
         raise RuntimeError(f"transformers did not resolve `{resolved.name}` to the function it was given")
     return rebuilt
 
 
-def kernel_wrappers_called(cls: type) -> tuple[KernelWrapper, ...]:
-    """The kernel wrappers `cls.forward` calls: module-level names of its module that are wrappers."""
+def _calls(function, module: types.ModuleType, seen: set[str]) -> Iterator[tuple[str, object]]:
+    """The module-level names of `module` that `function` calls, and through the module's own helpers (plain
+    functions, or `kernels` function modules around them) the names they call."""
     import inspect
 
-    code = getattr(inspect.unwrap(cls.forward), "__code__", None)
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    for name in code.co_names if code is not None else ():
+        if name in seen:
+            continue
+        seen.add(name)
+        value = getattr(module, name, None)
+        yield name, value
+        helper = value if kernel_wrapper(value) is None else None
+        helper = hub_function(helper) or helper
+        if isinstance(helper, types.FunctionType) and helper.__module__ == module.__name__:
+            yield from _calls(helper, module, seen)
+
+
+def kernel_wrappers_called(cls: type) -> tuple[KernelWrapper, ...]:
+    """The kernel wrappers `cls.forward` calls: module-level names of its module that are wrappers, called by the
+    forward or by the module's own helpers it calls."""
     module = sys.modules.get(cls.__module__)
-    if module is None or code is None:
+    if module is None:
         return ()
-    resolved = (kernel_wrapper(getattr(module, name, None)) for name in code.co_names)
+    resolved = (kernel_wrapper(value) for _, value in _calls(cls.forward, module, set()))
     return tuple(wrapper for wrapper in resolved if wrapper is not None)
+
+
+def kernel_names_called(cls: type) -> frozenset[str]:
+    """The kernel-hub names of what `cls.forward` calls (directly or through its module's helpers), read from the
+    decorated objects' names alone: the kernels a mixer uses even where transformers moved what their closures hold."""
+    module = sys.modules.get(cls.__module__)
+    if module is None:
+        return frozenset()
+    names = (hub_kernel_name(value) for _, value in _calls(cls.forward, module, set()))
+    return frozenset(name for name in names if name is not None)
+
+
+def kernelized_functions(module: object) -> list[str]:
+    """The kernel functions `kernels.kernelize` replaced on `module` (a layer decorated with `use_kernelized_func`
+    keeps one private function module per kernel, whose forward kernelize swaps for the hub kernel's)."""
+    private = vars(module).get("_kernel_funcs") or {}
+    return sorted(name for name, function in private.items() if "forward" in vars(function))
 
 
 @contextlib.contextmanager

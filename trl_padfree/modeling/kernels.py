@@ -35,16 +35,22 @@ from dataclasses import dataclass
 
 import torch
 
+from .._compat import moved_seam_warning
 from ..integrations.torch import varlen_attn_backward_op
-from ..integrations.transformers import KernelWrapper, kernel_wrappers_called, kernel_wrappers_replaced
+from ..integrations.transformers import (
+    KernelWrapper,
+    kernel_names_called,
+    kernel_wrappers_called,
+    kernel_wrappers_replaced,
+)
 
 logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def log_once(message: str) -> None:
+def log_once(message: str, level: int = logging.INFO) -> None:
     # Kernels run in every layer of every step: say which one runs once per process, not per call
-    logger.info(message)
+    logger.log(level, message)
 
 
 # ---- attention: torch's varlen kernel ----
@@ -305,19 +311,39 @@ class MixerKernels:
     kernels: tuple[ResolvedKernel, ...]
     whole_row: bool
     reason: str
+    # Set where a transformers release moved what trl-padfree reads of the kernels: the run is exact, only slower,
+    # and says so at WARNING level
+    moved_seam: bool = False
 
     def describe(self) -> str:
+        if self.moved_seam:
+            return self.reason
         if self.whole_row:
             return f"{self.mixer_class} layers run the whole packed row through their kernels ({self.reason})."
         return (
             f"{self.mixer_class} layers run once per sequence of the packed row, state starting fresh ({self.reason})."
         )
 
+    def log(self) -> None:
+        log_once(self.describe(), logging.WARNING if self.moved_seam else logging.INFO)
+
 
 def mixer_kernels(mixer_class: type) -> MixerKernels:
     """The kernels `mixer_class.forward` calls and whether they can run a whole packed row, read from the functions
     transformers resolved (so from the stand-ins under `stand_in_kernels`)."""
-    return _decide(mixer_class.__name__, kernel_functions_called(mixer_class))
+    kernels = kernel_functions_called(mixer_class)
+    unread = sorted(set(BOUNDARY_ARGUMENTS) & kernel_names_called(mixer_class) - {kernel.name for kernel in kernels})
+    # The forward reaches a kernel that takes boundaries, but not through a wrapper laid out as the tested releases did
+    if unread:
+        names = ", ".join(f"`{name}`" for name in unread)
+        lost = (
+            f"{mixer_class.__name__} layers run once per sequence of the packed row (exact, but slower than one "
+            "kernel call on the whole row)."
+        )
+        return MixerKernels(
+            mixer_class.__name__, kernels, False, moved_seam_warning(f"the kernels {names} are wrapped", lost), True
+        )
+    return _decide(mixer_class.__name__, kernels)
 
 
 def _decide(mixer_class: str, kernels: tuple[ResolvedKernel, ...]) -> MixerKernels:
@@ -331,7 +357,7 @@ def _decide(mixer_class: str, kernels: tuple[ResolvedKernel, ...]) -> MixerKerne
     unknown = [kernel.name for kernel in row_kernels if kernel.boundary is None]
     if unknown:
         return per_segment(f"trl-padfree does not know how {', '.join(unknown)} keeps sequences apart")
-    fallbacks = [kernel for kernel in row_kernels if kernel.wrapper.is_fallback]
+    fallbacks = [kernel for kernel in row_kernels if not kernel.wrapper.runs_on("cuda")]
     if fallbacks:
         missing = sorted({kernel.distribution for kernel in fallbacks})
         return per_segment(f"transformers runs its PyTorch fallbacks; install {', '.join(missing)} for the kernels")
@@ -382,7 +408,7 @@ def conv_kernel_refusing(mixer_class: type, width: int) -> ResolvedKernel | None
         (
             kernel
             for kernel in kernel_functions_called(mixer_class)
-            if kernel.name in CONV_KERNELS and not kernel.wrapper.is_fallback
+            if kernel.name in CONV_KERNELS and kernel.wrapper.runs_on("cuda")
         ),
         None,
     )

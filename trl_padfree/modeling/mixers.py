@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..integrations.transformers import kernelized_functions
 from ..packing.layout import host_to_device, segment_ids_from_lengths
 from ..refusals import check_mixer_conv_width, check_mixer_inputs, check_mixer_segments
 from .kernels import MixerKernels, branch_key, conv_kernel_refusing, log_once, mixer_kernels, takes_cuda_branch
@@ -163,7 +164,7 @@ def mixers_run_per_segment(model: torch.nn.Module, device: torch.device) -> list
         {
             type(mixer).__name__
             for mixer in stateful_mixers(model)
-            if not (on_cuda_branch and _kernels_of(type(mixer), branch_key()).whole_row)
+            if not (on_cuda_branch and _kernels_of(type(mixer), branch_key()).whole_row) or kernelized_functions(mixer)
         }
     )
 
@@ -210,10 +211,18 @@ def _segmented_forward(mixer: torch.nn.Module, inner_forward):
         check_mixer_inputs(mixer_class, live_cache, has_mask=kwargs.get("attention_mask") is not None)
         for name in _PACKING_KWARGS:
             kwargs.pop(name, None)
-        if takes_cuda_branch(hidden_states):
+        hub_kernels = kernelized_functions(mixer)
+        if takes_cuda_branch(hidden_states) and hub_kernels:
+            # `use_kernels=True`: hub kernels replaced transformers' functions, and what they take is not readable
+            whole_row = False
+            log_once(
+                f"{mixer_class} layers run once per sequence of the packed row, state starting fresh (kernelized: "
+                f"trl-padfree cannot tell whether the hub kernels for {', '.join(hub_kernels)} keep sequences apart)."
+            )
+        elif takes_cuda_branch(hidden_states):
             kernels = _kernels_of(type(mixer), branch_key())
             whole_row = kernels.whole_row
-            log_once(kernels.describe())
+            kernels.log()
         else:
             whole_row = False
             log_once(f"{mixer_class} layers run once per sequence of the packed row, state starting fresh (on CPU).")
