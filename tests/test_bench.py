@@ -77,7 +77,7 @@ def test_quick_run_writes_rows_of_the_documented_schema(tmp_path, capsys, monkey
     args = ["bench", "--quick", "--warmup", "0", "--steps", "2", "--pairs-per-batch", "3", "--max-length", "128"]
     args += ["--distributions", "ultrafeedback", "shipped", "--output", str(output), "--plot", str(plot)]
     assert main(args) == 0
-    rows = json.loads(output.read_text())
+    rows = json.loads(output.read_text())["rows"]
     assert [(row["distribution"], row["backend"]) for row in rows] == [
         (distribution, backend)
         for distribution in ("ultrafeedback", "shipped")
@@ -121,7 +121,7 @@ def test_rows_carry_their_precision_and_varlen_calls_per_attention_call(tmp_path
     make_bench_model("tiny", "sdpa", torch.float32)  # the model's modules imported before the stand-in
     with stand_in_kernels(varlen=varlen_stand_in("2.15")):
         assert main(args) == 0
-    rows = json.loads(output.read_text())
+    rows = json.loads(output.read_text())["rows"]
     calls = {(row["precision"], row["backend"]): row["varlen_calls_per_attention_call"] for row in rows}
     assert calls == {
         (precision, backend): 0.0 if backend == "sdpa" else 1.0
@@ -145,7 +145,7 @@ def test_float32_without_autocast_reports_no_kernel_call(tmp_path):
     args += ["--pairs-per-batch", "2", "--max-length", "32", "--output", str(output)]
     with stand_in_kernels(varlen=varlen_stand_in("2.15")):
         assert main(args) == 0
-    (row,) = json.loads(output.read_text())
+    (row,) = json.loads(output.read_text())["rows"]
     assert row["precision"] == "float32" and row["attention_calls"] > 0 and row["varlen_calls"] == 0
 
 
@@ -207,7 +207,7 @@ def test_batching_run_writes_its_rows(tmp_path, capsys):
     output = tmp_path / "batching.json"
     args = ["bench", "--batching", "--quick", "--batches", "2", "--pairs-per-batch", "3", "--max-length", "128"]
     assert main([*args, "--distributions", "ultrafeedback", "--output", str(output)]) == 0
-    (row,) = json.loads(output.read_text())
+    (row,) = json.loads(output.read_text())["rows"]
     assert row["pairs"] == 6 and row["fixed_steps_per_epoch"] == 2 and row["budget_steps_per_epoch"] <= 2
     assert row["fixed_tokens_per_s"] > 0 and row["budget_tokens_per_s"] > 0 and 0 < row["budget_fill"] <= 1
     assert "| ultrafeedback | 6 | 3 |" in capsys.readouterr().out
@@ -217,7 +217,7 @@ def test_vision_run_counts_the_images_each_mode_encodes(tmp_path, capsys):
     output = tmp_path / "vision.json"
     args = ["bench", "--vision", "--device", "cpu", "--batches", "1", "--warmup", "0", "--pairs-per-batch", "3"]
     assert main([*args, "--output", str(output)]) == 0
-    rows = {row["mode"]: row for row in json.loads(output.read_text())}
+    rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}
     assert list(rows) == ["padded", "padfree_varlen", "padfree_varlen+prefix_sharing"]
     # TRL hands each image over with the chosen and again with the rejected sequence; a shared prompt holds it once
     assert [row["images_encoded_per_step"] for row in rows.values()] == [6, 6, 3]

@@ -246,12 +246,8 @@ def config_reference() -> str:
 
 BENCH = ROOT / "docs" / "bench"
 
-# What a file does not record itself: the machine, versions, command and date of each run, and what it measured.
-# A file that records one of these (balanced_ranks_cpu.json, vision_split_*.json) is read for it instead.
-EPYC = "2 cores of an AMD EPYC (x86_64, AVX2), 24 GB, no GPU"
-CPU_VERSIONS_21 = "Python 3.11.7, torch 2.13.0+cpu, TRL 1.16.0, transformers 5.23.0, accelerate 1.15.0"
-H200 = "one NVIDIA H200 (SM 9.0, 141 GB), driver 580.159.04, 16 CPU cores"
-H200_VERSIONS = "Python 3.12, torch 2.11.0+cu130 (CUDA 13.0), TRL 1.16.0, transformers 5.24.0, accelerate 1.15.0"
+# What a file does not say itself: the setup and what it measured. Its command, versions, device, date and flags are
+# in its own "provenance" (trl_padfree/cli/bench/report.py's run_provenance; tests/test_bench_provenance.py).
 TEXT_MEASURED = (
     "**Measured**: the mean time of a full DPO training step (reference forward, policy forward and backward; no "
     "optimizer step), padded TRL (`sdpa`) and each padding-free mode on the same batches, and each mode's peak "
@@ -264,18 +260,10 @@ VISION_MEASURED = (
 )
 SOURCES = {
     "cpu_small_auto.json": dict(
-        command="trl-padfree bench --backends padfree_varlen --output docs/bench/cpu_small_auto.json",
-        machine=EPYC + ", nothing else running",
-        versions="Python 3.11.7, torch 2.13.0+cpu, TRL 1.16.0, transformers 5.24.0, accelerate 1.15.0",
-        date="2026-11-25",
         setup="float32; the `small` demo model (Llama, 4 layers, hidden 128)",
         measured=TEXT_MEASURED,
     ),
     "cpu_small.json": dict(
-        command="trl-padfree bench --output docs/bench/cpu_small.json --plot docs/bench/cpu_small.png",
-        machine=EPYC,
-        versions=CPU_VERSIONS_21,
-        date="2026-11-21",
         setup="float32; the `small` demo model; mean step times recorded, no per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED,
         notes=[
@@ -284,18 +272,10 @@ SOURCES = {
         ],
     ),
     "cpu_tiny_quick.json": dict(
-        command="trl-padfree bench --quick --output docs/bench/cpu_tiny_quick.json --plot docs/bench/cpu_tiny_quick.png",
-        machine=EPYC,
-        versions=CPU_VERSIONS_21,
-        date="2026-11-21",
         setup="float32; the `tiny` demo model; mean step times recorded, no per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED,
     ),
     "prompt_groups.json": dict(
-        command="python tools/measure/measure_prompt_groups.py --output docs/bench/prompt_groups.json",
-        machine="any (counted, not timed)",
-        versions="torch 2.13.0+cpu, TRL 1.16.0, transformers 5.24.0",
-        date="2026-11-29",
         setup='one micro-batch of one prompt\'s pairs, as `train_sampling_strategy="group_by_prompt"` batches them: K '
         "completions of 0.8 to 1.2 x C tokens (seeded), paired all ways (K(K-1)/2 pairs); rows collated by the real "
         "collator; FLOPs of one training step (policy forward and backward, reference forward) of Llama 3.1 8B's "
@@ -306,27 +286,18 @@ SOURCES = {
         "each further completion repeats). Computed: the step FLOPs.",
     ),
     "prefix-sharing-cpu.json": dict(
-        command="trl-padfree bench --backends padfree_varlen --output docs/bench/prefix-sharing-cpu.json",
-        machine=EPYC,
-        versions=CPU_VERSIONS_21,
-        date="2026-11-21",
         setup="float32; the `small` demo model; `prefix_sharing_min_prompt_tokens=8`; mean step times recorded, no "
         "per-batch spread or FLOP ideal",
         measured=TEXT_MEASURED + " The last column is prefix sharing's speedup over the unshared row, its token "
         "ideal (sequence tokens / row tokens) in brackets.",
     ),
     "batching-cpu.json": dict(
-        command="trl-padfree bench --batching --model tiny --batches 16 --output docs/bench/batching-cpu.json",
-        machine=EPYC,
-        versions=CPU_VERSIONS_21,
-        date="2026-11-21",
         setup="float32; the `tiny` demo model, `padfree_varlen`; one epoch over the same pairs, `fixed` pairs per "
         "micro-batch against `max_tokens_per_batch` set to the longest row `fixed` makes (the same peak row)",
         measured="**Measured**: real tokens per second over the epoch, each scheme run twice, alternately; peak memory. "
         "Counted: steps per epoch and row fill (row tokens / budget).",
     ),
     "balanced_ranks_cpu.json": dict(
-        date="2026-11-26",
         setup="`accelerate launch` (DDP over gloo) of CPU processes, one thread each, training "
         '`trl_padfree.DPOTrainer` padding-free on the shipped pairs with `train_sampling_strategy` `"random"` then '
         '`"batch_rebalance"`, the same seed and so the same global batches',
@@ -341,7 +312,6 @@ SOURCES = {
         ],
     ),
     "vision_split_cpu.json": dict(
-        date="2026-11-26",
         setup="a Qwen2.5-VL of text width 512 and vision width 256, 4 layers each; one row split over processes "
         "(gloo), forward and backward",
         measured="**Measured**: medians of 5 after 2 warm-ups, the slowest process's time: the vision tower on all of "
@@ -353,7 +323,6 @@ SOURCES = {
         ],
     ),
     "batch_hand_out_cpu.json": dict(
-        date="2026-11-27",
         setup="2 gloo processes, each with a micro-batch of 4 pairs from the shipped data: text, and Qwen2.5-VL "
         "pairs with two 224 x 224 images per prompt (`pixel_values` included); one hand-out round (every rank gets "
         "every rank's batch), medians of 3, the slowest rank; another job used the cores",
@@ -362,10 +331,6 @@ SOURCES = {
         "rank's pairs again); one collation alone. Counted: collectives and host reads of the tensor round.",
     ),
     "attention_memory.json": dict(
-        command="python tools/measure/measure_attention_memory.py --out docs/bench/attention_memory.json",
-        machine="2 cores of an AMD EPYC, no GPU (bytes saved, not timings: the machine does not change them)",
-        versions="torch 2.13.0+cpu (other versions not recorded)",
-        date="2026-11-29",
         setup="one attention layer's call on a 4,096-token packed row of two 2,048-token sequences, in TRL's default "
         "precision (float32 queries and keys, bf16 values, under bf16 autocast)",
         measured="**Measured**: the bytes of every tensor autograd saves for the backward during the call, each "
@@ -375,29 +340,15 @@ SOURCES = {
         "same with keys and values expanded to the query heads; sdpa's math backend float32 copies and the softmax.",
     ),
     "gpu_qwen0.5b.json": dict(
-        command="trl-padfree bench --model qwen2.5-0.5b --batches 4 --output docs/bench/gpu_qwen0.5b.json "
-        "--plot docs/bench/gpu_qwen0.5b.png",
-        machine=H200,
-        versions=H200_VERSIONS,
-        date="2026-11-25",
         setup="bf16 weights, no autocast; Qwen2.5-0.5B's shape with random weights; the CUDA cache emptied before "
         "every timed step; mean step times recorded, no host time",
         measured=TEXT_MEASURED,
     ),
     "gpu_vision_qwen2.5-vl-3b.json": dict(
-        command="trl-padfree bench --vision --model qwen2.5-vl-3b --batches 3 --pairs-per-batch 2 "
-        "--output docs/bench/gpu_vision_qwen2.5-vl-3b.json",
-        machine=H200,
-        versions=H200_VERSIONS,
-        date="2026-11-25",
         setup="bf16; Qwen2.5-VL-3B's shape with random weights, one noise image per pair (64-1024 tokens per image)",
         measured=VISION_MEASURED,
     ),
     "gpu_vision_demo.json": dict(
-        command="trl-padfree bench --vision --model qwen2.5-vl-demo --batches 4 --output docs/bench/gpu_vision_demo.json",
-        machine=H200,
-        versions=H200_VERSIONS,
-        date="2026-11-25",
         setup="bf16; a 4-layer, width-128 Qwen2.5-VL with random weights, one noise image per pair",
         measured=VISION_MEASURED,
         notes=[
@@ -424,20 +375,39 @@ def percent(value: float) -> str:
     return f"{value:.0%}"
 
 
-def provenance(name: str, recorded: dict | None = None, files: list[str] | None = None) -> str:
-    """The lines under a table's heading: the files, command, machine, versions, date, setup and what was measured.
-    A value the file records (`recorded`) wins over the template's (`SOURCES[name]`)."""
-    source = {**SOURCES[name], **{key: value for key, value in (recorded or {}).items() if value}}
-    commands = source["command"] if isinstance(source["command"], list) else [source["command"]]
+def rows(name: str) -> list[dict]:
+    """The rows of a file `trl-padfree bench` wrote."""
+    return load(name)["rows"]
+
+
+def versions_line(recorded: dict) -> str:
+    """`torch 2.13.0+cpu, transformers 5.24.0, ...`, the versions a file records, the unknown ones named once."""
+    known = [f"{package} {version}" for package, version in recorded.items() if version != "unknown"]
+    unknown = [package for package, version in recorded.items() if version == "unknown"]
+    return ", ".join(known) + (f" ({', '.join(unknown)} not recorded)" if unknown else "")
+
+
+def provenance(name: str, run: str | None = None, files: list[str] | None = None) -> str:
+    """The lines under a table's heading, from each file's own provenance (the command, device, versions, commit and
+    date) and the template's setup and what was measured (`SOURCES[name]`)."""
+    files = files or [name]
+    recorded = [load(file)["provenance"] for file in files]
+    first = recorded[0]
     lines = [
-        bullet("**Data**: " + " and ".join(f"[`bench/{file}`](bench/{file})" for file in files or [name])),
-        bullet(f"**Machine**: {source['machine']}; {source['versions']}; {source['date']}"),
-        bullet(f"**Setup**: {source['setup']}"),
+        bullet("**Data**: " + " and ".join(f"[`bench/{file}`](bench/{file})" for file in files)),
+        bullet(
+            f"**Machine**: {first['device']}; {versions_line(first['versions'])}; trl-padfree {first['trl_padfree']} "
+            f"at commit {first['commit']}; {first['date']}"
+        ),
+        bullet(f"**Setup**: {SOURCES[name]['setup']}"),
     ]
-    if "run" in source:
-        lines.append(bullet(f"**Run**: {source['run']}"))
-    lines.append(bullet(source["measured"]))
-    return "\n".join(lines) + "\n\n```bash\n" + "\n".join(commands) + "\n```\n"
+    if run:
+        lines.append(bullet(f"**Run**: {run}"))
+    lines.append(bullet(SOURCES[name]["measured"]))
+    if not first["reproducible"]:
+        lines.append(bullet(f"**Not reproducible with today's command**: {first['why']}."))
+    commands = "\n".join(entry["command"] for entry in recorded)
+    return "\n".join(lines) + "\n\n```bash\n" + commands + "\n```\n"
 
 
 def host_note(rows: list[dict]) -> str:
@@ -475,11 +445,11 @@ def flagged(seconds: float, host_bound: bool | None) -> str:
 
 def text_bench_section(name: str, title: str, plot: str | None = None, notes: tuple[str, ...] = ()) -> str:
     """`trl-padfree bench`'s rows: one line per distribution and padding-free mode."""
-    rows = load(name)
-    first = rows[0]
+    table_rows = rows(name)
+    first = table_rows[0]
 
     def has(key: str) -> bool:  # a column only where some row records it: older files lack the newer columns
-        return any(row.get(key) is not None for row in rows)
+        return any(row.get(key) is not None for row in table_rows)
 
     run = f"{first['pairs_per_batch']} pairs per batch, " + (
         f"{first['warmup_steps']} warm-up + {first['batches']} measured steps per mode"
@@ -492,7 +462,7 @@ def text_bench_section(name: str, title: str, plot: str | None = None, notes: tu
     header += ["peak MB padded", "peak MB padding-free", "real tokens/s"]
     header += ["sharing vs unshared (ideal)"] * has("speedup_over_unshared")
     table = []
-    for row in rows:
+    for row in table_rows:
         line = [
             row["distribution"],
             f"`{row['backend']}`",
@@ -514,8 +484,8 @@ def text_bench_section(name: str, title: str, plot: str | None = None, notes: tu
             shared = row.get("speedup_over_unshared")
             line.append(f"{times(shared)} ({times(row['ideal_speedup_over_unshared'])})" if shared else "")
         table.append(line)
-    out = [f"### {title}\n", provenance(name, {"run": run}), markdown_table(header, table) + "\n"]
-    notes = [checkpointing_note(rows), host_note(rows), *SOURCES[name].get("notes", []), *notes]
+    out = [f"### {title}\n", provenance(name, run), markdown_table(header, table) + "\n"]
+    notes = [checkpointing_note(table_rows), host_note(table_rows), *SOURCES[name].get("notes", []), *notes]
     out += [wrap(note) + "\n" for note in notes]
     if plot:
         out.append(f"![speedup against the ideal, per distribution](bench/{plot})\n")
@@ -570,7 +540,7 @@ def prompt_groups_section() -> str:
 
 def batching_section() -> str:
     name = "batching-cpu.json"
-    rows = load(name)
+    table_rows = rows(name)
     header = [
         "distribution",
         "pairs",
@@ -602,10 +572,10 @@ def batching_section() -> str:
             number(row["fixed_peak_mem_mb"]),
             number(row["budget_peak_mem_mb"]),
         ]
-        for row in rows
+        for row in table_rows
     ]
     out = ["### Token-budget batching\n", provenance(name), markdown_table(header, table) + "\n"]
-    out.append(wrap(checkpointing_note(rows)) + "\n")
+    out.append(wrap(checkpointing_note(table_rows)) + "\n")
     return "\n".join(out)
 
 
@@ -614,12 +584,8 @@ def balanced_ranks_section() -> str:
     data = load(name)
     machine = data["machine"]
     model = data["model"]
-    recorded = {
-        "command": data["command"],
-        "machine": f"{machine['cores']} cores of an {machine['cpu']}, load average {machine['load_average_at_start'][0]:.1f} "
-        "at the start",
-        "versions": ", ".join(f"{package} {version}" for package, version in machine["versions"].items()),
-        "run": f"a {model['model_type'].capitalize()} of hidden {model['hidden_size']}, {model['num_hidden_layers']} "
+    run = (
+        f"load average {machine['load_average_at_start'][0]:.1f} at the start; a {model['model_type'].capitalize()} of hidden {model['hidden_size']}, {model['num_hidden_layers']} "
         f"layers, {model['num_attention_heads']} heads ({model['num_key_value_heads']} key-value), float32; "
         + "; ".join(
             dict.fromkeys(
@@ -627,8 +593,8 @@ def balanced_ranks_section() -> str:
                 f"{launch['warmup_steps']} warm-up steps"
                 for launch in data["launches"].values()
             )
-        ),
-    }
+        )
+    )
     wall = {(s["processes"], s["grad_accum"], s["setting"]): s["wall_seconds"] for s in data["summary"]}
     header = [
         "processes",
@@ -662,7 +628,7 @@ def balanced_ranks_section() -> str:
         )
     out = [
         "### Balanced batches across processes (`batch_rebalance`)\n",
-        provenance(name, recorded),
+        provenance(name, run),
         markdown_table(header, table) + "\n",
         "In brackets after a balanced wall time: the speedup over `random`.\n",
     ]
@@ -697,15 +663,9 @@ def vision_split_section() -> str:
                 ]
             )
             row = ""
-    data = load(names[0])
-    recorded = {
-        "command": [load(name)["command"] for name in names],
-        "machine": f"{data['machine']}, {data['cores']} cores, {data['threads']} thread per process",
-        "versions": f"torch {data['torch']} (other versions not recorded)",
-    }
     out = [
         "### Dealing a split row's images (`deal_images`)\n",
-        provenance(names[0], recorded, names),
+        provenance(names[0], f"{load(names[0])['threads']} thread per process", names),
         markdown_table(header, table) + "\n",
     ]
     out += [wrap(note) + "\n" for note in SOURCES[names[0]]["notes"]]
@@ -732,15 +692,10 @@ def batch_hand_out_section() -> str:
                 f"{counts}, {entry['tensors']['host_reads']} host reads",
             ]
         )
-    recorded = {
-        "command": data["command"],
-        "machine": f"{data['machine']}, {data['cores']} cores, {data['threads']} thread per process",
-        "versions": f"torch {data['torch']} (other versions not recorded)",
-    }
     return "\n".join(
         [
             "### Handing a split row's batch to its ranks\n",
-            provenance(name, recorded),
+            provenance(name, f"{data['threads']} thread per process"),
             markdown_table(header, table) + "\n",
         ]
     )
@@ -779,7 +734,6 @@ def attention_memory_section() -> str:
                 mib(row["padded_mib"], row["padded_kind"]),
             ]
         )
-    recorded = {"versions": f"torch {data['provenance']['torch']} (other versions not recorded)"}
     notes = [
         "**per segment**: what `padfree_varlen` keeps for a layer no fused kernel can compute, one "
         "`scaled_dot_product_attention` per sequence; **fused**: the one kernel call over the row that it takes on "
@@ -789,7 +743,7 @@ def attention_memory_section() -> str:
     return "\n".join(
         [
             "### Attention memory per layer, for the backward\n",
-            provenance(name, recorded),
+            provenance(name),
             markdown_table(header, table) + "\n",
             *[wrap(note) + "\n" for note in notes],
         ]
@@ -800,8 +754,8 @@ def vision_gpu_section() -> str:
     header = ["mode", "s/step", "speedup", "token ideal", "peak MB", "images encoded per pair", "LM tokens per step"]
     out = ["### Vision-language, Qwen2.5-VL\n"]
     for name, title in [("gpu_vision_qwen2.5-vl-3b.json", "3B's shape"), ("gpu_vision_demo.json", "demo")]:
-        rows = load(name)
-        padded_tokens = next(row for row in rows if row["mode"] == "padded")["language_model_tokens_per_step"]
+        mode_rows = rows(name)
+        padded_tokens = next(row for row in mode_rows if row["mode"] == "padded")["language_model_tokens_per_step"]
         table = [
             [
                 f"`{row['mode']}`",
@@ -812,26 +766,24 @@ def vision_gpu_section() -> str:
                 f"{row['images_encoded_per_step'] / row['pairs_per_batch']:g}",
                 number(row["language_model_tokens_per_step"]),
             ]
-            for row in rows
+            for row in mode_rows
         ]
-        run = f"{rows[0]['pairs_per_batch']} pairs per batch, {rows[0]['batches']} measured batches per mode"
-        out += [f"**{title}**\n", provenance(name, {"run": run}), markdown_table(header, table) + "\n"]
+        run = f"{mode_rows[0]['pairs_per_batch']} pairs per batch, {mode_rows[0]['batches']} measured batches per mode"
+        out += [f"**{title}**\n", provenance(name, run), markdown_table(header, table) + "\n"]
         out += [wrap(note) + "\n" for note in SOURCES[name].get("notes", [])]
     out.append(wrap("`trl-padfree bench --vision` runs every mode without activation checkpointing.") + "\n")
     return "\n".join(out)
 
 
 def gpu_text_notes() -> list[str]:
-    rows = load("gpu_qwen0.5b.json")
-    varlen = [row["padfree_step_s"] for row in rows if row["backend"] == "padfree_varlen"]
+    varlen = [row["padfree_step_s"] for row in rows("gpu_qwen0.5b.json") if row["backend"] == "padfree_varlen"]
     return [
         f"The `padfree_varlen` steps took {min(varlen):.2f}-{max(varlen):.2f} s whatever their tokens: a fixed cost "
         "per step that does not shrink with padding (the CUDA cache emptied before each step among it), so these "
         "speedups measure that cost as much as packing.",
         "Packed `sdpa` runs each sequence apart on CUDA (a kernel launch per sequence per layer): on a GPU use "
         '`padfree_varlen`, which `packed_attn_implementation="auto"` picks.',
-        "Prefix sharing in this run made two attention kernel calls per layer; the package makes one, which no GPU "
-        "has timed.",
+        "Prefix sharing in this run made two attention kernel calls per layer, where today's package makes one.",
     ]
 
 
@@ -856,6 +808,39 @@ between runs.
   the host.
 - **activation checkpointing**: `trl-padfree bench` runs every mode with it on, TRL's default
   (`--no-activation-checkpointing` turns it off); a table says which its rows ran with.
+
+Every file records its own provenance: the command, trl-padfree's version and commit, the versions of torch,
+transformers, TRL and accelerate, the device, the date and the flags (`unknown` where a file written before the bench
+recorded them does not say). A file whose figures today's command cannot reproduce says so, and why.
+
+## Headline figures
+
+Each figure, where and how it was measured, and the values of its file it comes from
+(`tests/test_readme_evidence.py` checks them). Each file's command reproduces it.
+
+| Figure | What | Where and how | Kind | Evidence | Values |
+|---|---|---|---|---|---|
+| 84-90% | the packed row's speed as a share of its FLOP ideal (padded FLOPs / packed FLOPs), shipped to Capybara-like pairs | 2 cores of an AMD EPYC, torch 2.13 CPU, `trl-padfree bench`, `small` model, 8 batches of 8 pairs, activation checkpointing off | measured, CPU | [`bench/cpu_small_auto.json`](bench/cpu_small_auto.json) | `100 * rows[distribution=shipped,backend=padfree_varlen].fraction_of_flop_ideal` `100 * rows[distribution=capybara,backend=padfree_varlen].fraction_of_flop_ideal` |
+| 1.12-1.36x | prefix sharing over the plain packed row, UltraFeedback-like to shipped pairs | the same CPU run | measured, CPU | [`bench/cpu_small_auto.json`](bench/cpu_small_auto.json) | `rows[distribution=ultrafeedback,backend=padfree_varlen+prefix_sharing].speedup_over_unshared` `rows[distribution=shipped,backend=padfree_varlen+prefix_sharing].speedup_over_unshared` |
+| 1.06-1.19x | shorter step with `batch_rebalance`, 2 processes (accumulation 2 and 1) | 2 CPU processes over gloo on 2 cores, `python tools/measure/measure_balanced_ranks.py --processes 2 4`, 12 steps, shipped pairs; the simulated gain at 8-512 GPUs is `trl-padfree balance`'s, not measured | measured, CPU | [`bench/balanced_ranks_cpu.json`](bench/balanced_ranks_cpu.json) | `summary[processes=2,grad_accum=2,setting=random].wall_seconds / summary[processes=2,grad_accum=2,setting=batch_rebalance].wall_seconds` `summary[processes=2,grad_accum=1,setting=random].wall_seconds / summary[processes=2,grad_accum=1,setting=batch_rebalance].wall_seconds` |
+| 1.43 -> 1.04 | slowest process's own CPU time over the mean, 4 processes, dealt -> balanced | the same run (4 processes on 2 cores: wall time says little there) | measured, CPU | [`bench/balanced_ranks_cpu.json`](bench/balanced_ranks_cpu.json) | `summary[processes=4,grad_accum=1,setting=random].thread_max_over_mean` `summary[processes=4,grad_accum=1,setting=batch_rebalance].thread_max_over_mean` |
+| 1.60x | a split image row's step with each of 2 ranks encoding its share of 32 images, against every rank encoding all | 2 cores, torch 2.13 CPU, `python tools/measure/measure_vision_split.py --repeats 5 --ranks 2 4`, a small Qwen2.5-VL | measured, CPU | [`bench/vision_split_cpu.json`](bench/vision_split_cpu.json) | `by_ranks.2.all_images_step_s / by_ranks.2.dealt_images_step_s` |
+
+## Not measured on a GPU
+
+Every GPU figure on this page comes from one H200 run whose bench emptied the CUDA cache before every timed step
+(their tables say so): today's command does not reproduce them, so none is a headline. Not measured on any GPU:
+
+- a step as `trl-padfree bench` times it (the allocator warm, activation checkpointing on as in TRL), padded or packed;
+- TRL's default precision (float32 weights under bf16 autocast) on the fused kernels;
+- prefix sharing's one attention call per layer;
+- the fused paths for attention sinks (GPT-OSS), softcapping (Gemma 2) and 512-wide heads (Gemma 4), and the hybrid
+  models' mixer kernels over a whole row;
+- torch 2.14 and 2.15's varlen kernels (checked by stand-ins with their signatures, not run);
+- more than one GPU: DDP, ZeRO-3, FSDP2, sequence and context parallelism, the reference offloaded.
+
+`python tools/gpu_report.py --out gpu-report` measures the first three and the sink and softcapping paths on one GPU
+([below](#on-a-gpu-toolsgpu_reportpy)).
 """
 
 RUNNING = """\
@@ -913,7 +898,11 @@ def benchmarks_page() -> str:
     out.append(attention_memory_section())
     out.append("## GPU\n")
     out.append(
-        wrap("The GPU tests' log from the same machine: [bench/gpu_h200_tests.log](bench/gpu_h200_tests.log).") + "\n"
+        wrap(
+            "Not reproducible with today's command (see each table). The GPU tests' log of the same run: "
+            "[bench/gpu_h200_tests.log](bench/gpu_h200_tests.log)."
+        )
+        + "\n"
     )
     out.append(
         text_bench_section(

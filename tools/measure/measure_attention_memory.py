@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the te
 
 from stand_in_kernels import varlen_stand_in  # noqa: E402
 
+from trl_padfree.cli.bench.report import run_provenance
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention  # noqa: E402
 from trl_padfree.modeling.kernels import stand_in_kernels  # noqa: E402
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths  # noqa: E402
@@ -154,10 +155,8 @@ def main() -> None:
             f"{row['padded_mib']:,.0f} MiB ({row['padded_kind']}) |"
         )
     if args.out is not None:
-        provenance = dict(
-            command="python tools/measure/measure_attention_memory.py", torch=torch.__version__, cpu=True
-        )
-        args.out.write_text(json.dumps(dict(provenance=provenance, rows=rows), indent=2) + "\n")
+        report = dict(provenance=run_provenance(vars(args)), rows=rows)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the te
 
 from distributed_runs import ACCELERATE_CONFIGS, ROOT, checkout_environment, free_port  # noqa: E402
 
+from trl_padfree.cli.bench.report import run_provenance
 from trl_padfree.data import load_demo_tokenizer  # noqa: E402
 from trl_padfree.packing.balance import imbalance  # noqa: E402
 from trl_padfree.tiny import make_model  # noqa: E402
@@ -212,7 +212,7 @@ def main(argv=None) -> None:
     options = parse_args(argv)
     shape = model_shape(options.hidden_size, options.layers)
     report = {
-        "command": shlex.join(["python3", *sys.argv]),
+        "provenance": run_provenance(vars(options)),
         "machine": machine(),
         "model": {"model_type": "llama", **shape},
         "launches": {},

@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import platform
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the te
 
 from host_reads import HostReads  # noqa: E402
 
+from trl_padfree.cli.bench.report import run_provenance
 from trl_padfree.packing.collator import PaddingFreePreferenceCollator  # noqa: E402
 from trl_padfree.parallel.batch_hand_out import exchanged_batches  # noqa: E402
 from trl_padfree.parallel.groups import RowGroup  # noqa: E402
@@ -206,10 +208,9 @@ def main(argv=None) -> dict:
         if any(process.exitcode for process in workers):
             raise SystemExit(f"a rank failed: exit codes {[process.exitcode for process in workers]}")
         report = results.get(timeout=10)
+    command = ["python", "tools/measure/measure_batch_hand_out.py", *(argv if argv is not None else sys.argv[1:])]
     result = {
-        "command": " ".join(
-            ["python3", "tools/measure/measure_batch_hand_out.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "provenance": run_provenance(vars(options), shlex.join(command)),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": 1,

@@ -22,7 +22,6 @@ What it times, on one CPU process unless said:
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -40,6 +39,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
 from tiny_vision import make_vision_processor, vision_preference_rows  # noqa: E402
 
+from trl_padfree.cli.bench.report import run_provenance
 from trl_padfree.costs.flops import DecoderShape  # noqa: E402
 from trl_padfree.packing import pair_sizes as priced  # noqa: E402
 from trl_padfree.packing.balanced_batches import BalancedBatchSampler, pair_costs  # noqa: E402
@@ -109,8 +109,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    report: dict = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine()}
-    report["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+    report: dict = {"provenance": run_provenance(vars(args))}
 
     processor = make_vision_processor("qwen2_5_vl", min_pixels=56 * 56, max_pixels=12845056)
     collator = PaddingFreeVisionPreferenceCollator(processor=processor)

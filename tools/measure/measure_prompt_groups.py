@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from transformers import AutoConfig  # noqa: E402
 
 from trl_padfree.cli.bench.harness import MODEL_SHAPES, batch_work  # noqa: E402
+from trl_padfree.cli.bench.report import run_provenance  # noqa: E402
 from trl_padfree.costs.flops import DecoderShape, padded_batch_work, training_step_flops  # noqa: E402
 from trl_padfree.packing.collator import concatenated_inputs  # noqa: E402
 
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             f"grouped={tokens['grouped']:7} ideal={tokens['ideal']:7}"
         )
     if options.output is not None:
-        command = "python tools/measure/measure_prompt_groups.py --output " + str(options.output)
-        options.output.write_text(json.dumps({"command": command, "model": MODEL, "rows": rows}, indent=1) + "\n")
+        report = {"provenance": run_provenance(vars(options)), "model": MODEL, "rows": rows}
+        options.output.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the te
 
 from tiny_vision import make_vision_model, make_vision_processor, vision_preference_rows  # noqa: E402
 
+from trl_padfree.cli.bench.report import run_provenance
 from trl_padfree.packing.vision import IMAGE_UNITS, PaddingFreeVisionPreferenceCollator  # noqa: E402
 from trl_padfree.parallel.groups import RowGroup  # noqa: E402
 from trl_padfree.parallel.image_shares import deal_units, gathered_features  # noqa: E402
@@ -156,7 +158,9 @@ def main(argv=None) -> dict:
 
     all_images = timed(vision_tower, options.repeats)
     result = {
-        "command": " ".join(["python3", "tools/measure/measure_vision_split.py", *(argv or sys.argv[1:])]),
+        "provenance": run_provenance(
+            vars(options), shlex.join(["python", "tools/measure/measure_vision_split.py", *(argv or sys.argv[1:])])
+        ),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": 1,

@@ -147,7 +147,7 @@ def run(options: argparse.Namespace) -> int:
         rows = run_bench(options)
         print(format_conditions(rows) + "\n\n" + format_table(rows) + "\n\n" + format_step_table(rows))
     if options.output:
-        write_rows(rows, options.output)
+        write_rows(rows, options.output, vars(options))
     if options.plot and not options.batching:
         plot(rows, options.plot)
     return 0

@@ -3,8 +3,15 @@ padded TRL), the step table (each mode's measured steps: spread, host time, FLOP
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
+import os
+import platform
+import shlex
 import statistics
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -175,6 +182,87 @@ def plot(rows: list[BenchRow], path: str) -> None:
     plt.close(figure)
 
 
-def write_rows(rows: list, path: str) -> None:
-    """The rows (any of the bench's row dataclasses) as a JSON list."""
-    Path(path).write_text(json.dumps([asdict(row) for row in rows], indent=2) + "\n")
+def write_rows(rows: list, path: str, flags: dict) -> None:
+    """The rows (any of the bench's row dataclasses) as JSON, under the run's provenance."""
+    report = {"provenance": run_provenance(flags), "rows": [asdict(row) for row in rows]}
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+# Every benchmark file records what a user needs to rerun it: docs/bench/*.json, tests/test_bench_provenance.py
+PROVENANCE_PACKAGES = ("torch", "transformers", "trl", "accelerate", "datasets", "peft")
+
+
+def run_provenance(flags: dict, command: str | None = None) -> dict:
+    """What a user needs to reproduce this process's figures: the command that ran (default: this process's), the
+    package's version and commit, the versions of torch, transformers, TRL and their neighbours, the device, the date
+    and the parsed flags (defaults included)."""
+    versions = {"python": platform.python_version()}
+    for package in PROVENANCE_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return {
+        "command": command or invoked_command(),
+        "trl_padfree": importlib.metadata.version("trl-padfree"),
+        "commit": checkout_commit(),
+        "versions": versions,
+        "device": device_description(),
+        "date": datetime.date.today().isoformat(),
+        "flags": {
+            key: value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+            for key, value in sorted(flags.items())
+            if not callable(value)
+        },  # fmt: skip
+        "reproducible": True,
+    }
+
+
+def invoked_command() -> str:
+    """This process's command line as a user types it: `trl-padfree ...`, or `python path/to/script.py ...`."""
+    program = Path(sys.argv[0])
+    if program.suffix == ".py":
+        head = ["python", os.path.relpath(program) if program.is_absolute() else str(program)]
+    else:
+        head = [program.name]
+    return shlex.join([*head, *sys.argv[1:]])
+
+
+def checkout_commit() -> str:
+    """The commit of the checkout the package runs from, `+changes` when its files differ from it; `not a checkout`
+    for an installed wheel."""
+    package_root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=package_root, capture_output=True, text=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "trl_padfree", "tools"],
+            cwd=package_root,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return "not a checkout"
+    if commit.returncode:
+        return "not a checkout"
+    return commit.stdout.strip() + ("+changes" if status.stdout.strip() else "")
+
+
+def device_description() -> str:
+    """The GPUs (name, count) where CUDA is available, else the CPU model and its core count."""
+    import torch
+
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+        return f"{len(names)} x {names[0]}, CUDA {torch.version.cuda}, {os.cpu_count()} CPU cores"
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            model,
+        )
+    return f"{model}, {len(os.sched_getaffinity(0))} cores, no GPU"
