@@ -172,3 +172,20 @@ def test_configs_imports_neither_torch_nor_trl():
     status, modules = json.loads(result.stderr.strip().splitlines()[-1])
     assert status == 0 and "zero3_sp2" in result.stdout
     assert not [module for module in ("torch", "trl", "transformers") if module in modules]
+
+
+# ---- a model argument: `models --check` and `plan` read it the same way ----
+
+
+@pytest.mark.parametrize("command", [["models", "--check"], ["plan"]], ids=["models --check", "plan"])
+@pytest.mark.parametrize(
+    "model, why",
+    [("./no-such-folder", "there is no such folder or file."), ("empty", "the folder holds no config.json.")],
+    ids=["no such folder", "a folder without config.json"],
+)
+def test_a_model_that_is_no_folder_or_config_is_one_line(command, model, why, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    takes = "parameter count, model folder or config.json" if command == ["plan"] else "model folder or config.json"
+    status = exit_status(lambda: main([*command, model]))
+    assert_one_line_error(status, capsys.readouterr().err, f"error: {model!r} is no {takes}: {why}")

@@ -51,6 +51,27 @@ def resolve_model(name_or_path: str) -> str:
     return str(directory)
 
 
+def load_model_config(name_or_path: str, trust_remote_code: bool = False, what: str = "model folder or config.json"):
+    """The config of a local model folder or config.json, or else of the hub model of that name (its config.json
+    only). A name that is none of them stops with one line naming it and why (`what`: the local things the command
+    takes)."""
+    from transformers import AutoConfig
+
+    path = Path(name_or_path).expanduser()
+    if _looks_like_path(name_or_path) and not path.exists():
+        raise FileNotFoundError(f"{name_or_path!r} is no {what}: there is no such folder or file.")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{name_or_path!r} is no {what}: the folder holds no config.json.")
+    try:
+        return AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        if path.exists():
+            raise OSError(f"{name_or_path!r} is no {what}: {error}") from error
+        raise OSError(
+            f"{name_or_path!r} is no {what} here, and the hub's config of that name cannot be read: {error}"
+        ) from error
+
+
 def _save_demo_model(size: str, model_type: str, path: Path) -> None:
     # Built whole even under a ZeRO-3 launch, whose `zero.Init` would otherwise shard it before it is saved
     with zero3_init_config(None):

@@ -2,7 +2,7 @@
 
 `trl-padfree models` checks every model type of `AutoModelForCausalLM` (encoder and encoder-decoder families left
 out) on each attention backend, from the type's default config, and prints one row per type: exact, or the reason it
-is refused, and how long the check took. `--markdown` prints the table of docs/reference/models.md.
+is refused, and how long the check took. `--markdown` prints the table of docs/reference/models-table.md.
 `trl-padfree models --check MODEL` reads only the `config.json` of a hub id or local folder and says whether and how
 that model will pack: the same check the trainer runs at start-up.
 
@@ -43,6 +43,7 @@ from ..modeling.families import UNCHECKED, image_family, image_refusal, unchecke
 from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
 from ..modeling.packability import Verdict, check_architecture
 from ..modeling.vision import cross_attention_refusal, vision_tower_left_out
+from ..sources import load_model_config
 
 # Default configs whose layers are all of one kind, where the released checkpoints mix state-space or convolution layers
 # with attention: the table checks a pattern like the checkpoints' (a real checkpoint's own config is what the trainer
@@ -267,7 +268,7 @@ def describe(verdicts: dict[str, Verdict], coverage: KernelCoverage | None = Non
 def check_pretrained(name_or_path: str, backends=CHECKED_ATTENTION, trust_remote_code: bool = False) -> str:
     """`--check MODEL`: read only the config of a hub id or local folder and say how the model will pack (a
     vision-language model's on image pairs, as TRL's vision trainer loads it)."""
-    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    config = load_model_config(name_or_path, trust_remote_code)
     vision_class = image_text_to_text_class_names().get(config.model_type)
     # A vision-language config without its vision tower (Gemma 4's default) builds its language model alone: checked
     # on text pairs, as padded TRL trains it

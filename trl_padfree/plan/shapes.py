@@ -67,13 +67,9 @@ def load_model_shape(model: str, largest_layer_params: int | None = None) -> Mod
     if is_demo_model_name(model):
         with torch.device("meta"):
             return shape_of_model(model, make_demo_model(*parse_demo_model_name(model)))
-    from transformers import AutoConfig
+    from ..sources import load_model_config
 
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except OSError as error:
-        raise OSError(f"{model!r} is no parameter count, local config or reachable hub model: {error}") from error
-    return shape_of_config(model, config)
+    return shape_of_config(model, load_model_config(model, what="parameter count, model folder or config.json"))
 
 
 def shape_of_config(name: str, config) -> ModelShape:
