@@ -7,11 +7,13 @@ import json
 import math
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.utils import FullyShardedDataParallelPlugin
 from distributed_runs import (
     ROOT,
     assert_same_bf16_training,
@@ -23,6 +25,7 @@ from distributed_runs import (
     single_process_padded_fixture,
     train_in_this_process,
 )
+from packaging.version import Version
 from tolerances import (
     BF16_ENGINE_LOSS_ATOL,
     DISTRIBUTED_LOSS_ATOL,
@@ -40,6 +43,13 @@ PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model
 # fp32, 2 processes vs 1, and bf16, packed vs padded with float32 log-probs: tolerances.DISTRIBUTED_* and BF16_ENGINE_*
 # (measured here: see docs/guides/multi-gpu.md and docs/concepts/exactness.md)
+# The dtype of TRL's log-probs under FSDP2's bf16 mixed precision. TRL's fused LM head computes them in float32, and
+# `fully_shard` casts the root's outputs to the policy's `output_dtype`, which accelerate's bf16 policy
+# (`FullyShardedDataParallelPlugin.set_mixed_precision`) sets to bf16 up to 1.15 and leaves unset from 1.16:
+#   accelerate <= 1.15: bfloat16 (a sequence's log-prob near -500 a multiple of 2; what fp32_log_probs prevents)
+#   accelerate >= 1.16: float32 (nothing casts them; fp32_log_probs has nothing to keep)
+# transformers plays no part: 5.25 with accelerate 1.15 gives bfloat16, 5.23 with accelerate 1.16 float32.
+TRL_FSDP2_BF16_LOG_PROBS = "torch.bfloat16" if Version(version("accelerate")) < Version("1.16") else "torch.float32"
 
 RUNS = {
     "fsdp2": "padding_free+eval",
@@ -157,6 +167,18 @@ def test_fsdp2_bf16_with_activation_checkpointing_matches_padded_trl_with_float3
         math.log(2), abs=FIRST_LOSS_ATOL
     )  # float32 sums: policy = reference exactly
     assert_same_bf16_training(packed, padded)
+    if TRL_FSDP2_BF16_LOG_PROBS == "torch.float32":  # then TRL's own trainer keeps float32 log-probs too
+        assert_same_bf16_training(packed, fsdp2_runs["trl_bf16"])
+
+
+def test_accelerates_bf16_fsdp2_policy_casts_outputs_as_stated():
+    # Where TRL_FSDP2_BF16_LOG_PROBS comes from, read off the installed accelerate's own bf16 policy
+    policy = FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="bf16").mixed_precision_policy
+    assert policy.param_dtype == torch.bfloat16
+    assert str(policy.output_dtype or torch.float32) == TRL_FSDP2_BF16_LOG_PROBS, (
+        f"accelerate {version('accelerate')} sets FSDP2's bf16 output_dtype to {policy.output_dtype}: "
+        "restate TRL_FSDP2_BF16_LOG_PROBS for it"
+    )
 
 
 def test_padding_free_false_under_fsdp2_bf16_is_trls_trainer_exactly(fsdp2_runs):
@@ -166,20 +188,27 @@ def test_padding_free_false_under_fsdp2_bf16_is_trls_trainer_exactly(fsdp2_runs)
     for report in (ours, trl):
         assert_policy_sharded(report)
         assert report["precision"]["hidden_states"] == "torch.bfloat16"  # FSDP2's bf16 mixed precision ran
-    # fp32_log_probs is off unset when padded: FSDP2 casts the log-probs to bf16 in both, as TRL does
-    assert ours["precision"] == trl["precision"] and ours["precision"]["log_probs"] == "torch.bfloat16"
+    # fp32_log_probs is off unset when padded: the log-probs in whatever dtype TRL's trainer gets on this accelerate
+    assert ours["precision"] == trl["precision"] and ours["precision"]["log_probs"] == TRL_FSDP2_BF16_LOG_PROBS
     assert ours["reference_fsdp"] == trl["reference_fsdp"] and trl["reference_fsdp"]["units"] == 1  # TRL's one unit
     assert len(ours["losses"]) == 3 and ours["losses"] == trl["losses"]
     assert ours["metrics"] == trl["metrics"]  # every logged value, TRL's metrics and the Trainer's, exactly
     assert not any(key.startswith("padfree/") for metrics in ours["metrics"] for key in metrics)
 
 
-def test_fsdp2_bf16_casts_log_probs_to_bf16_without_fp32_log_probs(fsdp2_runs):
-    # What fp32_log_probs prevents: FSDP2 rounds the fused head's float32 log-probs to bf16, and with them the sums,
-    # the margin and the loss (TRL's own trainer does the same)
-    rounded, kept = fsdp2_runs["bf16_sums"], fsdp2_runs["bf16"]
-    assert rounded["precision"]["log_probs"] == "torch.bfloat16"
-    assert max(abs(a - b) for a, b in zip(rounded["losses"], kept["losses"], strict=True)) > 5 * BF16_ENGINE_LOSS_ATOL
+def test_fsdp2_bf16_without_fp32_log_probs_gives_trls_log_prob_dtype(fsdp2_runs):
+    # fp32_log_probs=False with padding-free: the log-probs in the dtype TRL's own trainer gets
+    trls, kept = fsdp2_runs["bf16_sums"], fsdp2_runs["bf16"]
+    assert trls["precision"]["log_probs"] == fsdp2_runs["trl_bf16"]["precision"]["log_probs"]
+    assert trls["precision"]["log_probs"] == TRL_FSDP2_BF16_LOG_PROBS
+    if TRL_FSDP2_BF16_LOG_PROBS == "torch.bfloat16":
+        # What fp32_log_probs prevents: FSDP2 rounds the fused head's float32 log-probs to bf16, and with them the
+        # sums, the margin and the loss
+        loss_gap = max(abs(a - b) for a, b in zip(trls["losses"], kept["losses"], strict=True))
+        assert loss_gap > 5 * BF16_ENGINE_LOSS_ATOL
+    else:
+        # Nothing casts them: fp32_log_probs changes nothing, and ref_offload moves no arithmetic
+        assert trls["losses"] == kept["losses"]
 
 
 def test_sync_ref_model_updates_an_offloaded_layer_sharded_reference(fsdp2_runs):

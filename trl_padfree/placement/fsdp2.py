@@ -88,10 +88,12 @@ def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch
 
 def keep_root_outputs_dtype(accelerator) -> None:
     """Under FSDP2 with a low-precision `param_dtype`, stop `fully_shard` from casting module outputs to the policy's
-    `output_dtype` (accelerate sets it to the training dtype). Inside the model every output is in that dtype anyway;
-    what changes is the root's: TRL's fused LM head returns float32 log-probs, which the cast would round to bf16
-    (a sequence's log-prob of -500 to a multiple of 2). Applies to every model sharded afterwards, the policy
-    (prepared at train time) and the reference (`shard_reference`). No-op without FSDP2."""
+    `output_dtype`. Inside the model every output is in that dtype anyway; what changes is the root's: TRL's fused LM
+    head returns float32 log-probs, which the cast would round to bf16 (a sequence's log-prob of -500 to a multiple
+    of 2). accelerate's bf16 policy (`FullyShardedDataParallelPlugin.set_mixed_precision`) sets `output_dtype` to the
+    training dtype up to 1.15 and leaves it unset from 1.16, so from 1.16 this changes only a policy given its own
+    `output_dtype`. Applies to every model sharded afterwards, the policy (prepared at train time) and the reference
+    (`shard_reference`). No-op without FSDP2."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if plugin is None or plugin.fsdp_version != 2:
         return
