@@ -90,7 +90,8 @@ class DPOConfig(trl.DPOConfig):
             fused LM head, and so their per-sequence sums and the DPO margin,
             in float32 under an engine that would cast them to bf16. TRL's head computes them in float32 (online
             log-sum-exp over its logits tiles), but FSDP2 with bf16 mixed precision casts a module's outputs to
-            `MixedPrecisionPolicy.output_dtype`, which accelerate sets to bf16: a sequence's log-prob near -500 is
+            `MixedPrecisionPolicy.output_dtype`, which accelerate 1.15 sets to bf16 (1.16 leaves it unset, and there
+            this option changes nothing): a sequence's log-prob near -500 is
             then a multiple of 2 and the loss a bf16 number (measured: 0.04 off the float32-sum loss after one step;
             docs/concepts/exactness.md, "bf16 engines"). With it, FSDP2 leaves the outputs in the dtype they are computed in
             (`output_dtype=None`, for the policy and the reference); costs nothing measurable. DeepSpeed, DDP and
