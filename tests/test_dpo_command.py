@@ -1,9 +1,9 @@
 """`trl-padfree dpo`: a shipped config trains from the installed package (a wheel built from the sources, unpacked
 into a folder of its own, run from another folder), in one process and under `accelerate launch` with two CPU
-processes; `--help` lists our options with our help and the command's defaults, from the text rendered ahead, without
-importing TRL; the command trains padding-free unless told otherwise and says so; every argument of TRL's script is
-honoured (`dataset_streaming`, `ignore_bias_buffers` among them); dataset mixtures from a YAML's `datasets:`;
-`push_to_hub` reaches the trainer (no network: the Hub calls are recorded)."""
+processes; `--help` lists our options with our help and the command's defaults, rendered once per set of versions and
+then printed from the user's cache without importing TRL; the command trains padding-free unless told otherwise and
+says so; every argument of TRL's script is honoured (`dataset_streaming`, `ignore_bias_buffers` among them); dataset
+mixtures from a YAML's `datasets:`; `push_to_hub` reaches the trainer (no network: the Hub calls are recorded)."""
 
 import ast
 import dataclasses
@@ -25,7 +25,7 @@ from distributed_runs import free_port
 from test_cli import assert_one_line_error
 
 from trl_padfree import DPOConfig, DPOTrainer
-from trl_padfree.cli import dpo, main
+from trl_padfree.cli import dpo, help_cache, main
 from trl_padfree.cli.launch import shipped_configs
 from trl_padfree.data import DATA_DIR
 
@@ -114,7 +114,14 @@ def test_a_bad_launch_option_is_one_line(capsys):
 # In this process: --help, and the training script's main() on what the parser makes of a YAML
 
 
-def test_help_lists_our_options_with_their_help(capsys):
+@pytest.fixture
+def help_folder(tmp_path, monkeypatch) -> Path:
+    """A cache of the help's text of its own: a test's --help never reads or writes the user's."""
+    monkeypatch.setenv("TRL_PADFREE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "help"
+
+
+def test_help_lists_our_options_with_their_help(help_folder, capsys):
     assert main(["dpo", "--help"]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     trl_fields = {field.name: field for field in dataclasses.fields(trl.DPOConfig)}
@@ -132,40 +139,81 @@ def test_help_lists_our_options_with_their_help(capsys):
     assert "(default: True)" in padding_free_help[: padding_free_help.index("--pad_to_multiple_of")]
 
 
-def test_the_help_rendered_ahead_is_what_the_parser_prints():
-    from trl_padfree.cli.dpo_help_text import HELP, RENDERED_FOR
-
-    installed = dpo.help_inputs()
-    if installed != RENDERED_FOR:
-        # Other versions (CI's floors run, another Python's argparse) get the help rendered live, tested below; the
-        # newest releases', which the text is rendered for, are compared here
-        pytest.skip(f"rendered for {RENDERED_FOR}, installed {installed}: --help renders live")
-    regenerate = "run `python -c 'from trl_padfree.cli.dpo import write_shipped_help; write_shipped_help()'`"
-    assert HELP == dpo.render_help(dpo.HELP_COLUMNS), f"an option or its help changed: {regenerate}"
+HELP_AND_MODULES = (
+    "import json, sys, trl_padfree; from trl_padfree.cli import main; status = main(['dpo', '--help']); "
+    "print(json.dumps([status, sorted(sys.modules), trl_padfree.__file__]), file=sys.stderr)"
+)
 
 
-def test_help_imports_neither_trls_trainer_nor_its_configs():
-    # --help prints the text rendered ahead: TRL's and transformers' configs (seconds to import) stay unimported
-    from trl_padfree.cli.dpo_help_text import RENDERED_FOR
-
-    if dpo.help_inputs() != RENDERED_FOR:  # other versions render the parser's help live, importing the configs
-        pytest.skip(f"rendered for {RENDERED_FOR}: --help renders live here")
-    code = (
-        "import json, sys; from trl_padfree.cli import main; status = main(['dpo', '--help']); "
-        "print(json.dumps([status, sorted(sys.modules)]), file=sys.stderr)"
+def test_help_is_rendered_once_then_printed_from_the_cache_without_importing_trl(installed, help_folder, tmp_path):
+    # The first --help imports TRL's and transformers' configs (seconds) to render the text and caches it; the second
+    # prints the same bytes and imports neither. From the wheel: a user's install, whose sources no one edits meanwhile
+    environment = {**os.environ, "PYTHONPATH": str(installed)}
+    first, second = [
+        subprocess.run(
+            [sys.executable, "-c", HELP_AND_MODULES], capture_output=True, env=environment, cwd=tmp_path, timeout=300
+        )
+        for _ in range(2)
+    ]
+    (first_status, first_modules, package), (second_status, modules, _) = (
+        json.loads(run.stderr.decode().strip().splitlines()[-1]) for run in (first, second)
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    status, modules = json.loads(result.stderr.strip().splitlines()[-1])
-    assert status == 0 and "--padding_free" in result.stdout
-    heavy = ["trl.trainer.dpo_trainer", "trl.trainer.dpo_config", "transformers.training_args", "torch"]
-    assert not [module for module in heavy if module in modules], [module for module in heavy if module in modules]
+    assert package == str(installed / "trl_padfree" / "__init__.py")
+    assert first_status == second_status == 0 and "--padding_free" in first.stdout.decode()
+    assert second.stdout == first.stdout and len(list(help_folder.glob("dpo-*.txt"))) == 1
+    heavy = ("trl", "transformers", "torch")
+    imported = [module for module in modules if module.split(".")[0] in heavy]
+    assert set(heavy) <= set(first_modules) and not imported, imported
 
 
-def test_help_renders_the_parsers_text_for_other_versions(capsys, monkeypatch):
-    monkeypatch.setattr(dpo, "help_inputs", lambda: {"python": "3.11", "trl": "1.16.0", "transformers": "0.0"})
-    assert dpo.shipped_help() is None
+@pytest.mark.parametrize("entry", ["python", "trl_padfree", "trl", "transformers", "accelerate", "peft", "torch"])
+def test_another_version_or_source_misses_the_cache(help_folder, monkeypatch, capsys, entry):
+    # The text is read back only for the key it was rendered for: any one entry changed renders it again
+    installed = dpo.help_key()
+    changed = {**installed, entry: installed[entry] + "+changed"}
+    renders = []
+    for key in (installed, installed, changed, changed):
+        monkeypatch.setattr(dpo, "help_key", lambda key=key: key)
+        monkeypatch.setattr(dpo, "render_help", lambda key=key: renders.append(key) or f"help for {key}\n")
+        assert main(["dpo", "--help"]) == 0
+        assert capsys.readouterr().out == f"help for {key}\n"
+    assert renders == [installed, changed] and len(list(help_folder.glob("dpo-*.txt"))) == 2
+
+
+def test_the_cache_key_follows_the_packages_sources_and_file_names(tmp_path, monkeypatch):
+    package = tmp_path / "trl_padfree"
+    (package / "cli" / "configs").mkdir(parents=True)
+    (package / "config.py").write_text("HELP = 'one'\n")
+    (package / "cli" / "configs" / "tiny_cpu.yaml").write_text("max_steps: 1\n")
+    monkeypatch.setattr(help_cache, "PACKAGE_ROOT", package)
+    digests = [help_cache.sources_digest()]
+    (package / "cli" / "configs" / "tiny_cpu.yaml").write_text("max_steps: 2\n")  # not in the help: same text
+    digests.append(help_cache.sources_digest())
+    (package / "config.py").write_text("HELP = 'two'\n")
+    digests.append(help_cache.sources_digest())
+    (package / "cli" / "configs" / "small_cpu.yaml").write_text("max_steps: 1\n")  # the epilog lists its name
+    digests.append(help_cache.sources_digest())
+    assert digests[0] == digests[1] and len(set(digests[1:])) == 3
+
+
+def test_an_unwritable_cache_still_prints_the_help_and_says_why_it_is_slow(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # a file where the cache folder should be: unwritable even for root
+    monkeypatch.setenv("TRL_PADFREE_CACHE", str(blocker))
     assert main(["dpo", "--help"]) == 0
-    assert "--padding_free" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert printed.out == dpo.render_help() and "--padding_free" in printed.out
+    assert "could not be cached" in printed.err and "Set TRL_PADFREE_CACHE to a writable folder" in printed.err
+
+
+def test_the_cache_folder_follows_xdg_and_its_own_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRL_PADFREE_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert help_cache.cache_folder() == Path.home() / ".cache" / "trl_padfree"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert help_cache.cache_folder() == tmp_path / "xdg" / "trl_padfree"
+    monkeypatch.setenv("TRL_PADFREE_CACHE", str(tmp_path / "ours"))
+    assert help_cache.cache_folder() == tmp_path / "ours"
 
 
 @pytest.mark.parametrize(

@@ -238,7 +238,7 @@ def test_vision_language_pairs_group_by_their_prompt_and_images():
 
 
 def test_the_command_line_takes_the_option():
-    from trl_padfree.cli.dpo_help_text import HELP
+    from trl_padfree.cli.dpo import render_help
 
-    assert "group_by_prompt" in HELP
+    assert "group_by_prompt" in render_help()
     assert DPOConfig.__dataclass_fields__["train_sampling_strategy"].metadata["choices"][-1] == "group_by_prompt"

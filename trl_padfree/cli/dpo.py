@@ -15,8 +15,8 @@ and `dataset_name` the data shipped in the package (`trl-padfree/demo-preference
 script's `trl_padfree.DPOConfig` (TRL's default, `padding_free=False`), the command trains padding-free unless told
 otherwise (`--padding_free false`), and its first line says which mode trains.
 
-`--help` prints the text rendered ahead into `dpo_help_text.py` when the installed TRL and transformers are the ones it
-was rendered with (importing their configs takes seconds), else renders it.
+`--help` renders the parser's text once per set of installed versions (importing TRL's and transformers' configs takes
+seconds) and reads it back from the user's cache after that (help_cache.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import argparse
 import platform
 import sys
 from importlib.metadata import version
-from pathlib import Path
 
 from trl_padfree.cli.exits import exit_without_finalizing, one_line_errors, one_line_usage_errors
+from trl_padfree.cli.help_cache import cached_help, sources_digest
 from trl_padfree.cli.launch import (
     accelerate_launch_arguments,
     launch_module,
@@ -123,50 +123,33 @@ def make_parser(prog: str = "trl-padfree dpo"):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# --help, rendered ahead: TRL's and transformers' configs take seconds to import, the text milliseconds to print
+# --help: TRL's and transformers' configs take seconds to import, so the text is rendered once per set of versions and
+# read back from the user's cache
 
-HELP_COLUMNS = 100  # the width dpo_help_text.py is rendered at
-
-
-def help_inputs() -> dict[str, str]:
-    """What the help text depends on besides this package: the libraries whose configs it lists, and Python, whose
-    argparse lays it out."""
-    python = ".".join(platform.python_version_tuple()[:2])
-    return {"python": python, "trl": version("trl"), "transformers": version("transformers")}
+HELP_COLUMNS = 100  # one layout, whatever the terminal's width: the text read back is the text rendered
+# The libraries imported while the parser is built that define its options, their help, defaults or choices
+HELP_LIBRARIES = ("trl", "transformers", "accelerate", "peft", "torch")
 
 
-def render_help(columns: int | None = None) -> str:
-    """The help `make_parser()` prints, `columns` wide (default: the terminal's)."""
+def help_key() -> dict[str, str]:
+    """What the help text depends on: those libraries, Python (its argparse lays the text out) and trl-padfree's own
+    sources (our fields' help, the shipped configs' names). Read from metadata and files, importing none of them."""
+    return {
+        "python": platform.python_version(),
+        "trl_padfree": sources_digest(),
+        **{name: version(name) for name in HELP_LIBRARIES},
+    }
+
+
+def render_help() -> str:
+    """The help `make_parser()` prints, `HELP_COLUMNS` wide and without colour (Python 3.14 colours it for a terminal,
+    and the cached text is printed to pipes too)."""
     parser = make_parser()
-    if columns is not None:
-        formatter_class = parser.formatter_class
-        parser.formatter_class = lambda prog: formatter_class(prog, width=columns)
+    formatter_class = parser.formatter_class
+    parser.formatter_class = lambda prog: formatter_class(prog, width=HELP_COLUMNS)
+    if sys.version_info >= (3, 14):
+        parser.color = False
     return parser.format_help()
-
-
-def shipped_help() -> str | None:
-    """The help rendered ahead, or None if it was rendered for another TRL or transformers (another Python only lays
-    it out a little differently)."""
-    from trl_padfree.cli.dpo_help_text import HELP, RENDERED_FOR
-
-    libraries = ("trl", "transformers")
-    installed = help_inputs()
-    return HELP if all(RENDERED_FOR[name] == installed[name] for name in libraries) else None
-
-
-def write_shipped_help() -> Path:
-    """Render the help into dpo_help_text.py for the installed versions: after any change to an option or its help."""
-    text = render_help(HELP_COLUMNS)
-    if "'''" in text or "\\" in text:
-        raise ValueError("The help holds triple quotes or a backslash, which dpo_help_text.py cannot hold raw.")
-    path = Path(__file__).with_name("dpo_help_text.py")
-    header = (
-        '"""`trl-padfree dpo --help`, rendered ahead by `trl_padfree.cli.dpo.write_shipped_help()`: do not edit.\n\n'
-        "Printed when the installed TRL and transformers are the ones below; tests/test_dpo_command.py checks that it "
-        'is\nwhat the parser prints.\n"""\n'
-    )
-    path.write_text(f"{header}\nRENDERED_FOR = {help_inputs()!r}\n\nHELP = r'''{text}'''\n")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -180,8 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: argparse.Namespace) -> int:
     if {"-h", "--help"} & set(options.arguments):
-        text = shipped_help()
-        print(render_help() if text is None else text, end="")
+        print(cached_help("dpo", help_key(), render_help), end="")
         return 0
     argv = resolve_config_arguments(options.arguments)
     # Like `trl dpo`: what none of the dataclasses reads, from the command line or the YAML, is accelerate launch's
