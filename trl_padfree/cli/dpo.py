@@ -22,6 +22,7 @@ seconds) and reads it back from the user's cache after that (help_cache.py).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from importlib.metadata import version
@@ -29,9 +30,11 @@ from importlib.metadata import version
 from trl_padfree.cli.exits import exit_without_finalizing, one_line_errors, one_line_usage_errors
 from trl_padfree.cli.help_cache import cached_help, sources_digest
 from trl_padfree.cli.launch import (
+    Origin,
     accelerate_launch_arguments,
     launch_module,
     resolve_config_arguments,
+    setting_origins,
     shipped_configs,
     unknown_launch_options,
 )
@@ -39,18 +42,24 @@ from trl_padfree.cli.launch import (
 MODULE = "trl_padfree.cli.dpo"
 # What the command trains unless the command line or the config says otherwise: padding-free, the reason to run it
 COMMAND_DEFAULTS = {"padding_free": True}
+# The settings whose origin (command line, config file, default) the run's messages name
+NAMED_ORIGINS = ["padding_free", "dataset_name", "dataset_test_split", "eval_strategy"]
+# Set by `trl-padfree dpo` for the processes it launches: it printed the run's first line, ahead of accelerate's warnings
+FIRST_LINE_PRINTED = "TRL_PADFREE_DPO_FIRST_LINE_PRINTED"
 
 
-def main(script_args, training_args, model_args, dataset_args) -> int:
-    """Train, save, and push to the Hub if asked; returns the number of processes the run used."""
+def main(script_args, training_args, model_args, dataset_args, origins: dict[str, Origin] | None = None) -> int:
+    """Train, save, and push to the Hub if asked; returns the number of processes the run used. `origins` (from
+    `setting_origins`, by name) lets the messages say where a setting came from."""
     from trl import get_dataset, get_peft_config, get_quantization_config
 
     from trl_padfree.integrations.trl import ignore_boolean_buffers_in_ddp
     from trl_padfree.sources import load_preference_dataset, resolve_model
     from trl_padfree.trainer import DPOTrainer
 
-    if training_args.process_index == 0:
-        print(training_mode(training_args.padding_free), flush=True)
+    origins = origins or {}
+    if training_args.process_index == 0 and not os.environ.get(FIRST_LINE_PRINTED):
+        print(training_mode(training_args.padding_free, origins.get("padding_free")), flush=True)
     # The policy and the reference model are both loaded from these, as in TRL's script
     training_args.model_init_kwargs = {
         "revision": model_args.model_revision,
@@ -69,10 +78,7 @@ def main(script_args, training_args, model_args, dataset_args) -> int:
         raise ValueError(
             "Set `dataset_name` (a hub dataset, a local file, trl-padfree/demo-preferences) or `datasets`."
         )
-    evaluate = training_args.eval_strategy != "no"
-    for split in [script_args.dataset_train_split] + ([script_args.dataset_test_split] if evaluate else []):
-        if split not in dataset:
-            raise ValueError(f"The dataset has no split {split!r}; it has {list(dataset)}.")
+    evaluate = evaluates(dataset, script_args, training_args, origins)
 
     trainer = DPOTrainer(
         model=resolve_model(model_args.model_name_or_path),
@@ -94,14 +100,55 @@ def main(script_args, training_args, model_args, dataset_args) -> int:
     return trainer.accelerator.num_processes
 
 
-def training_mode(padding_free: bool) -> str:
-    """The line a run starts with: which mode trains, and why."""
+def evaluates(dataset, script_args, training_args, origins: dict[str, Origin]) -> bool:
+    """Whether the run evaluates, the splits it reads checked. A shipped config evaluates on its own data: on data the
+    command line names, with no test split, its evaluation is turned off (`training_args` too), with a line saying so.
+    Any other missing split stops the run with the way out."""
+    from transformers.trainer_utils import IntervalStrategy
+
+    name, splits = script_args.dataset_name or "the `datasets` mixture", list(dataset)
+    train, test = script_args.dataset_train_split, script_args.dataset_test_split
+    if train not in dataset:
+        raise ValueError(
+            f"The dataset has no split {train!r}; it has {splits} ({name}): name one with --dataset_train_split."
+        )
+    strategy = IntervalStrategy(training_args.eval_strategy)
+    if strategy == IntervalStrategy.NO or test in dataset:
+        return strategy != IntervalStrategy.NO
+    set_by = origins.get("eval_strategy", Origin())
+    data_set_by, test_set_by = origins.get("dataset_name", Origin()), origins.get("dataset_test_split", Origin())
+    if set_by.shipped_config is None or not data_set_by.command_line or test_set_by.command_line:
+        raise ValueError(
+            f"The dataset has no split {test!r}; it has {splits} ({name}). eval_strategy {strategy.value!r} ({set_by}) "
+            "evaluates on it: name one of its splits with --dataset_test_split, or train without evaluation: "
+            "--eval_strategy no."
+        )
+    training_args.eval_strategy, training_args.do_eval = IntervalStrategy.NO, False
+    if training_args.process_index == 0:
+        print(
+            f"trl-padfree dpo: evaluation off: {name} has no split {test!r} (it has {splits}), which the config "
+            f"{set_by.shipped_config} evaluates on (eval_strategy: {strategy.value}). To evaluate, name one of its "
+            "splits with --dataset_test_split, or give a folder holding train.jsonl and test.jsonl; --eval_strategy no "
+            "turns it off without this line.",
+            flush=True,
+        )
+    return False
+
+
+def training_mode(padding_free: bool, origin: Origin | None = None) -> str:
+    """The line a run starts with: which mode trains, and where `padding_free` was set (`origin`, where known)."""
+    if origin is None:
+        where = ""
+    elif origin.command_line or origin.config is not None:
+        where = f", {origin}"
+    else:
+        where = ", the command's default"
     if padding_free:
         return (
-            "trl-padfree dpo: padding-free training (padding_free=True, the command's default): each batch's pairs "
-            "are packed into one row. --padding_free false trains on TRL's padded batches."
+            f"trl-padfree dpo: padding-free training (padding_free=True{where}): each batch's pairs are packed into one "
+            "row. --padding_free false trains on TRL's padded batches."
         )
-    return "trl-padfree dpo: padded training on TRL's batches (padding_free=False, as set; the command's default is True)."
+    return f"trl-padfree dpo: padded training on TRL's batches (padding_free=False{where}; the command's default is True)."
 
 
 def make_parser(prog: str = "trl-padfree dpo"):
@@ -167,12 +214,16 @@ def run(options: argparse.Namespace) -> int:
         return 0
     argv = resolve_config_arguments(options.arguments)
     # Like `trl dpo`: what none of the dataclasses reads, from the command line or the YAML, is accelerate launch's
-    *_, config_remaining, cli_remaining = make_parser().parse_args_and_config(
+    parser = make_parser()
+    _, training_args, *_, config_remaining, cli_remaining = parser.parse_args_and_config(
         argv, return_remaining_strings=True, separate_remaining_strings=True
     )
+    # The run's first line, said here: accelerate's launcher warns about the defaults it picks before any process runs
+    origin = setting_origins(parser, argv, ["padding_free"])["padding_free"]
+    print(training_mode(training_args.padding_free, origin), flush=True)
     launch_args = accelerate_launch_arguments(config_remaining + cli_remaining)
     script_args = _without(argv, cli_remaining)
-    return launch_module(MODULE, launch_args, script_args)
+    return launch_module(MODULE, launch_args, script_args, environment={FIRST_LINE_PRINTED: "1"})
 
 
 def _without(arguments: list[str], removed: list[str]) -> list[str]:
@@ -201,7 +252,8 @@ def parse_script_arguments(argv: list[str]) -> tuple:
 
 if __name__ == "__main__":
     with one_line_errors("trl-padfree dpo"):
-        processes = main(*parse_script_arguments(sys.argv[1:]))
+        argv = resolve_config_arguments(sys.argv[1:])
+        processes = main(*parse_script_arguments(argv), setting_origins(make_parser(), argv, NAMED_ORIGINS))
     if processes > 1:
         # torch's gloo workers may still be releasing the last collectives: see exit_without_finalizing
         exit_without_finalizing()

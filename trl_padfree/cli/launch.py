@@ -4,14 +4,21 @@ launches its script.
     trl_padfree/cli/configs/<name>.yaml              DPO recipes: `--config <name>`
     trl_padfree/cli/accelerate_configs/<name>.yaml   accelerate configs: `--accelerate_config <name>`
 
-A value that names an existing file is that file; otherwise a shipped config of that name (no `.yaml`).
+A value that names an existing file is that file; otherwise a shipped config of that name (no `.yaml`). Where a run's
+setting came from (the command line, the `--config` file, or neither: a default) is `setting_origins`.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
 import subprocess
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from .exits import one_line_usage_errors
 
@@ -47,6 +54,46 @@ def resolve_config_arguments(argv: list[str]) -> list[str]:
     return resolved
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a setting of a run came from: the command line, the `--config` file, or neither (a default). The
+    command line wins over the file, as in TRL."""
+
+    command_line: bool = False
+    config: str | None = None  # the `--config` file that sets it
+
+    @property
+    def shipped_config(self) -> str | None:
+        """The name of the shipped config that sets it, where one does."""
+        if self.command_line or self.config is None:
+            return None
+        shipped = shipped_configs("configs").items()
+        return next((name for name, path in shipped if Path(self.config).resolve() == path.resolve()), None)
+
+    def __str__(self) -> str:
+        if self.command_line:
+            return "set on the command line"
+        if self.config is not None:
+            return f"set in the config {self.shipped_config or self.config}"
+        return "a default"
+
+
+def setting_origins(parser: argparse.ArgumentParser, argv: list[str], names: list[str]) -> dict[str, Origin]:
+    """Where each setting of `names` came from in `argv` (its `--config` value a file, as `resolve_config_arguments`
+    makes it), read by the `TrlParser` that parses `argv`, so an option's every spelling counts."""
+    command_line, config, config_keys = list(argv), None, set()
+    if "--config" in command_line:  # the first, as TRL reads it
+        index = command_line.index("--config")
+        config = command_line[index + 1]
+        del command_line[index : index + 2]
+        config_keys = set(yaml.safe_load(Path(config).read_text()) or {})
+    unset = object()  # a value no option parses to: left where the command line does not set the option
+    parsed, _ = parser.parse_known_args(command_line, namespace=argparse.Namespace(**dict.fromkeys(names, unset)))
+    return {
+        name: Origin(getattr(parsed, name) is not unset, config if name in config_keys else None) for name in names
+    }
+
+
 def accelerate_launch_arguments(launch_args: list[str]) -> list[str]:
     """`--accelerate_config FILE` becomes accelerate's own `--config_file FILE`; the other options stay."""
     if "--accelerate_config" not in launch_args:
@@ -69,8 +116,11 @@ def unknown_launch_options(arguments: list[str]) -> list[str]:
     return unknown
 
 
-def launch_module(module: str, launch_args: list[str], module_args: list[str]) -> int:
-    """`accelerate launch LAUNCH_ARGS -m MODULE MODULE_ARGS`; returns the exit status of the processes.
+def launch_module(
+    module: str, launch_args: list[str], module_args: list[str], environment: dict[str, str] | None = None
+) -> int:
+    """`accelerate launch LAUNCH_ARGS -m MODULE MODULE_ARGS`, `environment` added to the processes' variables; returns
+    the exit status of the processes.
 
     A bad launch option is one line, like ours. A process that fails has printed its own error: the status is passed
     on without a traceback of the launcher around it."""
@@ -81,9 +131,24 @@ def launch_module(module: str, launch_args: list[str], module_args: list[str]) -
     parser.prog = "trl-padfree dpo (accelerate launch options)"
     options = parser.parse_args([*launch_args, "--module", module, *module_args])
     try:
-        launch_command(options)
+        with _environment(environment or {}):  # accelerate's launchers hand their own environment on
+            launch_command(options)
     except subprocess.CalledProcessError as error:  # the single-process launcher
         return error.returncode or 1
     except ChildFailedError as error:  # torchrun's, under every multi-process launcher
         return next(iter(error.failures.values())).exitcode or 1
     return 0
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
