@@ -6,8 +6,8 @@ cosmos3_omni (Qwen3-VL), qwen2_5_omni_thinker and qwen3_omni_moe_thinker (Qwen2.
 language models beside an audio tower, frozen: image pairs never run it), hyperclovax_vision_v2, lfm3_vl, exaone4_5;
 GLM-4V (glm4v, glm4v_moe, glm46v, glm_ocr: GLM-4V's layout and GLM-4.6V's processor, glmga: GLM-4.6V's class and
 processor); paddleocr_vl, kimi_k25 (DeepSeek-V3's language model), cosmos3_edge, video_llama_3 (each image's merge
-an input of its own); and hy_v4_vl (a newline token after
-each merged row of an image), exact on eager attention only.
+an input of its own), llava_onevision1_5 (EXAONE 4.5's processor), ovis2_5 (a start and an end token around each
+image); and hy_v4_vl (a newline token after each merged row of an image), exact on eager attention only.
 
     family          image inputs                                          per-token key (1 on)
     qwen2_vl        pixel_values (P, 1176), image_grid_thw (4, 3)         mm_token_type_ids (<|image_pad|>)
@@ -22,6 +22,8 @@ each merged row of an image), exact on eager attention only.
     exaone4_5       pixel_values (P, 1176), image_grid_thw (4, 3)         none (plain positions)
     video_llama_3   pixel_values (P, 588), image_grid_thw (4, 3),         none (plain positions)
                       image_merge_sizes (4,)
+    llava_onevision1_5  pixel_values (P, 588), image_grid_thw (4, 3)      none (plain positions)
+    ovis2_5         pixel_values (P, 768), image_grid_thw (4, 3)          none (plain positions)
     qwen2_5_omni_thinker  as qwen2_5_vl                                   none (images found by <|vision_start|>)
     qwen3_omni_moe_thinker  as qwen3_vl                                   none (as Qwen2.5-Omni's)
 
@@ -29,6 +31,7 @@ each merged row of an image), exact on eager attention only.
     qwen*           image_token_id      yes                          1-12 <|image_pad|> in <|vision_start|> ... end
     paddleocr_vl    image_token_id      yes                          1-12 <|IMAGE_PLACEHOLDER|> in <|IMAGE_START|> ... END
     kimi_k25        image_token_id      yes                          1-16 <|media_pad|> in <|media_begin|>image...end
+    ovis2_5         image_token_id      yes                          1-12 <|image_pad|> in <ovis_image_start> ... end
 
 Qwen's P counts 4 patches per image token, each image twice (TRL processes the images for the chosen and again for
 the rejected).
@@ -38,9 +41,9 @@ convolution, a sliding-window and a full attention layer), its tower 2 (a convol
 kind of layer runs.
 
 The Qwen-VL (Cosmos3-Omni's and Qwen-Omni's too), HyperCLOVAX-Vision-V2, LFM3-VL, GLM-4V, Kimi K2.5, Cosmos3 Edge,
-EXAONE 4.5 and HY-V4-VL processors here are subclasses without a video processor (tiny_vision.common). Kimi K2.5's
-image processor has only a torchvision backend: `StandInKimiK25ImageProcessor` makes its patches with PIL. PaddleOCR-VL's
-processor is the stock class.
+EXAONE 4.5 (LLaVA-OneVision-1.5's too), Ovis2.5 and HY-V4-VL processors here are subclasses without a video
+processor (tiny_vision.common). Kimi K2.5's image processor has only a torchvision backend:
+`StandInKimiK25ImageProcessor` makes its patches with PIL. PaddleOCR-VL's processor is the stock class.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ from transformers.processing_utils import ImagesKwargs
 
 from trl_padfree.cli.bench.vision import QWEN_VL_TOKENS, WithoutVideoProcessor
 
-from .common import HEAD_DIM, MROPE_SECTION, SLIDING_WINDOW, TEXT, VISION, TinyFamily
+from .common import HEAD_DIM, MROPE_SECTION, SLIDING_WINDOW, TEXT, VISION, TinyFamily, freeze_post_layernorm
 
 # Special tokens, given ids after the shipped tokenizer's 2048
 QWEN_TOKENS = QWEN_VL_TOKENS
@@ -660,6 +663,86 @@ def _video_llama_3_config(model_type, processor):
     )
 
 
+def _llava_onevision1_5_processor(model_type, tokenizer, template):
+    """LLaVA-OneVision-1.5's checkpoints ship EXAONE 4.5's processor over Qwen2-VL's image processor, one frame a patch
+    (its tower embeds each 14-pixel patch by a 2-D convolution): images resized to 1 to 12 merged patches. (New in
+    transformers 5.25, as Ovis2.5 below: the floors' 5.23 gathers neither.)"""
+    token_pixels = (2 * 14) ** 2
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=1, min_pixels=token_pixels, max_pixels=12 * token_pixels
+    )
+    return TinyExaone4_5_Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _llava_onevision1_5_config(model_type, processor):
+    """LLaVA-OneVision-1.5: a RICE-ViT tower over the processor's patches (a class token prepended to each image,
+    2-D rotary, attention per image), merged 2 x 2; Qwen3's language model on plain positions."""
+    image_processor = processor.image_processor
+    _, _, image_id, video_id = processor.tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    vision = dict(
+        depth=VISION["num_hidden_layers"], num_heads=VISION["num_attention_heads"], hidden_size=VISION["hidden_size"],
+        intermediate_size=VISION["intermediate_size"], patch_size=image_processor.patch_size,
+        spatial_merge_size=image_processor.merge_size, out_hidden_size=TEXT["hidden_size"],
+    )  # fmt: skip
+    return dict(
+        text_config=dict(TEXT, model_type="qwen3", head_dim=HEAD_DIM),
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+    )
+
+
+# Ovis2.5's processor reads its tokens by name off the tokenizer: an image's tokens between a start and an end token,
+# which its model replaces by learned embeddings (names of our own; its checkpoints add them after Qwen3's tokens)
+OVIS_TOKENS = {
+    "image_start_token": "<ovis_image_start>",
+    "image_token": QWEN_TOKENS[2],
+    "image_end_token": "<ovis_image_end>",
+    "video_start_token": "<ovis_video_start>",
+    "video_token": QWEN_TOKENS[3],
+    "video_end_token": "<ovis_video_end>",
+}
+
+
+def _ovis2_5_processor(model_type, tokenizer, template):
+    """Ovis2.5's PIL image processor: 16-pixel patches, one frame each, images resized to 1 to 12 merged patches."""
+    from transformers import Ovis2_5ImageProcessorPil, Ovis2_5Processor
+
+    class TinyOvis2_5Processor(WithoutVideoProcessor, Ovis2_5Processor):
+        """`Ovis2_5Processor` without a video processor."""
+
+    token_pixels = (2 * 16) ** 2
+    image_processor = Ovis2_5ImageProcessorPil(
+        patch_size=16, merge_size=2, size={"shortest_edge": token_pixels, "longest_edge": 12 * token_pixels}
+    )
+    return TinyOvis2_5Processor(image_processor, tokenizer, video_processor=None, chat_template=template)
+
+
+def _ovis2_5_config(model_type, processor):
+    """Ovis2.5: a SigLIP-like tower over the processor's patches (learned positions resampled to each image's grid,
+    2-D rotary, windows of 2 x 2 merged patches in layer 0, the whole image in layer 1), a visual tokenizer (a softmax
+    over 16 visual words, 4 of them the start and end indicators) and its embedding table; Qwen3's language model on
+    plain positions."""
+    image_processor = processor.image_processor
+    tokens = processor.tokenizer.convert_tokens_to_ids(list(OVIS_TOKENS.values()))
+    image_start, image_id, image_end, video_start, video_id, video_end = tokens
+    window = 2 * image_processor.merge_size * image_processor.patch_size
+    vision = dict(
+        VISION, patch_size=image_processor.patch_size, spatial_merge_size=image_processor.merge_size,
+        image_size=2 * window, window_size=window, layer_types=["window_attention", "full_attention"], vocab_size=16,
+    )  # fmt: skip
+    return dict(
+        text_config=dict(TEXT, model_type="qwen3", head_dim=HEAD_DIM),
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        image_start_token_id=image_start,
+        image_end_token_id=image_end,
+        video_start_token_id=video_start,
+        video_end_token_id=video_end,
+    )
+
+
 # --- Model fix-ups ------------------------------------------------------------------------------------------------
 
 
@@ -762,6 +845,21 @@ TINY_FAMILIES = {
         placeholder=QWEN_TOKENS[2],  # <|image_pad|>, expanded to the image's tokens
         processor=_video_llama_3_processor,
         config=_video_llama_3_config,
+    ),
+    "llava_onevision1_5": TinyFamily(
+        tokens=QWEN_TOKENS,
+        placeholder=QWEN_PLACEHOLDER,
+        processor=_llava_onevision1_5_processor,
+        config=_llava_onevision1_5_config,
+    ),
+    # The tower's features before its post-layernorm feed the visual tokenizer: the norm frozen, as it gets no gradient
+    "ovis2_5": TinyFamily(
+        tokens=tuple(OVIS_TOKENS.values()),
+        placeholder=OVIS_TOKENS["image_token"],  # expanded to the image's tokens between its start and end tokens
+        processor=_ovis2_5_processor,
+        config=_ovis2_5_config,
+        named_tokens=OVIS_TOKENS,
+        prepare_model=freeze_post_layernorm,
     ),
     # Its sparse indexer reads the attention mask: exact on eager attention only (its model has no sdpa)
     "hy_v4_vl": TinyFamily(

@@ -1,5 +1,5 @@
 """Image-text-to-text types that padding-free does not train on image data, each with its verdict, read from its
-transformers 5.24 source (modeling file, `forward`, `get_image_features`, processor).
+transformers source (modeling file, `forward`, `get_image_features`, processor).
 
 - **refused**: looked at, and cannot pack: images reach the language model other than on placeholder tokens
   (cross-attention, a prefix shared by a whole batch row), the model is no causal LM for preference pairs, or its
@@ -48,6 +48,12 @@ FAMILIES = {
     "pi0": refused(
         "a robotics action model (flow matching over action chunks): no language-model log-probs, so DPO cannot "
         "train it, padded or packed"
+    ),
+    # PI05ForConditionalGeneration returns the velocities its action expert predicts over an action chunk as `logits`
+    "pi05": refused(
+        "a robotics action model (PI0's flow matching over action chunks, its action expert conditioned on the "
+        "timestep): its logits are predicted action velocities, not language-model log-probs, so DPO cannot train it, "
+        "padded or packed"
     ),
     # transformers 5.24's HunYuanVLModel.get_rope_index: its `image_index` runs on across the batch's rows
     "hunyuan_vl": refused(

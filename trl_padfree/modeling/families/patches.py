@@ -120,6 +120,12 @@ FAMILIES = {
     "video_llama_3": replace(PLAIN_POSITIONS, twin_images=patch_images(merge_input="image_merge_sizes")),
     "qwen2_5_omni_thinker": OMNI_THINKER,
     "qwen3_omni_moe_thinker": OMNI_THINKER,
+    # EXAONE 4.5's model and processor around a tower of its own (a class token per image, dropped before the merge)
+    # and a Qwen3 language model, on plain positions
+    "llava_onevision1_5": PLAIN_POSITIONS,
+    # a start and an end token around each image, which its forward replaces by learned embeddings (one pair per
+    # image, counted over the whole batch); a Qwen3 language model on plain positions
+    "ovis2_5": replace(PLAIN_POSITIONS, image_bounds=("image_start_token_id", "image_end_token_id")),
     # Unchecked: what the check needs before it can give their twins images
     "minimax_m3_vl": VisionFamily(
         LAYOUT,

@@ -53,9 +53,9 @@ class VisionFamily:
     # The per-token marks its position function finds images by, or None where it finds them by the tokens its
     # processor writes around each image instead (`image_bounds`)
     position_marks: str | None = "mm_token_type_ids"
-    # The tokens (config names) its processor writes around each image, where its position function finds images by
-    # them (Qwen-Omni's thinkers: an image token after a vision-start token); its forward then computes those
-    # positions only given an attention mask
+    # The tokens (config names) its processor writes around each image, where its forward reads them: Qwen-Omni's
+    # thinkers' position function finds images by them (an image token after a vision-start token), computing those
+    # positions only given an attention mask; Ovis2.5 replaces them by learned embeddings, one pair per image
     image_bounds: tuple[str, str] | None = None
     # A module whose forward runs its layers once per image (or crop) in a Python loop, as `named_modules` names it
     # (`*`: any layer): a rank calls them as many times as its row has images, which DeepSpeed ZeRO-3 cannot follow
