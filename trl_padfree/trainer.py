@@ -22,7 +22,7 @@ import os
 from torch.utils.data import DataLoader
 
 from .config import fp32_log_probs_enabled
-from .data.preference_format import checked_preference_datasets
+from .data.preference_format import checked_preference_datasets, log_dropped_pairs
 from .features import (
     BalancedBatches,
     PaddingFree,
@@ -81,6 +81,9 @@ class DPOTrainer(TRLSeams):
                 fused_lm_head_lookups(self, fp32_log_probs, getattr(args, "cast_lm_head_to_fp32", False))
             )
             super().__init__(**arguments)
+        if self.accelerator.is_main_process:  # TRL drops pairs whose prompt fills max_length: say how many
+            given = (arguments.get("train_dataset"), arguments.get("eval_dataset"))
+            log_dropped_pairs(given, (self.train_dataset, self.eval_dataset), self.args.max_length)
         self._reference.check(self)
         self._padding_free.after_init(self)
         self._row_split = RowSplit.set_up(self)
