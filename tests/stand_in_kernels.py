@@ -8,7 +8,8 @@ would pick. Signatures are the real ones, quoted from the releases:
     varlen_attn                          torch 2.10 (is_causal), 2.11 (scale, window_size), 2.13-2.15 (enable_gqa, ...):
                                          the wrapper's, the op schema's and the backend kernel's checks, each; FA2's
                                          half-precision rounding; `return_aux` (the log-sum-exp); the output in the
-                                         query's layout; the backward op of 2.13-2.15 (`VarlenKernel.backward`)
+                                         query's layout; the backward op of 2.13-2.15 (`VarlenKernel.backward`;
+                                         2.15's takes the forward's `backend`); the backend each release picks
     causal_conv1d_fn                     causal-conv1d (seq_idx; widths 2 to 4)
     chunk_gated_delta_rule               flash-linear-attention (cu_seqlens; batch 1)
     mamba_chunk_scan_combined            mamba-ssm (seq_idx)
@@ -17,11 +18,15 @@ would pick. Signatures are the real ones, quoted from the releases:
 The mixer stand-ins compute each segment with the model module's own PyTorch fallbacks (what padded training runs),
 so a stand-in and the fallback differ only in how the row is cut. A faulty variant reproduces a real failure: a
 `causal_conv1d_fn` that swallows extra keywords (transformers 5.23's LFM3 function).
+
+What the stand-ins cannot show (compilation, the real allocations' memory, cuDNN's routing and numbers) is said beside
+each, with the test that covers it instead.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import math
 import operator
@@ -196,14 +201,21 @@ def flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability) -> No
         raise RuntimeError("cu_seqlens_k must have shape (batch_size + 1)")
 
 
-def cudnn_branch_checks_2_14(window, enable_gqa: bool, num_splits) -> None:
-    """torch 2.14's op on its cuDNN branch refuses what it has not wired (varlen.py `_varlen_attn`, `use_cudnn`)."""
-    if enable_gqa:
-        raise RuntimeError("GQA is not supported with the cuDNN backend.")
-    if num_splits is not None:
-        raise RuntimeError("num_splits is not supported with the cuDNN backend.")
-    if window != [-1, -1]:
-        raise RuntimeError("cuDNN backend does not support window attention. Please use Flash Attention backend.")
+def takes_cudnn_2_14(query, key, value, max_q: int, window, enable_gqa: bool, num_splits, capability) -> bool:
+    """torch 2.14.1's `_can_use_cudnn` (varlen.py), which its op and its backward op each ask (the backward without
+    `enable_gqa`; unequal head counts refuse all the same): cuDNN >= 9.18 (the wheel's: 9.24) on SM90 or SM100, a row
+    whose longest sequence exceeds 128 queries, half precision, head dims divisible by 8, no window at all (causal
+    attention runs Flash), equal head counts, no `num_splits`. It reads no `sdpa_kernel` flag."""
+    return (
+        capability[0] in (9, 10)
+        and max_q > 128
+        and query.dtype in FLASH_DTYPES
+        and not (query.shape[-1] % 8 or value.shape[-1] % 8)
+        and list(window) == [-1, -1]
+        and not enable_gqa
+        and query.shape[1] == key.shape[1]
+        and num_splits is None
+    )
 
 
 def cudnn_varlen_checks(query, key, value, cu_seq_q, cu_seq_k) -> None:
@@ -397,43 +409,78 @@ def _flash_backward(grad_out, query, key, value, out, lse, bounds_q, bounds_k, s
     return tuple(grads)
 
 
-def varlen_backward_stand_in(capability):
-    """`torch_attn::_varlen_attn_backward` (torch 2.13-2.15, varlen.py) on its Flash backend, with the op's schema."""
+# torch 2.15's backend numbers (`torch._C._SDPBackend`), which its op and backward op take as `backend: int`
+FLASH_BACKEND, CUDNN_BACKEND = 1, 3
+BACKEND_NAMES = {FLASH_BACKEND: "flash", CUDNN_BACKEND: "cudnn"}
 
-    def _varlen_attn_backward(
-        grad_out,
-        query,
-        key,
-        value,
-        out,
-        lse,
-        cu_seq_q,
-        cu_seq_k,
-        max_q,
-        max_k,
-        is_causal,
-        rng_state,
-        scale=None,
-        window_size=None,
-    ):
-        max_q, max_k = _max_lengths(BACKWARD_OP, max_q, max_k)
-        window = [-1, -1] if window_size is None else _window_schema(window_size, BACKWARD_OP)
-        # `_flash_attention_backward` (attention_backward.cu): both made contiguous, `out` passed on as given, so D
-        # = rowsum(dO * out) comes from this `out`
-        grad_out, out = grad_out.contiguous(), out.contiguous()
-        flash_varlen_backward_checks(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, capability)
-        bounds = boundary_checks(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
-        if is_causal:  # mha_varlen_bwd
-            window = [window[0], 0]
-        CALLS.append(
-            KernelCall(
-                "varlen_attn_backward",
-                cu_seq_q,
-                dict(window_size=tuple(window), heads=(query.shape[1], key.shape[1]), input_dtype=query.dtype),
-            )
+
+def _backward_checks(backend: str, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, capability) -> None:
+    """The backend's own checks, and one of the stand-in's: the log-sum-exp the backward is given comes from a
+    forward on the same backend (the op takes it on trust)."""
+    forward_backend = getattr(lse, "stand_in_backend", backend)
+    if forward_backend != backend:
+        raise RuntimeError(
+            f"stand-in: the log-sum-exp of a {forward_backend} forward given to the {backend} backward, which reads it "
+            "without a check"
         )
-        scale = query.shape[-1] ** -0.5 if scale is None else scale
-        return _flash_backward(grad_out, query, key, value, out, lse, *bounds, scale, window)
+    if backend == "flash":
+        flash_varlen_backward_checks(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, capability)
+    else:
+        cudnn_varlen_checks(query, key, value, cu_seq_q, cu_seq_k)
+
+
+def _backward_op(version: str, capability, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
+                 is_causal, scale, window_size, backend: str | None):  # fmt: skip
+    max_q, max_k = _max_lengths(BACKWARD_OP, max_q, max_k)
+    window = [-1, -1] if window_size is None else _window_schema(window_size, BACKWARD_OP)
+    if backend is None:  # 2.13 runs Flash; 2.14 asks `_can_use_cudnn` again, from the backward's own arguments
+        cudnn = version == "2.14" and takes_cudnn_2_14(query, key, value, max_q, window, False, None, capability)
+        backend = "cudnn" if cudnn else "flash"
+    # `_flash_attention_backward` (attention_backward.cu): both made contiguous, `out` passed on as given, so D
+    # = rowsum(dO * out) comes from this `out`
+    grad_out, out = grad_out.contiguous(), out.contiguous()
+    _backward_checks(backend, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, capability)
+    bounds = boundary_checks(query, key, cu_seq_q, cu_seq_k, max_q, max_k)
+    if is_causal:  # mha_varlen_bwd
+        window = [window[0], 0]
+    CALLS.append(
+        KernelCall(
+            "varlen_attn_backward",
+            cu_seq_q,
+            dict(
+                window_size=tuple(window), heads=(query.shape[1], key.shape[1]), input_dtype=query.dtype,
+                torch=version, backend=backend,
+            ),
+        )
+    )  # fmt: skip
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return _flash_backward(grad_out, query, key, value, out, lse, *bounds, scale, window)
+
+
+def varlen_backward_stand_in(capability, version: str = "2.15"):
+    """`torch_attn::_varlen_attn_backward` of torch `version` (2.13-2.15, varlen.py), with that release's schema: 2.15
+    adds `backend` (Flash unless given), the backend its forward chose."""
+    if version == "2.15":
+
+        def _varlen_attn_backward(
+            grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, rng_state,
+            scale=None, window_size=None, backend=FLASH_BACKEND,
+        ):  # fmt: skip
+            return _backward_op(
+                version, capability, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
+                is_causal, scale, window_size, BACKEND_NAMES[backend],
+            )  # fmt: skip
+
+    else:
+
+        def _varlen_attn_backward(
+            grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, rng_state,
+            scale=None, window_size=None,
+        ):  # fmt: skip
+            return _backward_op(
+                version, capability, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
+                is_causal, scale, window_size, None,
+            )  # fmt: skip
 
     return _varlen_attn_backward
 
@@ -441,36 +488,46 @@ def varlen_backward_stand_in(capability):
 class _VarlenAttn(torch.autograd.Function):
     """torch's op with its autograd (varlen.py `_setup_context`, `_backward`): it saves its inputs as given (grouped
     key/value heads grouped), the output, the log-sum-exp and the generator state, and its backward calls the
-    backward op with them. The log-sum-exp comes out as an output that requires grad, whose gradient torch's
-    `_backward` drops: so does this one."""
+    backward op with them (on 2.15 with the backend its forward chose). The log-sum-exp comes out as an output that
+    requires grad, whose gradient torch's `_backward` drops: so does this one."""
 
     @staticmethod
-    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, bounds, max_lengths, scale, window, backward):
+    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, bounds, max_lengths, scale, window, backward, backend):
         output, lse = _flash_forward(query, key, value, *bounds, scale, window)
+        lse.stand_in_backend = backend  # the backend whose log-sum-exp this is (`_backward_checks`)
         rng_state = torch.zeros(2, dtype=torch.uint64, device=query.device)  # no dropout: varlen.py's fixed state
         ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, output, lse, rng_state)
-        ctx.max_lengths, ctx.scale, ctx.window, ctx.backward = max_lengths, scale, window, backward
+        ctx.max_lengths, ctx.scale, ctx.window, ctx.backward, ctx.backend = (
+            max_lengths,
+            scale,
+            window,
+            backward,
+            backend,
+        )
         return output, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         query, key, value, cu_seq_q, cu_seq_k, output, lse, rng_state = ctx.saved_tensors
+        lse.stand_in_backend = ctx.backend
         is_causal = ctx.window == [-1, 0]
-        grads = ctx.backward(
-            grad_out, query, key, value, output, lse, cu_seq_q, cu_seq_k, *ctx.max_lengths, is_causal, rng_state,
-            ctx.scale, ctx.window,
-        )  # fmt: skip
-        return (*grads, None, None, None, None, None, None, None)
+        arguments = (grad_out, query, key, value, output, lse, cu_seq_q, cu_seq_k, *ctx.max_lengths, is_causal,
+                     rng_state, ctx.scale, ctx.window)  # fmt: skip
+        if "backend" in inspect.signature(ctx.backward).parameters:  # 2.15
+            arguments += ({name: number for number, name in BACKEND_NAMES.items()}[ctx.backend],)
+        grads = ctx.backward(*arguments)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
-def _varlen_result(query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability):
+def _varlen_result(query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability,
+                   version, backend):  # fmt: skip
     """The kernel's result once its checks passed: the output, and with `return_aux=AuxRequest(lse=True)` (every
     release from 2.10) the log-sum-exp too."""
     bounds = boundary_checks(query, key, cu_seq_q, cu_seq_k, *max_lengths)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    backward = varlen_backward_stand_in(capability)
+    backward = varlen_backward_stand_in(capability, version if version in VARLEN_BACKWARD_OP_RELEASES else "2.13")
     output, lse = _VarlenAttn.apply(
-        query, key, value, cu_seq_q, cu_seq_k, bounds, max_lengths, scale, window, backward
+        query, key, value, cu_seq_q, cu_seq_k, bounds, max_lengths, scale, window, backward, backend
     )
     return (output, lse) if return_aux is not None and return_aux.lse else output
 
@@ -494,23 +551,30 @@ def _record_varlen(version, query, key, cu_seq_q, cu_seq_k, return_aux, **detail
     )
 
 
-def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, enable_gqa) -> str:
-    """torch 2.15's choice for an SM90 GPU with its wheel's cuDNN (9.26), varlen.py `_select_backend`: cuDNN when
-    `_cudnn_rejection_reasons` finds nothing, then Flash, among the backends `sdpa_kernel` leaves enabled."""
+def _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, num_splits, capability) -> str:
+    """torch 2.15.0's choice (varlen.py `_select_backend`, `_cudnn_rejection_reasons`) on a GPU of `capability` with
+    its wheel's cuDNN (9.26): cuDNN when nothing rejects it, then Flash, in SDPA's default priority order, among the
+    backends `sdpa_kernel` leaves enabled. Not modelled: cuDNN's decode switch for `max_q == 1`, read from the GPU."""
     reasons = []
-    if max_q <= 128:
-        reasons.append("max_q must be greater than 128")
+    if capability[0] not in (9, 10):
+        reasons.append("cuDNN >= 9.18 on SM90 or SM100 is required")
     if query.dtype not in FLASH_DTYPES:
         reasons.append("query dtype must be float16 or bfloat16")
     if query.shape[-1] % 8 or value.shape[-1] % 8:
         reasons.append("query and value head dimensions must be divisible by 8")
+    needs_backward = torch.is_grad_enabled() and query.requires_grad
     if query.shape[-1] > CUDNN_MAX_HEAD_DIM or value.shape[-1] > CUDNN_MAX_HEAD_DIM:
-        reasons.append("query/value head dimensions are unsupported for cuDNN varlen forward")
+        reasons.append(
+            f"query/value head dimensions {(query.shape[-1], value.shape[-1])} are unsupported for cuDNN varlen "
+            f"{'backward' if needs_backward else 'forward'}"
+        )
     if window == [-1, 0]:
         if cu_seq_q is not cu_seq_k:
-            reasons.append("causal attention requires the same cu_seq tensor for Q and K")
+            reasons.append("causal attention requires seqused_k or the same cu_seq tensor for Q and K")
     elif window != [-1, -1]:
         reasons.append("window_size must be (-1, -1) or causal (-1, 0)")
+    if num_splits is not None:
+        reasons.append("num_splits is not supported")
     cudnn_enabled = torch.backends.cuda.cudnn_sdp_enabled()
     if cudnn_enabled and not reasons:
         return "cudnn"
@@ -534,7 +598,9 @@ def _varlen_attn_2_10(capability):
         flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability)
         _record_varlen("2.10", query, key, cu_seq_q, cu_seq_k, return_aux, is_causal=is_causal, backend="flash")
         window = [-1, 0 if is_causal else -1]
-        return _varlen_result(query, key, value, cu_seq_q, cu_seq_k, max_lengths, None, window, return_aux, capability)
+        return _varlen_result(
+            query, key, value, cu_seq_q, cu_seq_k, max_lengths, None, window, return_aux, capability, "2.10", "flash"
+        )
 
     return varlen_attn
 
@@ -550,7 +616,7 @@ def _varlen_attn_2_11(capability):
             "2.11", query, key, cu_seq_q, cu_seq_k, return_aux, window_size=tuple(window), scale=scale, backend="flash"
         )
         return _varlen_result(
-            query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability
+            query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability, "2.11", "flash"
         )
 
     return varlen_attn
@@ -578,19 +644,19 @@ def _varlen_attn_2_13_to_2_15(version: str, capability):
         if version == "2.15":  # the wrapper validates the scale and picks the backend before it calls the op
             if scale is not None and not scale > 0:
                 raise ValueError(f"scale must be greater than 0, got {scale}")
-            backend = _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, list(window_size), enable_gqa)
+            window = list(window_size)
+            backend = _select_backend_2_15(query, value, cu_seq_q, cu_seq_k, max_q, window, num_splits, capability)
         max_lengths = _max_lengths(FORWARD_OP, max_q, max_k)
         window = _window_schema(window_size)
         _no_kv_cache(seqused_k, block_table)
-        # 2.13 runs Flash; 2.14.1 takes cuDNN only for non-causal attention without grouped heads
-        if version != "2.15":
-            cudnn = version == "2.14" and window == [-1, -1] and not enable_gqa and query.dtype in FLASH_DTYPES
+        if version == "2.13":  # its cuDNN branch is unreachable (`_should_use_cudnn` returns False)
+            backend = "flash"
+        elif version == "2.14":  # the op picks, reading no flag
+            cudnn = takes_cudnn_2_14(query, key, value, max_lengths[0], window, enable_gqa, num_splits, capability)
             backend = "cudnn" if cudnn else "flash"
         if backend == "flash":
             flash_varlen_checks(query, key, value, cu_seq_q, cu_seq_k, capability)
         else:
-            if version == "2.14":
-                cudnn_branch_checks_2_14(window, enable_gqa, num_splits)
             cudnn_varlen_checks(query, key, value, cu_seq_q, cu_seq_k)
         _record_varlen(
             version,
@@ -605,7 +671,7 @@ def _varlen_attn_2_13_to_2_15(version: str, capability):
             backend=backend,
         )
         return _varlen_result(
-            query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability
+            query, key, value, cu_seq_q, cu_seq_k, max_lengths, scale, window, return_aux, capability, version, backend
         )
 
     varlen_attn.__qualname__ = f"varlen_attn_{version.replace('.', '_')}"
@@ -620,14 +686,30 @@ VARLEN_SIGNATURES = {
     "2.14": functools.partial(_varlen_attn_2_13_to_2_15, "2.14"),
     "2.15": functools.partial(_varlen_attn_2_13_to_2_15, "2.15"),
 }
-# Releases whose `torch_attn::_varlen_attn_backward` takes the schema the sink correction calls
+# Releases with `torch_attn::_varlen_attn_backward`, the op the sink correction calls (2.15's with `backend`)
 VARLEN_BACKWARD_OP_RELEASES = ("2.13", "2.14", "2.15")
 
 
 def varlen_stand_in(version: str = "2.15", capability: tuple[int, int] = PLAYED_CAPABILITY) -> VarlenKernel:
     """torch `version`'s `varlen_attn` on a GPU of `capability`, as strict as the real one, with its backward op
-    where the release has one of that schema."""
-    backward = varlen_backward_stand_in(capability) if version in VARLEN_BACKWARD_OP_RELEASES else None
+    where the release has one.
+
+    What it cannot show, and what covers it instead:
+    - compilation: it is Python that reads the boundaries and the `sdpa_kernel` flags on the host, so dynamo breaks
+      its graph there; torch's op is a custom op with a registered fake that traces whole. Covered by
+      test_sink_correction.py: torch's own op and backward op compiled in one graph on meta tensors, and the
+      correction compiled around this stand-in equal to eager;
+    - memory: it keeps each segment's float32 scores (heads x L x L) while the kernel keeps none, so a peak measured
+      through it is not the kernel's. What autograd saves is counted instead (tools/measure/measure_attention_memory.py,
+      docs/concepts/kernels.md "Memory"); the kernel's own, by `pytest -m gpu` (test_gpu.py, test_fused_kernels.py)
+      on a GPU;
+    - cuDNN: torch 2.15's routing is read from its varlen.py for the wheel's cuDNN (9.26) on SM90, but not cuDNN's
+      decode switch (`max_q == 1`, read from the GPU), another cuDNN's limits, cudnn_frontend's own refusals (their
+      messages), nor cuDNN's numbers and log-sum-exp layout (the cuDNN branch computes Flash's). packed attention
+      never takes it (test_kernels.py: Flash chosen explicitly; test_gpu.py: whatever the user disabled);
+    - numbers: FA2's rounding against the row's maximum where the GPU rounds against a running one over key blocks
+      (rounding of the same size, test_kernels.py), and no nondeterminism of atomics in dQ."""
+    backward = varlen_backward_stand_in(capability, version) if version in VARLEN_BACKWARD_OP_RELEASES else None
     return VarlenKernel(VARLEN_SIGNATURES[version](capability), capability=capability, backward=backward)
 
 
@@ -696,6 +778,14 @@ def conv1d_checks(x, weight, bias, seq_idx, initial_states, return_final_states,
             raise RuntimeError("Expected seq_idx.is_contiguous() to be true, but got false.")
         if tuple(seq_idx.shape) != (batch, length):
             raise RuntimeError("seq_idx must have shape (batch_size, seqlen)")
+
+
+# What the mixer stand-ins cannot show, and what covers it instead: compilation (each runs a Python loop over the runs
+# of `seq_idx`/`cu_seqlens` read on the host, a graph break where the real kernel is one opaque op: no CPU test
+# compiles a hybrid model through them); memory (they allocate per segment through the model's
+# fallbacks; the kernels' chunked state is not modelled); numbers (the fallbacks' arithmetic in the input dtype, not
+# the kernels' chunked float32 accumulation: test_hybrid_models.py bounds packed against per-sequence runs, and its
+# CUDA test runs the real kernels when a GPU and the packages are there).
 
 
 def causal_conv1d_stand_in(fallbacks: dict):

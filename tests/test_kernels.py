@@ -351,10 +351,11 @@ def test_the_backward_op_computes_d_from_the_out_it_is_given():
 
     query, key, value, cu_seq_lens = packed_inputs()
     kernel = varlen_stand_in("2.15")
-    output, lse = kernel.function(
-        query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST,
-        return_aux=AuxRequest(lse=True), window_size=(-1, 0), enable_gqa=True,
-    )  # fmt: skip
+    with kernels.flash_backend():  # as the sink correction calls it: the backward op's default backend
+        output, lse = kernel.function(
+            query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST,
+            return_aux=AuxRequest(lse=True), window_size=(-1, 0), enable_gqa=True,
+        )  # fmt: skip
     grad_out = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
     zeros = torch.zeros(2, dtype=torch.uint64)
 
@@ -418,27 +419,29 @@ def test_only_releases_with_the_backward_ops_schema_offer_it():
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "options", "refusal"),
+    ("longest", "head_dim", "options", "backend"),
     [
-        (64, {}, None),
-        (256, {}, "head_dim should be no more than 128"),
-        (64, dict(num_splits=2), "num_splits is not supported with the cuDNN backend."),
+        (130, 64, {}, "cudnn"),  # non-causal, equal head counts, a segment past 128 queries
+        (LONGEST, 64, {}, "flash"),  # no segment past 128 queries
+        (130, 64, dict(window_size=(-1, 0)), "flash"),  # causal
+        (130, 64, dict(num_splits=2), "flash"),
+        (130, 256, {}, "head_dim should be no more than 128"),  # cuDNN's graph on SM90 refuses it
     ],
+    ids=["cudnn", "short", "causal", "num_splits", "wide_head"],
 )
-def test_torch_2_14_takes_cudnn_for_non_causal_attention_and_refuses_what_its_graph_refuses(
-    head_dim, options, refusal
-):
-    query, key, value, cu_seq_lens = packed_inputs(heads=4, kv_heads=4, head_dim=head_dim)
+def test_torch_2_14_routes_non_causal_rows_past_128_queries_to_cudnn(longest, head_dim, options, backend):
+    """torch 2.14.1's `_can_use_cudnn` (varlen.py): it reads no `sdpa_kernel` flag, and routes to Flash what cuDNN
+    would refuse, except head dims above 128, which its graph refuses."""
+    query, key, value, cu_seq_lens = packed_inputs([5, 1, longest], heads=4, kv_heads=4, head_dim=head_dim)
     stand_in = varlen_stand_in("2.14").function
-    call = functools.partial(stand_in, query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, **options)
+    call = functools.partial(stand_in, query, key, value, cu_seq_lens, cu_seq_lens, longest, longest, **options)
 
-    if refusal is not None:
-        with pytest.raises(RuntimeError, match=refusal):
+    if backend not in ("cudnn", "flash"):
+        with pytest.raises(RuntimeError, match=backend):
             call()
-        stand_in(query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST, window_size=(-1, 0))  # Flash takes it
         return
     call()
-    assert calls_of("varlen_attn")[-1].details["backend"] == "cudnn"
+    assert calls_of("varlen_attn")[-1].details["backend"] == backend
 
 
 # ---- mixer kernels: decided from what the resolved function takes ----

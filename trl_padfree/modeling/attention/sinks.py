@@ -5,16 +5,28 @@ query attends to and whose value is zero, so the sink's softmax is the kernel's 
 out' = w * out. Backward: with dO = w * dout given to the kernel's backward op together with out' (not out), its
 `D = rowsum(dO * out')` equals the kernel's own term minus the gradient that reaches the scores through `lse`, so dQ,
 dK, dV come out exact; the sink's gradient is -sum over queries of rowsum(dout * out') * (1 - w).
+
+The correction's own work, per output element (docs/concepts/kernels.md, "Sinks"):
+
+    forward    out' = out * w            one op: the kernel's dtype in and out, the product in float32, rounded once
+    backward   dO = dout * w             one op, likewise
+               rowsum(dout * out')       the product in the kernel's dtype, summed in float32 (only the sink's
+                                         gradient reads it)
+
+`w` and `1 - w` are per query and head (1/head_dim of the elements), in float32 from the float32 `lse`. The products
+in float32 rounded once make out' and dO bit-equal to computing all of it in float32.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...integrations.torch import UntestedVarlenBackward
 
-def _wide(tensor: torch.Tensor) -> torch.Tensor:
-    # The correction's arithmetic in float32 at least, whatever the kernel's dtype
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    # The per-row terms and the row sums in float32 at least (float64 stays float64)
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _SinkCorrectedVarlen(torch.autograd.Function):
@@ -24,25 +36,32 @@ class _SinkCorrectedVarlen(torch.autograd.Function):
     def forward(ctx, query, key, value, sinks, boundaries, max_lengths, kernel, options):
         from torch.nn.attention.varlen import AuxRequest
 
+        if isinstance(kernel.backward, UntestedVarlenBackward):  # before any work: the backward could not run
+            raise RuntimeError(kernel.backward.refusal)
         cu_seq_q, cu_seq_k = boundaries
         output, lse = kernel.function(
             query, key, value, cu_seq_q, cu_seq_k, *max_lengths, return_aux=AuxRequest(lse=True), **options
         )
         if lse.shape != (query.shape[1], query.shape[0]):  # the layout the correction reads: (heads, tokens)
             raise RuntimeError(f"varlen_attn returned a log-sum-exp of shape {tuple(lse.shape)}, not (heads, tokens)")
-        kept = torch.sigmoid(lse - _wide(sinks).unsqueeze(1)).t().unsqueeze(-1)  # (T, heads, 1): the share not sunk
-        corrected = (_wide(output) * kept).to(output.dtype)
-        ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, corrected, lse, kept)
+        sinks_wide = sinks.to(_wide(lse.dtype))
+        kept = torch.sigmoid(lse - sinks_wide.unsqueeze(1))  # (heads, T): the share no sink takes
+        # Written contiguous (the kernel's output has the query's strides): the backward op and the reshape after
+        # attention take it without a copy
+        corrected = torch.empty(output.shape, dtype=output.dtype, device=output.device)
+        torch.mul(output, kept.t().unsqueeze(-1), out=corrected)
+        ctx.save_for_backward(query, key, value, cu_seq_q, cu_seq_k, corrected, lse, kept, sinks_wide)
         ctx.kernel, ctx.options, ctx.max_lengths, ctx.sinks_dtype = kernel, options, max_lengths, sinks.dtype
         return corrected
 
     @staticmethod
     def backward(ctx, grad):
-        query, key, value, cu_seq_q, cu_seq_k, corrected, lse, kept = ctx.saved_tensors
+        query, key, value, cu_seq_q, cu_seq_k, corrected, lse, kept, sinks_wide = ctx.saved_tensors
         window = list(ctx.options.get("window_size", (-1, -1)))
-        grad = _wide(grad)
+        grad_scaled = torch.empty(grad.shape, dtype=query.dtype, device=grad.device)  # contiguous, as the op wants
+        torch.mul(grad, kept.t().unsqueeze(-1), out=grad_scaled)
         grad_query, grad_key, grad_value = ctx.kernel.backward(
-            (grad * kept).to(query.dtype),
+            grad_scaled,
             query,
             key,
             value,
@@ -56,7 +75,9 @@ class _SinkCorrectedVarlen(torch.autograd.Function):
             ctx.options.get("scale"),
             window,
         )
-        grad_sinks = -((grad * _wide(corrected)).sum(-1, keepdim=True) * (1 - kept)).sum((0, 2))
+        rows = (grad * corrected).sum(-1, dtype=_wide(grad.dtype))  # (T, heads): rowsum(dout * out')
+        sunk = torch.sigmoid(sinks_wide.unsqueeze(1) - lse)  # 1 - w, without the cancellation of 1 - w near 1
+        grad_sinks = -torch.linalg.vecdot(sunk, rows.t())
         return grad_query, grad_key, grad_value, grad_sinks.to(ctx.sinks_dtype), None, None, None, None
 
 
