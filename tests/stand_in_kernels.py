@@ -678,7 +678,18 @@ def _varlen_attn_2_13_to_2_15(version: str, capability):
     return varlen_attn
 
 
-# Each torch release's `varlen_attn`, made for the GPU it plays
+# Each torch release's `varlen_attn`, made for the GPU it plays. Read from the 2.13.0, 2.14.1 and 2.15.0 wheels
+# (torch/nn/attention/varlen.py, torch/_meta_registrations.py, torchgen/packaged/ATen/native/native_functions.yaml):
+#   varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+#               window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None)  all three
+#   AuxRequest(NamedTuple): lse: bool = False; the lse float32 (heads, T_q)                                all three
+#   torch_attn::_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
+#               window_size=None, enable_gqa=False, seqused_k=None, block_table=None, num_splits=None)
+#               -> (out, lse, rng_state); 2.15 adds `backend: int = 1` (SDPBackend.FLASH_ATTENTION; 3 is cuDNN)
+#   torch_attn::_varlen_attn_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
+#               is_causal, rng_state, scale=None, window_size=None) -> (dq, dk, dv); 2.15 adds `backend: int = 1`
+#   aten::_efficient_attention_forward / _backward: the same schema in all three (window_size keyword-only); the
+#               backward's meta function lacks `out` and `window_size` in 2.13 and 2.14, takes them in 2.15
 VARLEN_SIGNATURES = {
     "2.10": _varlen_attn_2_10,
     "2.11": _varlen_attn_2_11,
