@@ -10,21 +10,30 @@ Mamba scan run across the whole row, before mixers.py) to 1, so the tolerances (
 import ast
 import logging
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from legacy_attention import make_legacy_model
+from packaging.version import Version
 from tiny_fixtures import make_tokenizer
 from trainer_utils import assert_same_step, make_trainer, one_step
 from transformers import AutoConfig, Llama4ForConditionalGeneration
 
 import trl_padfree
 from trl_padfree.cli import main
-from trl_padfree.cli.models import check_model_type, decoder_model_types, model_class_for, vision_language_types
+from trl_padfree.cli.models import (
+    check_model_type,
+    check_vision_model_type,
+    decoder_model_types,
+    model_class_for,
+    vision_language_types,
+)
 from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU
-from trl_padfree.modeling.families import VISION_FAMILIES
+from trl_padfree.modeling.families import VISION_FAMILIES, catalog, unchecked_verdict
 from trl_padfree.modeling.packability import (
     GRADIENT_TOLERANCE,
     LOG_PROB_TOLERANCE,
@@ -38,7 +47,7 @@ from trl_padfree.modeling.twin import build_twin, twin_config
 from trl_padfree.modeling.vision import cross_attention_refusal
 from trl_padfree.refusals import check_packed_row_length
 
-# The families users train, every one exact on padfree_varlen (docs/reference/models.md has them all)
+# The families users train, every one exact on padfree_varlen (docs/reference/models-table.md has them all)
 POPULAR_TYPES = (
     "llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma3_text", "gemma4_text", "phi3", "deepseek_v3",
     "glm4_moe", "olmo3", "smollm3", "ministral3", "granite", "cohere2", "gpt_oss", "llama4_text", "gpt2", "gpt_neox",
@@ -230,7 +239,7 @@ def test_models_check_reads_only_a_config(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_every_decoder_type_gets_a_verdict():
-    # The generated table of docs/reference/models.md: every type exact, or refused with a reason
+    # The generated table of docs/reference/models-table.md: every type exact, or refused with a reason
     for model_type in decoder_model_types():
         row = check_model_type(model_type)
         for verdict in row.verdicts.values():
@@ -305,23 +314,143 @@ def test_a_family_looked_at_is_refused_with_its_reason_not_unchecked(tmp_path, c
     assert "padding_free=False" in output and output.count("refused") == 1
 
 
-def test_every_image_text_to_text_type_has_one_verdict_source():
-    """A type with a record (modeling/families/: exact, refused or unchecked, one verdict each), or one its config
-    refuses (encoder-decoders, cross-attention): never two, never none."""
-    for model_type, family in VISION_FAMILIES.items():
+# The records of image-text-to-text types newer than the floors' transformers (5.23), with the release that added each:
+# the only records a transformers may not know, and only one older than that release (a misspelt type fails)
+NEWER_THAN_THE_FLOOR = {
+    "apertus1p5": "5.24.0",
+    "hy_v4_vl": "5.24.0",
+    "inkling2_loop": "5.24.0",
+    "llava_onevision1_5": "5.25.0",
+    "ovis2_5": "5.25.0",
+    "pi05": "5.25.0",
+}
+
+
+def config_refusal(model_type: str) -> str | None:
+    """Why `model_type`'s config alone refuses it on image data (an encoder-decoder, cross-attention), or None."""
+    config = AutoConfig.for_model(model_type)
+    if getattr(config, "is_encoder_decoder", False):
+        return "an encoder-decoder"
+    return cross_attention_refusal(config)
+
+
+def verdict_sources(records: dict, known: list[str]) -> tuple[list[str], list[str]]:
+    """The inconsistencies between vision-family `records` and the `known` image-text-to-text types of the installed
+    transformers, and the known types that have no verdict source yet (a release that added them after the records)."""
+    problems = []
+    for model_type, family in records.items():
         # A family with a layout may still be refused on image data whatever its twin measures (ERNIE-4.5-VL-MoE:
         # TRL's collator fails its padded forward): the refusal decides; never both refused and unchecked
-        assert not (family.refused and family.unchecked), model_type
-        assert family.exact or family.refused or family.unchecked, model_type
-    rest = set(vision_language_types()) - set(VISION_FAMILIES)
-    configs = {model_type: AutoConfig.for_model(model_type) for model_type in rest}
-    assert all(
-        getattr(config, "is_encoder_decoder", False) or cross_attention_refusal(config) for config in configs.values()
-    ), sorted(rest)
+        if family.refused and family.unchecked:
+            problems.append(f"{model_type}: refused and unchecked")
+        if not (family.exact or family.refused or family.unchecked):
+            problems.append(f"{model_type}: a record without a verdict")
+        if model_type in known:
+            if reason := config_refusal(model_type):
+                problems.append(f"{model_type}: a record, and its config refuses it too ({reason})")
+        elif Version(transformers.__version__) >= Version(NEWER_THAN_THE_FLOOR.get(model_type, "0")):
+            problems.append(f"{model_type}: a record for a type transformers {transformers.__version__} does not know")
+    unrecorded = sorted(model_type for model_type in set(known) - set(records) if config_refusal(model_type) is None)
+    return problems, unrecorded
 
 
-# Library code that names a vision family by its model type outside its record: the vision benchmark's model
-NAMED_OUTSIDE_THE_RECORDS = {("cli/bench/vision.py", "qwen2_5_vl")}
+def test_every_image_text_to_text_type_has_one_verdict_source():
+    """A type with a record (modeling/families/: exact, refused or unchecked, one verdict each), or one its config
+    refuses (encoder-decoders, cross-attention): never two. A record names a type of the installed transformers or of a
+    newer one (`NEWER_THAN_THE_FLOOR`). A type of the installed transformers with neither is no failure: a release that
+    only adds model types must not fail CI. It is reported (a warning naming it) and is "unchecked (no record of its
+    image layout)": `trl-padfree models --vision` lists it so, and padding_free=True refuses it on image data."""
+    problems, unrecorded = verdict_sources(VISION_FAMILIES, vision_language_types())
+
+    assert problems == []
+    for model_type in unrecorded:
+        verdicts = check_vision_model_type(model_type, CHECKED_ON_CPU).verdicts.values()
+        assert all(verdict.reason == unchecked_verdict(model_type) for verdict in verdicts), model_type
+    if unrecorded:
+        warnings.warn(
+            f"transformers {transformers.__version__}'s image-text-to-text types {unrecorded} have no record in "
+            "trl_padfree/modeling/families/: unchecked until they have one",
+            stacklevel=1,
+        )
+
+
+def test_a_type_without_a_record_is_listed_unchecked_not_failed(monkeypatch, capsys):
+    # As a newer transformers' type is: Qwen2.5-VL with its record taken away
+    monkeypatch.delitem(catalog.VISION_FAMILIES, "qwen2_5_vl")
+    monkeypatch.delitem(catalog.IMAGE_FAMILIES, "qwen2_5_vl")
+
+    problems, unrecorded = verdict_sources(catalog.VISION_FAMILIES, vision_language_types())
+
+    assert problems == [] and unrecorded == ["qwen2_5_vl"]
+    assert main(["models", "--vision", "--types", "qwen2_5_vl", "--backends", *CHECKED_ON_CPU]) == 0
+    output = capsys.readouterr().out
+    assert re.search(r"qwen2_5_vl\s+padfree_varlen=unchecked\s+sdpa=unchecked\s+eager=unchecked", output)
+    assert "no record of its image layout" in unchecked_verdict("qwen2_5_vl")
+
+
+def test_two_verdict_sources_or_an_unknown_type_fail_the_check():
+    records = dict(VISION_FAMILIES)
+    records["mllama"] = records["fuyu"]  # its config already refuses it (cross-attention)
+    records["qwen9_vl"] = records["qwen2_5_vl"]  # a type no transformers knows
+
+    problems, _ = verdict_sources(records, vision_language_types())
+
+    assert len(problems) == 2
+    assert problems[0].startswith("mllama: a record, and its config refuses it too (its images reach")
+    assert problems[1] == f"qwen9_vl: a record for a type transformers {transformers.__version__} does not know"
+
+
+MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "models-table.md"
+PAGE_TABLES = {"decoder-only": decoder_model_types, "image-text-to-text": vision_language_types}
+
+
+def page_table(kind: str) -> tuple[str, dict[str, list[str]]]:
+    """The transformers version the generated models page's table of `kind` types was generated on, and its rows: each type's
+    verdict cells, one per backend."""
+    section = MODELS_PAGE.read_text().split(f"## Every {kind} type of transformers ", 1)[1].split("\n## ", 1)[0]
+    version = section.split(None, 1)[0]
+    rows = {
+        line.split("|")[1].strip().strip("`"): [cell.strip() for cell in line.split("|")[3 : 3 + len(CHECKED_ON_CPU)]]
+        for line in section.splitlines()
+        if line.startswith("| `")
+    }
+    return version, rows
+
+
+@pytest.mark.parametrize("kind", PAGE_TABLES)
+def test_the_models_page_lists_the_types_of_the_transformers_it_was_generated_on(kind):
+    """docs/reference/models-table.md's tables are `trl-padfree models --markdown` on the transformers release each
+    names.
+    Compared with the installed release: on that release, the same types; on a newer one, no type the page lists is
+    missing (the types it adds are not on the page until it is generated again, and `trl-padfree models` lists them
+    meanwhile, a vision type without a record as unchecked); on an older one, every installed type is on the page."""
+    version, rows = page_table(kind)
+    installed, listed = set(PAGE_TABLES[kind]()), set(rows)
+    if Version(transformers.__version__) == Version(version):
+        assert listed == installed
+    elif Version(transformers.__version__) > Version(version):
+        assert listed <= installed, sorted(listed - installed)
+    else:
+        assert installed <= listed, sorted(installed - listed)
+
+
+def test_the_models_page_gives_each_refused_or_unchecked_record_its_verdict():
+    """A record that refuses a type, or leaves it unchecked, decides its row of the generated vision table on every
+    backend without measuring: a record changed since the page was generated fails here (the page's types only)."""
+    _, rows = page_table("image-text-to-text")
+    stale = {}
+    for model_type, cells in rows.items():
+        family = VISION_FAMILIES.get(model_type)
+        if family is not None and (family.refused or family.unchecked):
+            kind = "refused" if family.refused else "unchecked"
+            if cells != [kind] * len(CHECKED_ON_CPU):
+                stale[model_type] = (kind, cells)
+    assert stale == {}
+
+
+# Library code that names a vision family by its model type outside its record: the vision benchmark's model; and the
+# git command the bench's provenance runs, which GIT's model type spells too
+NAMED_OUTSIDE_THE_RECORDS = {("cli/bench/vision.py", "qwen2_5_vl"), ("cli/bench/report.py", "git")}
 
 
 def test_a_vision_family_is_named_only_in_its_record():
