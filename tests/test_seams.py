@@ -990,7 +990,15 @@ PEFT = [
     ),
 ]  # fmt: skip
 
-SEAMS = TRL + TRANSFORMERS + TRANSFORMERS_VISION + ACCELERATE + DEEPSPEED + TORCH + PEFT
+DATASETS = [
+    Seam(
+        "datasets", "datasets.packaged_modules.json.json.JsonConfig.chunksize",
+        "the bytes of a JSON file datasets reads to fix its columns' types, later rows cast to them (sources.py "
+        "re-reads a longer file to find a row the cast would hide)", "integrations/datasets.py", check=instance_of(int),
+    ),
+]  # fmt: skip
+
+SEAMS = TRL + TRANSFORMERS + TRANSFORMERS_VISION + ACCELERATE + DEEPSPEED + TORCH + PEFT + DATASETS
 
 
 # ---- checks ----

@@ -19,10 +19,10 @@ import pyarrow.json
 import pyarrow.parquet
 import torch
 from datasets import DatasetDict, IterableDatasetDict, Value, load_dataset
-from datasets.packaged_modules.json.json import JsonConfig
 
 from .data import DEMO_DATASET_NAME, load_demo_dataset, load_demo_tokenizer
 from .data.preference_format import PAIR_COLUMNS, TEXT, value_kind
+from .integrations.datasets import json_type_sample_bytes
 from .placement.deepspeed import zero3_init_config
 from .refusals.data import (
     check_data_file_has_rows,
@@ -202,7 +202,7 @@ def _check_rows_not_cast(files: list[Path], features) -> None:
     other value; the row is then found line by line."""
     strings = [name for name in PAIR_COLUMNS if name in features and features[name] == Value("string")]
     for file in files:
-        read_whole = len(files) == 1 and file.stat().st_size <= JsonConfig.chunksize
+        read_whole = len(files) == 1 and file.stat().st_size <= json_type_sample_bytes()
         if DATA_FILE_FORMATS[file.suffix] != "json" or not strings or read_whole:
             continue
         schema = pyarrow.schema([(name, pyarrow.string()) for name in strings])
