@@ -4,16 +4,23 @@ signature, the checks the real one makes (source named beside each), the result 
 rounding, recording what it was given in `stand_in_kernels.CALLS`:
 
     _efficient_attention_forward   ATen's memory-efficient kernel, varlen (`cu_seqlens`), any head dim (a multiple
-                                   of 8 in half precision); equal head counts
+    _efficient_attention_backward  of 8 in half precision); equal head counts; behind the op trl-padfree wraps the
+                                   real pair in (`EFFICIENT_ATTENTION`)
     flash_attn_varlen_func         flash-attn 2.6+ (softcap, window, grouped heads; head dim <= 256)
     flex_attention                 torch's FlexAttention (score_mod, block mask; head dims >= 16; one dtype for the
-    create_block_mask              backward), the block mask evaluated densely
+    BlockMask.from_kv_blocks       backward), the block mask read tile by tile as the compiled kernel reads it
     scaled_dot_product_attention   sdpa, recording the backend ATen's sdp_utils.cpp would pick on an SM90 GPU
 
 The reference is computed densely per call (test rows are short): scores in float32, then, as the kernels do in half
 precision, the unnormalised softmax rounded to the input dtype before it multiplies the values, the output rounded
 once; in the backward, the gradient reaching the probabilities rounded as the kernels round theirs, and grouped
 keys' and values' gradients rounded per query head before the group's sum (flash's `dk_expanded`).
+
+What no stand-in models, and what covers it instead: the kernels' own numerics and speed (`pytest -m gpu`,
+tools/gpu_report.py on a GPU); the memory they allocate (each computes densely: the block mask's building is measured
+on its own, tests/test_fused_compile.py); and how the real kernel compiles (each is plain Python, a graph break
+under dynamo: tests/test_fused_compile.py compiles the real FlexAttention and the wide-head op instead). Each
+stand-in below names its own gaps.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from stand_in_kernels import CALLS, PLAYED_CAPABILITY, KernelCall
 
+from trl_padfree.integrations.torch import wide_head_attention_op
 from trl_padfree.modeling.kernels import FlexKernel, FusedKernels
 
 HALF = (torch.float16, torch.bfloat16)
@@ -32,12 +40,16 @@ HALF = (torch.float16, torch.bfloat16)
 
 class _Rounded(torch.autograd.Function):
     """`tensor` rounded to `dtype` (kept in float32), and its gradient rounded alike: what a kernel does to an operand
-    it hands a half-precision GEMM, both ways."""
+    it hands a half-precision GEMM, both ways. (`setup_context` apart: torch.func.vjp runs it in the memory-efficient
+    kernel's backward stand-in.)"""
 
     @staticmethod
-    def forward(ctx, tensor, dtype):
-        ctx.dtype = dtype
+    def forward(tensor, dtype):
         return tensor.to(dtype).float()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dtype = inputs[1]
 
     @staticmethod
     def backward(ctx, grad):
@@ -46,19 +58,22 @@ class _Rounded(torch.autograd.Function):
 
 class _GradientRounded(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, dtype):
-        ctx.dtype = dtype
+    def forward(tensor, dtype):
         return tensor.view_as(tensor)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dtype = inputs[1]
 
     @staticmethod
     def backward(ctx, grad):
         return grad.to(ctx.dtype).float(), None
 
 
-def dense_reference(query, key, value, allowed, scale, softcap=None, score_mod=None):
+def dense_reference(query, key, value, allowed, scale, softcap=None, score_mod=None, lse=False):
     """Attention of `(heads, T_q, dim)` queries over `(kv_heads, T_k, dim)` keys and values where `allowed`
     `(T_q, T_k)` (or `(heads, T_q, T_k)`) says so, rounded as a half-precision kernel rounds; returns `(heads, T_q,
-    dim)` in the query's dtype."""
+    dim)` in the query's dtype (and with `lse`, each query's float32 log-sum-exp `(heads, T_q)`)."""
     dtype, groups = query.dtype, query.shape[0] // key.shape[0]
     half = dtype in HALF
     key, value = key.float(), value.float()
@@ -75,9 +90,9 @@ def dense_reference(query, key, value, allowed, scale, softcap=None, score_mod=N
     maximum = scores.amax(-1, keepdim=True).detach().clamp_min(-1e30)
     unnormalised = torch.exp(scores - maximum)
     total = unnormalised.sum(-1, keepdim=True)
-    if half:
-        unnormalised = _Rounded.apply(unnormalised, dtype)
-    return ((unnormalised @ value) / total).to(dtype)
+    output_rounded = unnormalised if not half else _Rounded.apply(unnormalised, dtype)
+    output = ((output_rounded @ value) / total).to(dtype)
+    return (output, (maximum + total.log()).squeeze(-1).detach()) if lse else output
 
 
 def segment_mask(bounds_q, bounds_k, causal: bool, left: int = -1, right: int = -1) -> torch.Tensor:
@@ -127,7 +142,10 @@ def efficient_attention_forward(
     window_size=None,
 ):
     """`aten::_efficient_attention_forward`'s checks (aten/src/ATen/native/transformers/cuda/attention.cu,
-    `_efficient_attention_forward`, and the kernel's alignment, sdp_utils.cpp `check_head_dim_size_mem_efficient`)."""
+    `_efficient_attention_forward`, and the kernel's alignment, sdp_utils.cpp `check_head_dim_size_mem_efficient`).
+
+    Cannot model: ATen's meta function and how the op compiles (the real op is compiled on meta tensors:
+    test_fused_compile.py, `..._on_meta_tensors`); the kernel's memory (it computes the scores densely)."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise RuntimeError("Expected query.dim() == 4 to be true, but got false.")
     if not query.size(0) == key.size(0) == value.size(0):
@@ -170,16 +188,104 @@ def efficient_attention_forward(
             dict(head_dim=query.size(3), heads=query.size(2), input_dtype=query.dtype, mask=custom_mask_type),
         )
     )
+    output, lse = _efficient_reference(query, key, value, bounds_q, bounds_k, custom_mask_type, scale, lse=True)
+    rows = math.ceil(max_seqlen_q / 32) * 32 if compute_log_sumexp else 0
+    logsumexp = torch.zeros(len(bounds_q) - 1, query.size(2), rows)  # ATen's layout: per segment, head, query
+    for index, (start, end) in enumerate(zip(bounds_q, bounds_q[1:], strict=False)):
+        logsumexp[index, :, : min(end - start, rows)] = lse[:, start : start + min(end - start, rows)]
+    seed = offset = torch.zeros((), dtype=torch.long)
+    return output, logsumexp, seed, offset, max_seqlen_q, max_seqlen_k
+
+
+@torch.autocast("cpu", enabled=False)  # one kernel on the GPU, in its inputs' dtype, whatever autocast says
+def _efficient_reference(query, key, value, bounds_q, bounds_k, custom_mask_type, scale, lse=False):
+    """`(1, T, heads, dim)` in and out (contiguous, as ATen allocates it)."""
     scale = query.size(3) ** -0.5 if scale is None else scale
     allowed = segment_mask(bounds_q, bounds_k, causal=custom_mask_type != 0)
-    output = dense_reference(
-        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), allowed, scale
-    )
-    output = output.transpose(0, 1).unsqueeze(0)
-    rows = max(len(bounds_q) - 1, 1)
-    lse = query.new_zeros(rows, query.size(2), math.ceil(max_seqlen_q / 32) * 32 if compute_log_sumexp else 0)
-    seed = offset = torch.zeros((), dtype=torch.long)
-    return output, lse.float(), seed, offset, max_seqlen_q, max_seqlen_k
+    heads_first = (tensor[0].transpose(0, 1) for tensor in (query, key, value))
+    result = dense_reference(*heads_first, allowed, scale, lse=lse)
+    output = (result[0] if lse else result).transpose(0, 1).unsqueeze(0).contiguous()
+    return (output, result[1]) if lse else output
+
+
+def efficient_attention_backward(
+    grad_out_,
+    query,
+    key,
+    value,
+    bias,
+    out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    logsumexp,
+    dropout_p,
+    philox_seed,
+    philox_offset,
+    custom_mask_type,
+    bias_requires_grad,
+    *,
+    scale=None,
+    num_splits_key=None,
+    window_size=None,
+    shared_storage_dqdkdv=False,
+):
+    """`aten::_efficient_attention_backward`'s checks (aten/src/ATen/native/transformers/cuda/attention_backward.cu)
+    and the gradients autograd takes through the forward's reference, written out (it runs inside an op, below
+    autograd).
+
+    Cannot model: the kernel's own gradient arithmetic (it recomputes from the log-sum-exp; `pytest -m gpu`)."""
+    if grad_out_.shape != out.shape or out.shape[:-1] != query.shape[:-1] or value.size(3) != grad_out_.size(3):
+        raise RuntimeError("Expected query.size(2) == grad_out_.size(2) to be true, but got false.")
+    if any(tensor.stride(-1) != 1 for tensor in (query, key, value)):
+        raise RuntimeError("Expected query.stride(-1) == 1 to be true, but got false.")
+    if cu_seqlens_q.dtype != torch.int32 or cu_seqlens_k.dtype != torch.int32:
+        raise RuntimeError("Expected cu_seqlens_q->scalar_type() == at::ScalarType::Int to be true, but got false.")
+    if bias is not None or bias_requires_grad or dropout_p != 0.0 or window_size is not None:
+        raise NotImplementedError("the stand-in computes what packed rows use: no bias, dropout or window")
+    if max_seqlen_q <= 0 or max_seqlen_q > query.size(1) or max_seqlen_k > key.size(1):
+        raise RuntimeError(f"Invalid max_seqlen_q: {max_seqlen_q}")
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    # Stand-in only: the kernel reads the forward's log-sum-exp unchecked (a forward without `compute_log_sumexp`
+    # leaves none, and its backward reads past it)
+    if logsumexp.dtype != torch.float32 or logsumexp.shape != (
+        len(bounds_q) - 1, query.size(2), math.ceil(max_seqlen_q / 32) * 32
+    ):  # fmt: skip
+        raise RuntimeError(f"a log-sum-exp of shape {tuple(logsumexp.shape)} is not the forward's")
+    CALLS.append(KernelCall("efficient_attention_backward", cu_seqlens_q, dict(head_dim=query.size(3))))
+    scale = query.size(3) ** -0.5 if scale is None else scale
+    allowed = segment_mask(bounds_q, bounds_k, causal=custom_mask_type != 0)
+    grads = _dense_reference_backward(*(t[0].transpose(0, 1) for t in (grad_out_, query, key, value)), allowed, scale)
+    return (*(grad.transpose(0, 1).unsqueeze(0) for grad in grads), None)
+
+
+@torch.autocast("cpu", enabled=False)
+def _dense_reference_backward(grad, query, key, value, allowed, scale):
+    """Autograd's backward of `dense_reference` (equal head counts, no softcap), op by op in its order:
+    `(heads, T, dim)` in, the query's, key's and value's gradients out."""
+    dtype, half = query.dtype, query.dtype in HALF
+    query, key, value = query.float(), key.float(), value.float()
+    scores = ((query @ key.transpose(-1, -2)) * scale).masked_fill(~allowed, float("-inf"))
+    unnormalised = torch.exp(scores - scores.amax(-1, keepdim=True).clamp_min(-1e30))
+    total = unnormalised.sum(-1, keepdim=True)
+    rounded = unnormalised.to(dtype).float() if half else unnormalised
+    weighted = rounded @ value
+    grad = grad.float()  # through `.to(dtype)`
+    grad_weighted, grad_total = grad / total, (-grad * ((weighted / total) / total)).sum(-1, keepdim=True)
+    grad_rounded = grad_weighted.bmm(value.transpose(1, 2))
+    grad_value = rounded.transpose(1, 2).bmm(grad_weighted)
+    grad_unnormalised = (grad_rounded.to(dtype).float() if half else grad_rounded) + grad_total
+    grad_scores = (grad_unnormalised * unnormalised).masked_fill(~allowed, 0) * scale
+    grad_query = grad_scores.bmm(key)
+    grad_key = query.transpose(1, 2).bmm(grad_scores).transpose(1, 2)
+    return grad_query.to(dtype), grad_key.to(dtype), grad_value.to(dtype)
+
+
+# ATen's forward and backward stand-ins behind the op trl-padfree wraps the real ones in (registered once per process)
+EFFICIENT_ATTENTION = wide_head_attention_op(
+    "trl_padfree_stand_ins::efficient_attention", efficient_attention_forward, efficient_attention_backward
+)
 
 
 # ---- flash-attn 2.6+ ----
@@ -204,7 +310,11 @@ def flash_attn_varlen_func(
     block_table=None,
 ):
     """flash-attn's `flash_attn_varlen_func` (flash_attn/flash_attn_interface.py) and `mha_varlen_fwd`'s checks
-    (csrc/flash_attn/flash_api.cpp)."""
+    (csrc/flash_attn/flash_api.cpp).
+
+    Cannot model: how flash-attn's own ops (`torch.ops.flash_attn.*`, their fake implementations) compile: here a
+    graph break (test_fused_compile.py compiles trl-padfree's code around it; the real one compiles only where
+    flash-attn is installed, `pytest -m gpu`); its memory (dense scores)."""
     if tuple(PLAYED_CAPABILITY) < (8, 0):
         raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
     if q.dtype not in HALF:
@@ -249,19 +359,61 @@ def flash_attn_varlen_func(
 
 @dataclass
 class DenseBlockMask:
-    """The stand-in's block mask: the mask evaluated at every query and key (test rows are short)."""
+    """The stand-in's block mask: which query reads which key, as FlexAttention's kernel reads its tiles (test rows
+    are short)."""
 
     allowed: torch.Tensor
     shape: tuple[int, int]
 
 
-def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128, _compile=False):
-    """torch's `create_block_mask` (torch/nn/attention/flex_attention.py), evaluated densely."""
-    q_index = torch.arange(Q_LEN, device=device).unsqueeze(1)
-    k_index = torch.arange(KV_LEN, device=device).unsqueeze(0)
-    allowed = mask_mod(torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long), q_index, k_index)
-    CALLS.append(KernelCall("create_block_mask", None, dict(shape=(Q_LEN, KV_LEN))))
-    return DenseBlockMask(allowed.expand(Q_LEN, KV_LEN), (Q_LEN, KV_LEN))
+def from_kv_blocks(
+    kv_num_blocks,
+    kv_indices,
+    full_kv_num_blocks=None,
+    full_kv_indices=None,
+    BLOCK_SIZE=128,
+    mask_mod=None,
+    seq_lengths=None,
+    compute_q_blocks=True,
+    *,
+    dq_write_order=None,
+    dq_write_order_full=None,
+    dq_kv_order=None,
+):
+    """torch's `BlockMask.from_kv_blocks` (torch/nn/attention/flex_attention.py) and what the compiled kernel makes
+    of it (torch/_inductor/kernel/flex/templates): a query reads a key when the key's tile is among its row's first
+    `full_kv_num_blocks` full tiles (every pair, the mask_mod not called), or among the first `kv_num_blocks`
+    partial tiles where the mask_mod allows the pair; every other tile is skipped. So a tile listed wrongly computes
+    wrongly here as on the GPU, against the per-segment reference.
+
+    Cannot model: the real `BlockMask` (its index layout and transposed tiles: test_fused_compile.py checks the tiles
+    trl-padfree builds against `create_block_mask`'s and runs the real FlexAttention over them); memory (dense)."""
+    if kv_indices.dim() < 2:
+        raise RuntimeError("BlockMask must have at least 2 dimensions")
+    if (full_kv_num_blocks is None) != (full_kv_indices is None):
+        raise AssertionError("full_kv_num_blocks and full_kv_indices must be both provided or omitted")
+    block_q, block_k = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
+    total_q, total_k = seq_lengths
+    if total_q > kv_indices.shape[-2] * block_q or total_k > kv_indices.shape[-1] * block_k:
+        raise AssertionError("the tiles do not cover the sequence lengths")  # flex_cpu.py's check, on every device
+    q_index = torch.arange(total_q).unsqueeze(1)
+    k_index = torch.arange(total_k).unsqueeze(0)
+    zero = torch.zeros((), dtype=torch.long)
+    by_mask = (
+        mask_mod(zero, zero, q_index, k_index) if mask_mod is not None else torch.ones(total_q, total_k, dtype=bool)
+    )
+    allowed = torch.zeros(total_q, total_k, dtype=torch.bool)
+    tile_lists = [(kv_num_blocks, kv_indices, by_mask)]
+    if full_kv_num_blocks is not None:
+        tile_lists.append((full_kv_num_blocks, full_kv_indices, torch.ones_like(by_mask)))
+    for counts, indices, reads in tile_lists:
+        for row in range(-(-total_q // block_q)):
+            rows = slice(row * block_q, (row + 1) * block_q)
+            for column in indices[0, 0, row, : counts[0, 0, row]].tolist():
+                columns = slice(column * block_k, (column + 1) * block_k)
+                allowed[rows, columns] |= reads[rows, columns]
+    CALLS.append(KernelCall("block_mask", None, dict(shape=(total_q, total_k))))
+    return DenseBlockMask(allowed, (total_q, total_k))
 
 
 def flex_attention(
@@ -278,7 +430,10 @@ def flex_attention(
     return_aux=None,
 ):
     """`flex_attention`'s checks (torch/nn/attention/flex_attention.py), and its compiled kernel's
-    (torch/_inductor/kernel/flex/flex_attention.py: head dims of at least 16, one dtype for the backward)."""
+    (torch/_inductor/kernel/flex/flex_attention.py: head dims of at least 16, one dtype for the backward).
+
+    Cannot model: compilation, its graphs and recompile limit (the real FlexAttention is compiled and its graphs
+    counted: test_fused_compile.py); the fused kernel's memory (dense scores here)."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise NotImplementedError("NYI: query, key, and value must be 4D tensors")
     if query.size(-1) != key.size(-1):
@@ -321,9 +476,9 @@ def flex_attention(
 def fused_stand_ins(flash_attn: bool = True) -> FusedKernels:
     """Every fused kernel a GPU machine has (flash-attn installed, or not: FlexAttention then takes softcapping)."""
     return FusedKernels(
-        efficient=efficient_attention_forward,
+        efficient=EFFICIENT_ATTENTION,
         flash_attn_varlen=flash_attn_varlen_func if flash_attn else None,
-        flex=FlexKernel(flex_attention, create_block_mask),
+        flex=FlexKernel(flex_attention, from_kv_blocks),
     )
 
 
@@ -350,6 +505,9 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, enable_gqa) -> str:
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
+    """CPU sdpa, recording the backend a GPU would pick (`sdpa_backend`). Cannot model: that backend's numerics or
+    memory (the math backend's float32 scores: measured in docs/concepts/kernels.md's memory table, on a GPU by
+    `pytest -m gpu`)."""
     CALLS.append(
         KernelCall(
             "sdpa",

@@ -171,7 +171,7 @@ def test_flex_attention_builds_one_block_mask_per_window_per_forward():
                 )  # fmt: skip
 
     assert len(calls_of("flex_attention")) == 5
-    assert len(calls_of("create_block_mask")) == 2
+    assert len(calls_of("block_mask")) == 2
 
 
 # ---- one DPO step at the real head dims ----

@@ -64,7 +64,7 @@ def _backward_not_counted(monkeypatch) -> None:
 
 def counted_fused(flash_attn: bool = True) -> FusedKernels:
     fused = fused_stand_ins(flash_attn)
-    flex = FlexKernel(_not_counted(fused.flex.attention), _not_counted(fused.flex.create_block_mask))
+    flex = FlexKernel(_not_counted(fused.flex.attention), _not_counted(fused.flex.block_mask))
     return FusedKernels(_not_counted(fused.efficient), _not_counted(fused.flash_attn_varlen), flex)
 
 

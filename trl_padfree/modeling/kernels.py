@@ -149,10 +149,11 @@ def varlen_calls_counted() -> Iterator[KernelCalls]:
 
 @dataclass(frozen=True)
 class FlexKernel:
-    """torch's FlexAttention: `attention` (compiled on a GPU, as its kernel needs) and `create_block_mask`."""
+    """torch's FlexAttention: `attention` (compiled, as its kernel needs) and `block_mask`
+    (`BlockMask.from_kv_blocks`, which takes the tiles the row's boundaries give: attention.fused.DocumentTiles)."""
 
     attention: Callable
-    create_block_mask: Callable
+    block_mask: Callable
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ class FusedKernels:
     chooses among them per layer); each None where this machine has none.
 
     efficient          ATen's memory-efficient kernel with `cu_seqlens` (`aten::_efficient_attention_forward`, the
-                       varlen call under sdpa's nested tensors): head dims above 256 (Gemma 4's global layers)
+                       varlen call under sdpa's nested tensors) as an op of our own with its backward
+                       (integrations.torch.wide_head_attention_op): head dims above 256 (Gemma 4's global layers)
     flash_attn_varlen  flash-attn's `flash_attn_varlen_func` (2.6 or newer): logit softcapping (Gemma 2)
     flex               torch's FlexAttention over the row's document mask: softcapping where flash-attn is not
                        installed
@@ -176,16 +178,14 @@ class FusedKernels:
 def installed_fused_kernels() -> FusedKernels:
     """The fused kernels this machine has: torch's own, and flash-attn's when a release that takes `softcap` is
     installed."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask
 
-    from ..integrations.torch import efficient_attention_op, flash_attn_varlen_with_softcap
+    from ..integrations.torch import compiled_flex_attention, efficient_attention_op, flash_attn_varlen_with_softcap
 
-    # FlexAttention runs its fused kernel only compiled (eager, it materialises the score matrix); compiling is lazy,
-    # at the first call, and shapes that change from step to step are marked dynamic by torch's automatic dynamism
     return FusedKernels(
         efficient=efficient_attention_op(),
         flash_attn_varlen=flash_attn_varlen_with_softcap(),
-        flex=FlexKernel(torch.compile(flex_attention), create_block_mask),
+        flex=FlexKernel(compiled_flex_attention(), BlockMask.from_kv_blocks),
     )
 
 

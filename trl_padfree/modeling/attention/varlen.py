@@ -96,8 +96,8 @@ class KernelSession:
         forward for each window and causality."""
         key = (id(bounds[0]), id(bounds[1]), sliding_window, causal)
         if key not in self.block_masks:
-            create = self.fused_in_force().flex.create_block_mask
-            self.block_masks[key] = fused.document_block_mask(create, *bounds, sliding_window, causal, device)
+            build = self.fused_in_force().flex.block_mask
+            self.block_masks[key] = fused.document_block_mask(build, *bounds, sliding_window, causal, device)
         return self.block_masks[key]
 
     def plan(self, query, key, value, module=None, **options) -> VarlenKernelPlan:
@@ -247,7 +247,7 @@ def fused_attention(
         options = plan.options
         mask = session.block_mask(bounds, options["sliding_window"], options["causal"], query.device)
         cast = (lambda tensor: tensor) if plan.cast_to is None else (lambda tensor: tensor.to(plan.cast_to))
-        score_mod = fused.softcap_score_mod(options["softcap"])
+        score_mod = fused.softcap_score_mod(options["softcap"], query.device)
         flex = session.fused_in_force().flex.attention
         return fused.flex_softcap(cast(query), cast(key), cast(value), mask, score_mod, flex, options)
     query_in, key_in, value_in = (_fitted(tensor, plan) for tensor in (query, key, value))
