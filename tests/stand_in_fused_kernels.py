@@ -257,7 +257,7 @@ def efficient_attention_backward(
     scale = query.size(3) ** -0.5 if scale is None else scale
     allowed = segment_mask(bounds_q, bounds_k, causal=custom_mask_type != 0)
     grads = _dense_reference_backward(*(t[0].transpose(0, 1) for t in (grad_out_, query, key, value)), allowed, scale)
-    return (*(grad.transpose(0, 1).unsqueeze(0) for grad in grads), None)
+    return (*(grad.transpose(0, 1).unsqueeze(0).contiguous() for grad in grads), None)  # ATen's layout
 
 
 @torch.autocast("cpu", enabled=False)

@@ -174,7 +174,8 @@ def _efficient_backward_op(name: str, backward):
 
     @attention_backward.register_fake
     def _(grad, query, key, value, *_):
-        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+        # Contiguous whatever the inputs' strides, as ATen allocates them (`at::empty(query.sizes(), ...)`)
+        return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
     return attention_backward
 
