@@ -968,6 +968,31 @@ TORCH = [
         "torch", "torch.nn.attention.SDPBackend.FLASH_ATTENTION", "the backend chosen for varlen_attn", "modeling/kernels.py",
     ),
     Seam(
+        "torch", "torch.nn.attention.flex_attention.BlockMask.from_kv_blocks",
+        "the softcap layers' block mask from the row's host tiles, no T x T mask (attention/fused.py DocumentTiles)",
+        "modeling/kernels.py, modeling/attention/fused.py",
+        parameters=("cls", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"),
+        keywords=("BLOCK_SIZE", "mask_mod", "seq_lengths"),
+    ),
+    Seam(
+        "torch", "torch._dynamo.exc.FailOnRecompileLimitHit",
+        "raised where the compiled FlexAttention would pass the recompile limit and run unfused", "integrations/torch.py",
+        check=instance_of(type),
+    ),
+    Seam(
+        "torch", "torch._dynamo.config.recompile_limit", "named in the refusal past it", "integrations/torch.py",
+        check=instance_of(int),
+    ),
+    Seam(
+        "torch", "torch.ops.aten._efficient_attention_backward",
+        "called eagerly inside trl_padfree::efficient_attention's backward (the wide-head op), with `cu_seqlens`",
+        "integrations/torch.py",
+        check=Check(
+            "a schema with cu_seqlens_q and custom_mask_type",
+            lambda op: {"cu_seqlens_q", "custom_mask_type"} <= {a.name for a in op.default._schema.arguments},
+        ),
+    ),
+    Seam(
         "torch", "torch.nn.functional.scaled_dot_product_attention",
         "per-segment attention, with `scale` and `enable_gqa` by keyword", "modeling/attention/segments.py",
         check=Check(  # a builtin: no inspect.signature, its docstring opens with the signature
