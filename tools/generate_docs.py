@@ -339,6 +339,14 @@ SOURCES = {
         "value and output in bf16 and a float32 log-sum-exp per query and head; the memory-efficient kernel the "
         "same with keys and values expanded to the query heads; sdpa's math backend float32 copies and the softmax.",
     ),
+    "sink_correction_cpu.json": dict(
+        setup="the sink correction around a stand-in of torch's varlen kernel, on GPT-OSS-20B's attention heads (64 "
+        "query heads of 64, bf16), full-attention rows and 128-token windows, in several regimes of scores and sinks",
+        measured="**Counted**: the kernels launched and the bytes each reads and writes, per output element (a "
+        "dispatch mode records every op; views move nothing). **Measured**: the largest error of the output, the "
+        "output's gradient and the sinks' gradient against float64, for the shipped correction (float32 weights "
+        "applied to the bf16 output) and an all-float32 one.",
+    ),
     "gpu_qwen0.5b.json": dict(
         setup="bf16 weights, no autocast; Qwen2.5-0.5B's shape with random weights; the CUDA cache emptied before "
         "every timed step; mean step times recorded, no host time",
@@ -750,6 +758,47 @@ def attention_memory_section() -> str:
     )
 
 
+def sink_correction_section() -> str:
+    name = "sink_correction_cpu.json"
+    data = load(name)
+    header = [
+        "correction",
+        "forward launches",
+        "forward bytes / element",
+        "backward launches",
+        "backward bytes / element",
+    ]
+    table = [
+        [
+            label,
+            str(len(data["bytes"][key]["forward"]["launches"])),
+            number(data["bytes"][key]["forward"]["bytes_per_element"], 1),
+            str(len(data["bytes"][key]["backward"]["launches"])),
+            number(data["bytes"][key]["backward"]["bytes_per_element"], 1),
+        ]
+        for label, key in (("shipped (kernel dtype)", "shipped"), ("all float32", "float32"))
+    ]
+    errors = ["shape", "regime", "output", "sinks' gradient (of its terms' scale), shipped", "the same, float32"]
+    rows = [
+        [
+            row["shape"],
+            row["regime"],
+            f"{row['shipped']['output_max_relative']:.1e}",
+            f"{row['shipped']['grad_sinks_max_over_scale']:.1e}",
+            f"{row['float32']['grad_sinks_max_over_scale']:.1e}",
+        ]
+        for row in data["errors"]
+    ]
+    return "\n".join(
+        [
+            "### The sink correction: bytes and rounding\n",
+            provenance(name),
+            markdown_table(header, table) + "\n",
+            markdown_table(errors, rows) + "\n",
+        ]
+    )
+
+
 def vision_gpu_section() -> str:
     header = ["mode", "s/step", "speedup", "token ideal", "peak MB", "images encoded per pair", "LM tokens per step"]
     out = ["### Vision-language, Qwen2.5-VL\n"]
@@ -896,6 +945,7 @@ def benchmarks_page() -> str:
     out.append(batch_hand_out_section())
     out.append("## Attention memory\n")
     out.append(attention_memory_section())
+    out.append(sink_correction_section())
     out.append("## GPU\n")
     out.append(
         wrap(
