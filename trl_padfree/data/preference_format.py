@@ -306,7 +306,8 @@ def log_dropped_pairs(given: tuple, prepared: tuple, max_length: int | None) -> 
     only if `len(prompt_ids) < max_length` under `truncation_mode="keep_start"`, since truncation would leave it no
     completion token; the rows it drops are the difference. A stream is filtered as it is read, uncounted here."""
     for role, before, after in _by_role(given, prepared):
-        if isinstance(before, Dataset) and isinstance(after, Dataset) and len(after) < len(before):
+        # None left: the set-up's refusal of an empty dataset says so, with the same way out, in one line
+        if isinstance(before, Dataset) and isinstance(after, Dataset) and 0 < len(after) < len(before):
             logger.warning(dropped_pairs_line(dataset_description(before, role), len(before), len(after), max_length))
 
 
