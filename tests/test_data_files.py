@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import trl
 from datasets import Dataset
+from test_preference_format import trainer_on
 from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 
-from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.data import DEMO_DATASET_NAME
 from trl_padfree.data.preference_format import checked_preference_datasets
 from trl_padfree.refusals.data import CompletionNotTextError, MissingColumnError
@@ -43,17 +43,6 @@ def checked_file(path: str, streaming: bool = False):
     train = load_preference_dataset(path, streaming=streaming)["train"]
     checked, _ = checked_preference_datasets(train, None, why_no_images=lambda: None)
     return list(checked) if streaming else checked
-
-
-def trainer_on(train_dataset, padding_free: bool = True, **options) -> DPOTrainer:
-    args = DPOConfig(
-        output_dir="/tmp/trl-padfree-tests", padding_free=padding_free, per_device_train_batch_size=4, seed=0,
-        report_to=[], save_strategy="no", bf16=False, use_cpu=True, **options,
-    )  # fmt: skip
-    return DPOTrainer(
-        model=make_model(seed=0), ref_model=make_model(seed=1), args=args, train_dataset=train_dataset,
-        processing_class=make_tokenizer(),
-    )  # fmt: skip
 
 
 # One case each: the rows of a JSON Lines file, TRL's exception type, and what the error must say

@@ -22,7 +22,7 @@ USER = [{"role": "user", "content": "w1 w2"}]
 ANSWER = [{"role": "assistant", "content": "w3"}]
 
 
-def trainer_on(train_dataset, padding_free: bool, eval_dataset=None, **options) -> DPOTrainer:
+def trainer_on(train_dataset, padding_free: bool = True, eval_dataset=None, **options) -> DPOTrainer:
     args = DPOConfig(
         output_dir="/tmp/trl-padfree-tests", padding_free=padding_free, per_device_train_batch_size=4, seed=0,
         report_to=[], save_strategy="no", bf16=False, use_cpu=True, **options,
