@@ -230,7 +230,7 @@ def _names_defined(tree: ast.AST) -> set[str]:
 
 def test_private_names_of_other_libraries_only_under_integrations():
     """An underscore name the package reads outside integrations/ must be its own (defined outside integrations/):
-    TRL's, transformers', accelerate's, DeepSpeed's and torch's go through integrations/, which tests/test_seams.py
+    TRL's, transformers', accelerate's, DeepSpeed's and torch's go through integrations/, which tests/integrations/test_seams.py
     checks against the installed versions."""
     trees = {path: ast.parse(path.read_text()) for path in (ROOT / "trl_padfree").rglob("*.py")}
     outside = {path: tree for path, tree in trees.items() if "integrations" not in path.parts}

@@ -15,7 +15,7 @@ How it runs:
 
 Every random choice comes from one seeded `random.Random` (or one seeded from it), and the banks are tuples, never
 sets, so neither hash randomisation nor dict order can change a byte. The tokenizer's BPE training is deterministic
-too; a different `tokenizers` version could still merge differently (checked by tests/test_data.py).
+too; a different `tokenizers` version could still merge differently (checked by tests/data/test_data.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ docs/reference/errors.md   every message trl_padfree/refusals/ raises, a section
 docs/benchmarks.md         one table per file in docs/bench/*.json, with the machine, versions and command
 
 The config and the refusals are read from source with `ast`, not imported: importing TRL (peft, torch, transformers'
-trainer) takes seconds, and tests/test_generated_docs.py runs on every change.
+trainer) takes seconds, and tests/integration/docs/test_generated_docs.py runs on every change.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def config_reference() -> str:
 BENCH = ROOT / "docs" / "bench"
 
 # What a file does not say itself: the setup and what it measured. Its command, versions, device, date and flags are
-# in its own "provenance" (trl_padfree/cli/bench/report.py's run_provenance; tests/test_bench_provenance.py).
+# in its own "provenance" (trl_padfree/cli/bench/report.py's run_provenance; tests/cli/test_bench_provenance.py).
 TEXT_MEASURED = (
     "**Measured**: the mean time of a full DPO training step (reference forward, policy forward and backward; no "
     "optimizer step), padded TRL (`sdpa`) and each padding-free mode on the same batches, and each mode's peak "
@@ -865,7 +865,7 @@ recorded them does not say). A file whose figures today's command cannot reprodu
 ## Headline figures
 
 Each figure, where and how it was measured, and the values of its file it comes from
-(`tests/test_readme_evidence.py` checks them). Each file's command reproduces it.
+(`tests/integration/docs/test_readme_evidence.py` checks them). Each file's command reproduces it.
 
 | Figure | What | Where and how | Kind | Evidence | Values |
 |---|---|---|---|---|---|
@@ -921,7 +921,7 @@ the spread of step times; each profile names the top kernels and the share of th
 rewritten whenever a stage starts or ends and whenever a row lands, so a run killed mid-stage keeps every row measured
 before. A stage past its deadline is stopped and recorded failed, a failed stage (its traceback in
 `gpu-report/errors.log`) does not stop the next, and a stage that would start past its deadline is skipped.
-`--dry-run` runs the same code on CPU with tiny shapes (tests/test_gpu_report.py).
+`--dry-run` runs the same code on CPU with tiny shapes (tests/integration/gpu/test_gpu_report.py).
 """
 
 

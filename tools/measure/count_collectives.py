@@ -2,10 +2,10 @@
 formulas of docs/concepts/memory-planning.md (Communication).
 
     python count_collectives.py save-model DIR          # a tiny Llama: 8 heads, 2 KV heads, head_dim 8, 2 layers
-    accelerate launch ... count_collectives.py --model DIR --output RUN.json --runs ... # tests/distributed/train_dpo.py
+    accelerate launch ... count_collectives.py --model DIR --output RUN.json --runs ... # tests/support/distributed/train_dpo.py
     python count_collectives.py compare RUN.json DIR     # measured (rank 0) against the formulas
 
-Under `accelerate launch` it runs tests/distributed/train_dpo.py with every `torch.distributed` collective on the group
+Under `accelerate launch` it runs tests/support/distributed/train_dpo.py with every `torch.distributed` collective on the group
 that shares a row (the context-parallel group, or DeepSpeed's sequence-parallel group) counted on the calling rank:
 bytes sent to and received from the other ranks, by what moved and in which pass (the forward, the recomputation of
 activation checkpointing, the backward). Run it from the repository root.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, "tests/distributed")
+sys.path.insert(0, "tests/support/distributed")
 import train_dpo  # noqa: E402
 
 import trl_padfree.modeling.packed_forward  # noqa: E402

@@ -5,7 +5,7 @@ Run from the repository root, on a quiet machine (other work on the cores shows 
     python3 tools/measure/measure_balanced_ranks.py --processes 2 4 --output docs/bench/balanced_ranks_cpu.json
 
 For each process count, one `accelerate launch` (trl_padfree/cli/accelerate_configs/multi_gpu.yaml: DDP over gloo on CPU
-processes, as tests/distributed_runs.py launches it) runs tests/distributed/time_ranks.py, which trains
+processes, as tests/support/distributed_runs.py launches it) runs tests/support/distributed/time_ranks.py, which trains
 `trl_padfree.DPOTrainer` with `padding_free=True` on the shipped preference data, `max_length` 1024 (pairs of a few
 hundred to a few thousand tokens), a Llama of `--hidden-size` x `--layers` built locally, once with the default
 sampler (`random`) and once balanced, the same seed and steps; see its docstring for what is timed and how.
@@ -42,7 +42,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 from distributed_runs import ACCELERATE_CONFIGS, ROOT, checkout_environment, free_port  # noqa: E402
 
@@ -51,7 +51,7 @@ from trl_padfree.data import load_demo_tokenizer  # noqa: E402
 from trl_padfree.packing.balance import imbalance  # noqa: E402
 from trl_padfree.tiny import make_model  # noqa: E402
 
-WORKER = ROOT / "tests" / "distributed" / "time_ranks.py"
+WORKER = ROOT / "tests" / "support" / "distributed" / "time_ranks.py"
 PACKAGES = ("torch", "transformers", "trl", "accelerate")
 
 
@@ -90,7 +90,7 @@ def save_model(directory: Path, shape: dict) -> Path:
 
 
 def launch(processes: int, model: Path, output: Path, options: argparse.Namespace) -> dict:
-    """tests/distributed/time_ranks.py under `accelerate launch`, DDP over gloo on `processes` CPU processes."""
+    """tests/support/distributed/time_ranks.py under `accelerate launch`, DDP over gloo on `processes` CPU processes."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / "multi_gpu.yaml"),
         "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),

@@ -17,7 +17,7 @@ timed as the slowest rank's:
   decoded in memory, so reading them from a dataset is not counted).
 
 Every round also checks that each rank received every rank's batch bit for bit, and counts what the tensor round asks
-of torch.distributed (object and tensor collectives) and of the host (tests/host_reads.py).
+of torch.distributed (object and tensor collectives) and of the host (tests/support/host_reads.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 from host_reads import HostReads  # noqa: E402
 

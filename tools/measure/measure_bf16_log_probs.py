@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 import torch  # noqa: E402
 from distributed_runs import launch, save_tiny_model, train_in_this_process  # noqa: E402

@@ -1,13 +1,13 @@
 """Measure packed-vs-padded differences (loss, gradients, metrics) for every loss type and a few options, in fp32.
 
-Run from the repository root: `python tools/measure/measure_noise.py`. The tolerances in tests/tolerances.py are
+Run from the repository root: `python tools/measure/measure_noise.py`. The tolerances in tests/support/tolerances.py are
 set at 3-5x the maxima this prints; docs/concepts/exactness.md records the figures.
 """
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 import conftest  # noqa: E402,F401  (offline, quiet progress bars)
 from test_trainer import LOSS_TYPES  # noqa: E402

@@ -1,9 +1,9 @@
 """Measure, in the precisions users train in, how far one packed step through the kernel branch (strict stand-ins of
-torch 2.15's `varlen_attn`, tests/stand_in_kernels.py) moves from TRL's padded step, beside how far TRL's padded step
+torch 2.15's `varlen_attn`, tests/support/stand_in_kernels.py) moves from TRL's padded step, beside how far TRL's padded step
 moves from itself between its `sdpa` and `eager` attention (the noise floor of that precision).
 
 Run from the repository root: `python tools/measure/measure_precision_noise.py [TYPE ...]`. The half-precision bounds
-of tests/tolerances.py (`HALF` and its per-model tables) are set from what it prints; docs/concepts/exactness.md
+of tests/support/tolerances.py (`HALF` and its per-model tables) are set from what it prints; docs/concepts/exactness.md
 records the figures.
 
 Precisions: TRL's default (float32 weights under its `bf16=True` autocast), float32 weights under fp16 autocast, and
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 import conftest  # noqa: E402,F401  (offline, quiet progress bars)
 from stand_in_kernels import MIXER_STAND_INS, varlen_stand_in  # noqa: E402

@@ -6,7 +6,7 @@ Run from the repository root (figures in docs/concepts/balancing.md and docs/gui
 
 What it times, on one CPU process unless said:
 - vision-language pairs (`packing/pair_sizes.py`): a synthetic set of `--pairs` pairs as Qwen2.5-VL's processor sees
-  it (tests/tiny_vision/'s processor with Qwen2.5-VL's own image settings: min_pixels 56 x 56, max_pixels
+  it (tests/support/tiny_vision/'s processor with Qwen2.5-VL's own image settings: min_pixels 56 x 56, max_pixels
   12845056; images of 336 x 448 to 640 x 480 pixels, 120 to 391 image tokens; 1-12 word prompts, 1-16 word
   completions). Per pair: collated (the processor's image processing included: what every process did for every
   pair before) and counted from the image sizes (after); timed on `--sample` pairs and extrapolated per pair. Per
@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.multiprocessing as multiprocessing
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 from tiny_vision import make_vision_processor, vision_preference_rows  # noqa: E402
 
 from trl_padfree.cli.bench.report import run_provenance
@@ -51,7 +51,7 @@ PROCESS_COUNTS = (1, 8, 64)
 
 
 def vision_rows(count: int) -> list[dict]:
-    """Rows of tests/tiny_vision/ with realistic image sizes (a few images, shared: building is not timed)."""
+    """Rows of tests/support/tiny_vision/ with realistic image sizes (a few images, shared: building is not timed)."""
     generator = np.random.default_rng(0)
     images = [Image.fromarray(generator.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in IMAGE_SIDES]
     rows = vision_preference_rows("qwen2_5_vl", count, sizes=[(8, 8)])

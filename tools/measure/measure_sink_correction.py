@@ -4,9 +4,9 @@ dtype, rounded once) and for the same correction computed entirely in float32 (e
 
 Run from the repository root: `python tools/measure/measure_sink_correction.py [--out FILE]`.
 
-Both run around torch 2.15's varlen stand-in (tests/stand_in_kernels.py: FA2's bf16 numbers) on GPT-OSS-20B's
+Both run around torch 2.15's varlen stand-in (tests/support/stand_in_kernels.py: FA2's bf16 numbers) on GPT-OSS-20B's
 attention (64 query heads over 8 key/value heads, head dim 64), bf16, with a bf16 incoming gradient. Bytes are
-counted by tests/test_sink_correction.py's `TensorTraffic` (its rule in that module's docstring). Errors are against
+counted by tests/modeling/attention/test_sink_correction.py's `TensorTraffic` (its rule in that module's docstring). Errors are against
 the correction computed in float64 from the same kernel output, log-sum-exp and gradient: out' and dO elementwise
 (relative), the sink's gradient per head (relative to its float64 value, and to sum |rowsum(dout * out')| (1 - w),
 the scale its rounding works at).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 from stand_in_kernels import varlen_stand_in  # noqa: E402
 from test_sink_correction import TensorTraffic  # noqa: E402

@@ -1,4 +1,4 @@
-"""Measure, for vision-language families at their real head dims (tests/test_vision_kernels.py's `real_head_dims`),
+"""Measure, for vision-language families at their real head dims (tests/integration/vision/test_vision_kernels.py's `real_head_dims`),
 how far one packed step through the strict stand-ins of torch 2.15's `varlen_attn` moves from TRL's padded vision
 step in TRL's default precision (float32 weights under bf16 autocast), beside how far TRL's padded step moves from
 itself between its `sdpa` and `eager` attention (the noise floor of that precision), as
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the tests' helpers
 
 import conftest  # noqa: E402,F401  (offline, quiet progress bars)
 from measure_precision_noise import differences  # noqa: E402
