@@ -8,17 +8,16 @@ from dataclasses import dataclass, field, fields
 import trl
 
 from .modeling.backends import PACKING_AWARE
-from .refusals import (
+from .refusals.config import (
     check_at_least_one,
     check_context_parallel_config,
     check_fp32_log_probs_value,
-    check_positive,
     check_prefix_sharing_config,
     check_prefix_sharing_value,
-    check_prefix_sharing_without_sequence_parallel,
     check_sequence_parallel_not_under_fsdp,
     check_sequence_parallel_sizes_agree,
 )
+from .refusals.parallel import check_prefix_sharing_without_sequence_parallel
 
 
 def changed_field(name: str, help_text: str, more_choices: tuple[str, ...] = ()):
@@ -288,10 +287,10 @@ class DPOConfig(trl.DPOConfig):
         check_at_least_one("sequence_parallel_size", self.sequence_parallel_size)
         check_context_parallel_config(self.context_parallel_size, self.padding_free)
         if self.max_tokens_per_batch is not None:
-            check_positive("max_tokens_per_batch", self.max_tokens_per_batch)
+            check_at_least_one("max_tokens_per_batch", self.max_tokens_per_batch)
         check_prefix_sharing_config(self.prefix_sharing, self.padding_free, self.prefix_sharing_min_prompt_tokens)
-        check_positive("token_budget_window", self.token_budget_window)
-        launched_size = _sequence_parallel_size_from_accelerate_launch()
+        check_at_least_one("token_budget_window", self.token_budget_window)
+        launched_size = sequence_parallel_size_from_accelerate_launch()
         check_sequence_parallel_sizes_agree(self.sequence_parallel_size, launched_size)
         if launched_size > 1:
             self.sequence_parallel_size = launched_size
@@ -333,14 +332,7 @@ def fp32_log_probs_setting(value) -> bool | None:
     return settings[normalized]
 
 
-def fp32_log_probs_enabled(args, padding_free: bool) -> bool:
-    """`fp32_log_probs` as it applies to a trainer: the value set, or unset (None, and any config without the field,
-    such as a plain `trl.DPOConfig`) on exactly when the trainer packs, so that the padded trainer is TRL's."""
-    value = getattr(args, "fp32_log_probs", None)
-    return padding_free if value is None else value
-
-
-def _sequence_parallel_size_from_accelerate_launch() -> int:
+def sequence_parallel_size_from_accelerate_launch() -> int:
     # `accelerate launch` passes a config file's `parallelism_config` section on as environment variables
     if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() != "true":
         return 1

@@ -1,15 +1,14 @@
 """`DPOTrainer`: TRL's DPO trainer with `padding_free=True` honoured, packed and exact.
 
 The trainer only wires features together, each one object in features/ with its own phases around TRL's `__init__`
-and its own part of a step:
+and its own part of a step, all reading the config resolved once (`settings.Settings`):
 
-    PaddingFree          padding_free.py           the packing collator, each model's attention, the packed forward
-    ReferencePlacement   reference_placement.py    where the reference model lives (ZeRO-3 offload, FSDP2)
-    RowSplit             row_split.py              one row over several ranks (Ulysses, context parallelism)
-    TokenBudgetBatching  token_budget_batching.py  micro-batches filled by tokens
-    BalancedBatches      balanced_batches.py       each step's pairs split so every process's row costs the same
-    PromptGroupBatches   prompt_group_batches.py   a prompt's pairs in the same micro-batch (padded or not)
-    PairWeightedSteps    pair_weighted_steps.py    the loss and metrics of micro-batches of uneven pair counts
+    PaddingFree          padding_free.py          the packing collator, each model's attention, the packed forward
+    ReferencePlacement   reference_placement.py   where the reference model lives (ZeRO-3 offload, FSDP2)
+    RowSplit             row_split.py             one row over several ranks (Ulysses, context parallelism)
+    BatchPlan            batches.py               which micro-batches training draws: prompt groups, token budgets,
+                                                  balanced batches, and `PairWeightedSteps` (pair_weighted_steps.py)
+                                                  for micro-batches of uneven pair counts
 
 TRL's private names it builds on are behind `integrations.trl.TRLSeams`.
 """
@@ -21,24 +20,16 @@ import os
 
 from torch.utils.data import DataLoader
 
-from .config import fp32_log_probs_enabled
 from .data.preference_format import checked_preference_datasets, log_dropped_pairs
-from .features import (
-    BalancedBatches,
-    PaddingFree,
-    PromptGroupBatches,
-    ReferencePlacement,
-    RowSplit,
-    TokenBudgetBatching,
-)
-from .features.pair_weighted_steps import EpochOfBatchSampler, PairWeightedSteps, batch_sampler_dataloader
+from .features import BatchPlan, PaddingFree, ReferencePlacement, RowSplit
+from .features.pair_weighted_steps import EpochOfBatchSampler, batch_sampler_dataloader
 from .integrations.trl import TRLSeams, bound_init_arguments
 from .modeling.fused_lm_head import fused_lm_head_lookups
 from .modeling.packed_forward import PACKED_BATCH_KWARG
 from .modeling.vision import why_no_images
 from .packing.collator import is_packed_batch
-from .parallel.ulysses import sequence_parallel_size
-from .refusals import check_datasets_not_empty
+from .refusals.batches import check_datasets_not_empty
+from .settings import Settings
 
 
 class DPOTrainer(TRLSeams):
@@ -58,47 +49,48 @@ class DPOTrainer(TRLSeams):
 
     def __init__(self, model, ref_model=None, args=None, data_collator=None, *more_args, **kwargs):
         arguments = bound_init_arguments(model, ref_model, args, data_collator, *more_args, **kwargs)
+        self.settings = settings = Settings.resolve(args, data_collator)
         # Padding-free or not, before TRL reads them: bad data stops here with its row and column named
         arguments["train_dataset"], arguments["eval_dataset"] = checked_preference_datasets(
             arguments.get("train_dataset"),
             arguments.get("eval_dataset"),
-            why_no_images=lambda: why_no_images(model, arguments.get("processing_class"), args),
+            why_no_images=lambda: why_no_images(
+                model, arguments.get("processing_class"), settings.trust_remote_code, settings.model_revision
+            ),
         )
-        self._padding_free = PaddingFree.before_init(args, model, data_collator)
-        self._token_budget = None  # max_tokens_per_batch, once TRL has tokenized the data
-        self._balanced = None  # train_sampling_strategy="batch_rebalance", once TRL has tokenized the data
-        self._pair_weights = None  # either of them: micro-batches of uneven pair counts
-        self._prompt_groups = None  # train_sampling_strategy="group_by_prompt", once TRL has tokenized the data
+        self._padding_free = PaddingFree.before_init(settings, args, model, data_collator)
         self._row_split = None  # rows shared by several ranks
+        self._batches = BatchPlan()  # TRL's own batches until the data is tokenized
         self._reference, arguments["ref_model"] = ReferencePlacement.before_init(
-            args, model, ref_model, arguments.get("peft_config")
+            settings, args, model, ref_model, arguments.get("peft_config")
         )
-        fp32_log_probs = fp32_log_probs_enabled(args, self._padding_free.requested)
         with contextlib.ExitStack() as scopes:
             scopes.enter_context(self._padding_free.around_init(args))
             scopes.enter_context(self._reference.preparing(args))
-            scopes.enter_context(
-                fused_lm_head_lookups(self, fp32_log_probs, getattr(args, "cast_lm_head_to_fp32", False))
-            )
+            scopes.enter_context(fused_lm_head_lookups(self, settings.fp32_log_probs, settings.cast_lm_head_to_fp32))
             super().__init__(**arguments)
         if self.accelerator.is_main_process:  # TRL drops pairs whose prompt fills max_length: say how many
             given = (arguments.get("train_dataset"), arguments.get("eval_dataset"))
             log_dropped_pairs(given, (self.train_dataset, self.eval_dataset), self.args.max_length)
         self._reference.check(self)
         self._padding_free.after_init(self)
-        self._row_split = RowSplit.set_up(self)
-        if self._row_split is not None:
-            self._padding_free.pad_rows_to(self, self._row_split.ranks_per_row)
-        self._token_budget = TokenBudgetBatching.set_up(self)
-        self._balanced = BalancedBatches.set_up(self)
-        self._prompt_groups = PromptGroupBatches.set_up(self)
-        if self._token_budget is not None or self._balanced is not None:
-            shape, reference_forward = (None, True) if self._balanced is None else self._balanced.pricing
-            self._pair_weights = PairWeightedSteps(self.accelerator, shape, reference_forward)
-        if self._train_batch_sampler() is not None:
-            self.add_callback(EpochOfBatchSampler(self._train_batch_sampler()))
+        for set_up in self.SET_UPS_AFTER_INIT:
+            getattr(self, set_up)()
+        if self._batches.sampler is not None:
+            self.add_callback(EpochOfBatchSampler(self._batches.sampler))
         self._reference.release_after_precompute(self)
         self._check_datasets_not_empty()
+
+    # Each reads the settings and the tokenized data, none another's state: in any order, the same trainer
+    SET_UPS_AFTER_INIT = ("_split_rows", "_plan_batches")
+
+    def _split_rows(self) -> None:
+        self._row_split = RowSplit.set_up(self, self.settings)
+        if self._row_split is not None:
+            self._padding_free.pad_rows_to(self, self._row_split.ranks_per_row)
+
+    def _plan_batches(self) -> None:
+        self._batches = BatchPlan.set_up(self, self.settings)
 
     @property
     def padding_free_enabled(self) -> bool:
@@ -109,7 +101,7 @@ class DPOTrainer(TRLSeams):
     @property
     def sequence_parallel_size(self) -> int:
         """Ranks of a DeepSpeed Ulysses group (1 without sequence parallelism)."""
-        return sequence_parallel_size(self.accelerator)
+        return self.settings.sequence_parallel_size
 
     def before_reference_precompute(self) -> None:
         # TRL precomputes reference log-probs inside its own __init__: packing must be on by then
@@ -122,7 +114,7 @@ class DPOTrainer(TRLSeams):
         check_datasets_not_empty(sizes, self.args.max_length)
 
     def get_train_dataloader(self) -> DataLoader:
-        batch_sampler = self._train_batch_sampler()
+        batch_sampler = self._batches.sampler
         if batch_sampler is not None:
             dataset = self.columns_the_model_takes(self.train_dataset, description="Training")
             dataloader = batch_sampler_dataloader(
@@ -132,20 +124,12 @@ class DPOTrainer(TRLSeams):
             dataloader = super().get_train_dataloader()
         return dataloader if self._row_split is None else self._row_split.train_dataloader(dataloader)
 
-    def _train_batch_sampler(self):
-        """The balanced micro-batches (or the token budget's bins dealt balanced), the token budget's bins, or the
-        prompt groups' batches; None for TRL's own sampler."""
-        for feature in (self._balanced, self._token_budget, self._prompt_groups):
-            if feature is not None:
-                return feature.sampler
-        return None
-
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.padding_free_enabled:  # an optimizer step starts: its micro-batches are fetched and collated
             self._padding_free.throughput.step_starting()
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self._pair_weights is not None:
-            self._pair_weights.count_step(batch_samples)
+        if self._batches.pair_weights is not None:
+            self._batches.pair_weights.count_step(batch_samples)
         return batch_samples, num_items_in_batch
 
     def _packed(self, inputs: dict, training: bool) -> dict:
@@ -154,8 +138,7 @@ class DPOTrainer(TRLSeams):
         inputs = self._padding_free.padded_inputs(self, inputs)
         if training and self._row_split is not None:
             self._row_split.mark(inputs[PACKED_BATCH_KWARG])
-        budget = None if self._token_budget is None else self._token_budget.sampler.budget
-        self._padding_free.log_metrics(self, inputs[PACKED_BATCH_KWARG], budget)
+        self._padding_free.log_metrics(self, inputs[PACKED_BATCH_KWARG], self._batches.budget)
         return inputs
 
     def compute_ref_log_probs(self, model, inputs):
@@ -172,17 +155,17 @@ class DPOTrainer(TRLSeams):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if is_packed_batch(inputs):
             inputs = self._packed(inputs, training=model.training)
-        if self._pair_weights is None or not model.training:
+        if self._batches.pair_weights is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        return self._pair_weights.weighted_loss(
+        return self._batches.pair_weights.weighted_loss(
             lambda: super(DPOTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch),
             pairs=len(inputs[PACKED_BATCH_KWARG].seq_lens) // 2,
             accumulation_steps=self.current_gradient_accumulation_steps,
         )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self._pair_weights is not None and self.model.training:
-            self._pair_weights.reweigh_metrics(self.logged_metrics("train"))
+        if self._batches.pair_weights is not None and self.model.training:
+            self._batches.pair_weights.reweigh_metrics(self.logged_metrics("train"))
         if self.padding_free_enabled and self.model.training:
             self._padding_free.log_tokens_per_second(self)
         super().log(logs, start_time)

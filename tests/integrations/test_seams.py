@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 import torch
 
-from trl_padfree.features.balanced_batches import REBALANCE
 from trl_padfree.features.pair_weighted_steps import (
     PER_PAIR_METRICS,  # TRL's metrics that uneven micro-batches reweigh by pairs
 )
@@ -40,6 +39,7 @@ from trl_padfree.modeling.attention.interface import CHUNKED_LAYER_TYPE
 from trl_padfree.modeling.backends import FLASH_VARLEN
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
 from trl_padfree.refusals import COUPLED_LOSS_TYPES
+from trl_padfree.settings import REBALANCE
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ TRL = [
         "trl", "trl.trainer.dpo_trainer.DPOTrainer._compute_loss (loss types)",
         "balanced batches refuse the loss types whose value couples a micro-batch's pairs (COUPLED_LOSS_TYPES: "
         "sorted across the batch, or a mean over the batch's tokens); every other loss type is a per-pair mean",
-        "refusals/token_budget.py, features/balanced_batches.py", where=COMPUTE_LOSS,
+        "refusals/token_budget.py, features/batches.py", where=COMPUTE_LOSS,
         source={
             COMPUTE_LOSS: (
                 "logratios_sorted, _ = torch.sort(logratios, dim=0)",
@@ -266,7 +266,7 @@ TRL = [
         f"its '{REBALANCE}' turns balanced batches on under padding-free (transformers' own BatchRebalanceSampler "
         "otherwise); the Trainer's dataloader is replaced, and accelerate's SeedableRandomSampler order reproduced "
         "(seed + epoch, torch.randperm)",
-        "features/balanced_batches.py, trainer.py", where="transformers.TrainingArguments",
+        "features/batches.py, trainer.py", where="transformers.TrainingArguments",
         check=has_attributes("train_sampling_strategy"),
         source={
             "transformers.TrainingArguments": (f'"{REBALANCE}"',),

@@ -363,11 +363,11 @@ def test_training_losses_match_over_steps_with_accumulation():
 def test_token_budget_counts_shared_rows():
     trainer = make_trainer(True, **SHARE, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
     unshared = make_trainer(True, max_tokens_per_batch=160, num_pairs=16, max_steps=2)
-    assert sum(trainer._token_budget.sampler.lengths) < sum(unshared._token_budget.sampler.lengths)
-    for micro_batch in trainer._token_budget.sampler:
+    assert sum(trainer._batches.budget_sampler.lengths) < sum(unshared._batches.budget_sampler.lengths)
+    for micro_batch in trainer._batches.budget_sampler:
         batch = trainer.data_collator([trainer.train_dataset[index] for index in micro_batch])
         assert batch["input_ids"].shape[1] == sum(
-            trainer._token_budget.sampler.lengths[index] for index in micro_batch
+            trainer._batches.budget_sampler.lengths[index] for index in micro_batch
         )
         assert batch["input_ids"].shape[1] <= 160
     trainer.train()
@@ -378,7 +378,7 @@ def test_token_budget_under_auto_sizes_pairs_unshared():
     # "auto" may lay a text batch out unshared: sized shared, such a micro-batch would overflow the budget
     auto = make_trainer(True, prefix_sharing="auto", max_tokens_per_batch=160, num_pairs=16)
     unshared = make_trainer(True, max_tokens_per_batch=160, num_pairs=16)
-    assert auto._token_budget.sampler.lengths == unshared._token_budget.sampler.lengths
+    assert auto._batches.budget_sampler.lengths == unshared._batches.budget_sampler.lengths
 
 
 def test_evaluation_matches_padded():

@@ -201,7 +201,7 @@ def test_group_by_prompt_brings_a_prompts_pairs_on_its_image_together():
         FAMILY, True, rows, prefix_sharing=True, train_sampling_strategy="group_by_prompt",
         per_device_train_batch_size=6, max_steps=1,
     )  # fmt: skip
-    sampler = trainer._train_batch_sampler()
+    sampler = trainer._batches.sampler
     assert isinstance(sampler, PromptGroupBatchSampler)
     batches = sampler.epoch_batches()
     assert sorted(sorted(batch) for batch in batches) == [list(range(group, 18, 3)) for group in range(3)]
@@ -215,7 +215,7 @@ def test_group_by_prompt_brings_a_prompts_pairs_on_its_image_together():
 def test_group_ids_read_the_prompt_and_the_images(column):
     from datasets import Dataset
 
-    from trl_padfree.features.prompt_group_batches import vision_prompt_group_ids
+    from trl_padfree.packing.prompt_groups import vision_prompt_group_ids
 
     rows = prompt_pairs()[:2] + prompt_pairs(image_seed=7)[:1] + prompt_pairs(seed=1)[:1]
     if column == "image":

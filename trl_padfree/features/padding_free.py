@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
@@ -33,23 +32,20 @@ from ..modeling.packability import check_packable, choose_packed_attention
 from ..modeling.packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from ..modeling.vision import image_token_id, per_image_loop
 from ..packing.collator import PaddingFreePreferenceCollator
-from ..packing.layout import pad_length_to_multiple
-from ..packing.prefix_sharing import AUTO, MIN_SHARED_PROMPT_TOKENS, SharingCost, log_sharing_summary
+from ..packing.layout import pad_length_to_multiple, row_multiple
+from ..packing.prefix_sharing import PrefixSharing, SharingCost, log_sharing_summary
 from ..packing.vision import PaddingFreeVisionPreferenceCollator
 from ..placement.fsdp2 import lm_head_tied
-from ..refusals import (
+from ..refusals.batches import check_batches_not_dispatched, check_packed_batch_expected, check_packing_collator
+from ..refusals.models import (
     check_attention_switched,
-    check_batches_not_dispatched,
     check_moe_aux_loss_without_row_padding,
     check_no_liger_kernel,
     check_not_prompt_learning,
-    check_packed_batch_expected,
-    check_packing_collator,
     check_prefix_sharing_without_moe_aux_loss,
-    check_zero3_mixer_calls,
-    check_zero3_per_image_loop,
 )
-from .balanced_batches import REBALANCE
+from ..refusals.parallel import check_zero3_mixer_calls, check_zero3_per_image_loop
+from ..settings import Settings
 
 
 @dataclass(frozen=True)
@@ -57,23 +53,24 @@ class PackingPlan:
     """What padding-free training resolved for a trainer, once."""
 
     attention: tuple[tuple[str, str], ...]  # (model class, backend) of the policy, then the reference
-    prefix_sharing: bool
+    prefix_sharing: PrefixSharing
     # What TRL's padded collator pads each sequence to: the padded side of the padding-saved metrics
     padded_pad_to_multiple_of: int | None
 
 
 class PaddingFree:
-    def __init__(self, requested: bool):
-        self.requested = requested
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.requested = settings.padding_free
         self.plan: PackingPlan | None = None
         self.throughput = TrainingThroughput()
 
     @classmethod
-    def before_init(cls, args, model, data_collator) -> PaddingFree:
+    def before_init(cls, settings: Settings, args, model, data_collator) -> PaddingFree:
         """What `args` asks for, refusing before anything is built what cannot pack; under ZeRO-3, the modules of
         `model`'s parts imported before `zero.Init` builds them (`modeling_modules_imported`: else the architecture
         check's twin, built after, may not run)."""
-        feature = cls(bool(args is not None and args.padding_free))
+        feature = cls(settings)
         if feature.requested:
             if is_deepspeed_zero3_enabled():
                 modeling_modules_imported(_model_config(model, args))
@@ -81,7 +78,7 @@ class PaddingFree:
                 packing_collators = (PaddingFreePreferenceCollator, PaddingFreeVisionPreferenceCollator)
                 packs = isinstance(data_collator, packing_collators) and data_collator.padding_free
                 check_packing_collator(type(data_collator).__name__, packs)
-            check_no_liger_kernel(bool(getattr(args, "use_liger_kernel", False)))
+            check_no_liger_kernel(args.use_liger_kernel)
         return feature
 
     def around_init(self, args):
@@ -96,31 +93,33 @@ class PaddingFree:
         """The plan, resolved once: the packing collator, each model's attention, the packed forward on every model."""
         if not self.requested or self.enabled:
             return
+        settings = self.settings
         models = _models(trainer)
         images = trainer.is_vision_dataset
-        collator = _packing_collator(trainer.data_collator, trainer.args, models[0].config if images else None)
+        collator = _packing_collator(trainer.data_collator, settings, models[0].config if images else None)
         check_moe_aux_loss_without_row_padding(trainer.aux_loss_enabled, collator.pad_to_multiple_of)
-        check_prefix_sharing_without_moe_aux_loss(collator.prefix_sharing, trainer.aux_loss_enabled)
+        check_prefix_sharing_without_moe_aux_loss(settings.prefix_sharing.value, trainer.aux_loss_enabled)
         if images:  # before any forward: TRL's reference precompute runs one inside its __init__
-            _check_zero3_per_image_loop(trainer, models[0])
-        _check_zero3_mixer_calls(trainer, models[0])
-        if collator.prefix_sharing == AUTO and not images:  # weighed per batch by this model's cost model
+            _check_zero3_per_image_loop(trainer, settings, models[0])
+        _check_zero3_mixer_calls(trainer, settings, models[0])
+        if settings.prefix_sharing is PrefixSharing.AUTO and not images:  # weighed per batch by its cost model
             cost = SharingCost.of_model(models[0], trainer.accelerator.device.type)
             collator = dataclasses.replace(collator, prefix_sharing_cost=cost)
         trainer.data_collator = collator
-        requested = getattr(trainer.args, "packed_attn_implementation", "auto")
         # Prefix sharing and context parallelism run in `padfree_varlen`: 'auto' picks it for them
-        needs_padfree_varlen = collator.prefix_sharing or getattr(trainer.args, "context_parallel_size", 1) > 1
+        needs_padfree_varlen = bool(settings.prefix_sharing) or settings.context_parallel_size > 1
         attention = []
         for model in models:
-            backend = choose_packed_attention(model, requested, needs_padfree_varlen, images=images)
-            check_packable(model, collator.prefix_sharing, backend, images=images)
+            backend = choose_packed_attention(
+                model, settings.packed_attn_implementation, needs_padfree_varlen, images=images
+            )
+            check_packable(model, settings.prefix_sharing.value, backend, images=images)
             if backend != attn_implementation(model):
                 set_language_model_attention(model, backend)
                 check_attention_switched(type(model).__name__, backend, attn_implementation(model))
             add_packed_forward(model)
             attention.append((type(model).__name__, backend))
-        self.plan = PackingPlan(tuple(attention), collator.prefix_sharing, collator.pad_to_multiple_of)
+        self.plan = PackingPlan(tuple(attention), settings.prefix_sharing, collator.pad_to_multiple_of)
 
     def after_init(self, trainer) -> None:
         """After TRL's `__init__`: enabled; each process builds its own packed rows (accelerate's dispatcher, its
@@ -132,19 +131,15 @@ class PaddingFree:
         dataloader_config = trainer.accelerator.dataloader_config
         check_batches_not_dispatched(dataloader_config.dispatch_batches, dataloader_config.split_batches)
         dataloader_config.dispatch_batches = False
-        collator = trainer.data_collator
-        if collator.prefix_sharing and not trainer.is_vision_dataset:  # (a vision set is tokenized batch by batch)
-            min_prompt_tokens = collator.prefix_sharing_min_prompt_tokens
-            if collator.prefix_sharing == AUTO:  # every prompt that can share may, as the batch's cost decides
-                min_prompt_tokens = MIN_SHARED_PROMPT_TOKENS
-            log_sharing_summary(
-                trainer.train_dataset, trainer.args.max_length, trainer.args.truncation_mode, min_prompt_tokens
-            )
+        if self.settings.prefix_sharing and not trainer.is_vision_dataset:  # (a vision set is tokenized per batch)
+            args = trainer.args
+            minimum = self.settings.grouped_min_prompt_tokens
+            log_sharing_summary(trainer.train_dataset, args.max_length, args.truncation_mode, minimum)
 
     def pad_rows_to(self, trainer, ranks_per_row: int) -> None:
         """Rows a multiple of the ranks that share each one (sequence and context parallelism)."""
         collator = trainer.data_collator
-        multiple = math.lcm(collator.pad_to_multiple_of or 1, ranks_per_row)
+        multiple = row_multiple(collator.pad_to_multiple_of, ranks_per_row)
         trainer.data_collator = dataclasses.replace(collator, pad_to_multiple_of=multiple)
 
     def padded_inputs(self, trainer, inputs: dict) -> dict:
@@ -200,7 +195,7 @@ class PaddingFree:
 
     def model_card_section(self, trainer) -> str:
         """The model card's record of padding-free training: its settings and the padding it removed."""
-        args = trainer.args
+        settings = self.settings
         attention = "none (padded batches)"
         if self.plan is not None:
             roles = ("policy", "reference")  # no reference under PEFT: the policy alone
@@ -211,11 +206,11 @@ class PaddingFree:
         settings = {
             "padding_free": self.requested,
             "packed attention implementation": attention,
-            "prefix_sharing": getattr(args, "prefix_sharing", False),
-            "max_tokens_per_batch": getattr(args, "max_tokens_per_batch", None),
-            "sequence_parallel_size": trainer.sequence_parallel_size,
-            "context_parallel_size": getattr(args, "context_parallel_size", 1),
-            "ref_offload": getattr(args, "ref_offload", False),
+            "prefix_sharing": settings.prefix_sharing.value,
+            "max_tokens_per_batch": settings.max_tokens_per_batch,
+            "sequence_parallel_size": settings.sequence_parallel_size,
+            "context_parallel_size": settings.context_parallel_size,
+            "ref_offload": settings.ref_offload,
         }
         removed = padding_removed(trainer.state.log_history)
         measured = "not measured (no training step logged)"
@@ -272,8 +267,8 @@ def padding_removed(log_history: list[dict]) -> float | None:
     )
 
 
-def _packing_collator(collator, args, vision_config=None):
-    """The padding-free twin of TRL's collator (or the one passed in), with the config's prefix sharing; for a
+def _packing_collator(collator, settings: Settings, vision_config=None):
+    """The padding-free twin of TRL's collator (or the one passed in), with the settings' prefix sharing; for a
     vision dataset (`vision_config`: the policy's config), the twin of TRL's vision collator, placing images on the
     model's image token."""
     if vision_config is not None:
@@ -283,46 +278,40 @@ def _packing_collator(collator, args, vision_config=None):
             collator = dataclasses.replace(collator, image_token_id=image_token_id(vision_config))
     elif not isinstance(collator, PaddingFreePreferenceCollator):
         collator = PaddingFreePreferenceCollator.from_padded(collator)
-    if getattr(args, "prefix_sharing", False):  # set in the config (True or "auto"), or on a collator passed in
+    if settings.prefix_sharing:  # set in the config, or on a collator passed in
         collator = dataclasses.replace(
             collator,
-            prefix_sharing=args.prefix_sharing,
-            prefix_sharing_min_prompt_tokens=args.prefix_sharing_min_prompt_tokens,
+            prefix_sharing=settings.prefix_sharing.value,
+            prefix_sharing_min_prompt_tokens=settings.prefix_sharing_min_prompt_tokens,
         )
     return collator
 
 
-def _check_zero3_per_image_loop(trainer, policy: torch.nn.Module) -> None:
+def _check_zero3_per_image_loop(trainer, settings: Settings, policy: torch.nn.Module) -> None:
     """Refuse ZeRO-3 for a model that runs a module once per image or crop (modeling/vision.py) where the processes
     can run different numbers of images: holding different rows (data parallelism), or sharing a row whose images
     they deal (sequence and context parallelism with `deal_images`)."""
     plugin = trainer.accelerator.state.deepspeed_plugin
-    ranks_per_row = trainer.sequence_parallel_size * getattr(trainer.args, "context_parallel_size", 1)
+    ranks_per_row = settings.ranks_per_row
     check_zero3_per_image_loop(
         type(policy).__name__,
         per_image_loop(policy),
         zero_stage=None if plugin is None else plugin.zero_stage,
         row_groups=trainer.accelerator.num_processes // ranks_per_row,
-        dealt_over=ranks_per_row if getattr(trainer.args, "deal_images", True) else 1,
+        dealt_over=ranks_per_row if settings.deal_images else 1,
         tied_lm_head=lm_head_tied(policy),
     )
 
 
-def _check_zero3_mixer_calls(trainer, policy: torch.nn.Module) -> None:
+def _check_zero3_mixer_calls(trainer, settings: Settings, policy: torch.nn.Module) -> None:
     """Refuse ZeRO-3 for a model whose stateful mixers run once per sequence where the processes' batches hold
     different numbers of pairs (token budgets, balanced batches)."""
     plugin = trainer.accelerator.state.deepspeed_plugin
-    args = trainer.args
-    uneven = ""
-    if getattr(args, "max_tokens_per_batch", None) is not None:
-        uneven = "max_tokens_per_batch"
-    elif getattr(args, "train_sampling_strategy", None) == REBALANCE:
-        uneven = f"train_sampling_strategy={REBALANCE!r}"
     check_zero3_mixer_calls(
         mixers_run_per_segment(policy, trainer.accelerator.device),
         zero_stage=None if plugin is None else plugin.zero_stage,
         processes=trainer.accelerator.num_processes,
-        uneven=uneven,
+        uneven=settings.uneven_batches,
     )
 
 

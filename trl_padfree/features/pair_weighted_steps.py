@@ -43,7 +43,7 @@ def batch_sampler_dataloader(batch_sampler, dataset, collate_fn, args, accelerat
 
     settings = {}
     if args.dataloader_num_workers > 0:  # DataLoader refuses these without workers
-        settings["multiprocessing_context"] = getattr(args, "dataloader_multiprocessing_context", None)
+        settings["multiprocessing_context"] = args.dataloader_multiprocessing_context
         settings["prefetch_factor"] = args.dataloader_prefetch_factor
     dataloader = DataLoader(
         dataset,
@@ -52,7 +52,7 @@ def batch_sampler_dataloader(batch_sampler, dataset, collate_fn, args, accelerat
         num_workers=args.dataloader_num_workers,
         pin_memory=args.dataloader_pin_memory,
         persistent_workers=args.dataloader_persistent_workers,
-        in_order=getattr(args, "dataloader_in_order", True),
+        in_order=args.dataloader_in_order,
         worker_init_fn=functools.partial(
             seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
         ),

@@ -27,10 +27,10 @@ from ..placement.fsdp2 import (
     check_fsdp_engine,
     check_reference_sharded_by_layer,
     lm_head_tied,
-    planned_fsdp_version,
     reference_sharded_by_layer,
 )
-from ..refusals import check_fsdp2_vision_lm_head
+from ..refusals.parallel import check_fsdp2_vision_lm_head
+from ..settings import Settings
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,10 @@ class ReferencePlacement:
     by_layer: bool = False
 
     @classmethod
-    def before_init(cls, args, model, ref_model, peft_config):
-        """The placement `args` asks for, and the reference to hand TRL (loaded offloaded under ZeRO-3)."""
-        offload, fsdp_version = bool(getattr(args, "ref_offload", False)), planned_fsdp_version(args) if args else None
-        by_layer = fsdp_version == 2 and (offload or bool(getattr(args, "padding_free", False)))
-        placement = cls(offload, fsdp_version, by_layer)
+    def before_init(cls, settings: Settings, args, model, ref_model, peft_config):
+        """The placement `settings` ask for, and the reference to hand TRL (loaded offloaded under ZeRO-3)."""
+        offload, fsdp_version = settings.ref_offload, settings.fsdp_version
+        placement = cls(offload, fsdp_version, by_layer=fsdp_version == 2 and (offload or settings.padding_free))
         if placement.offload:
             check_ref_offload(args, model, ref_model, peft_config, placement.fsdp_version)
             if ref_model is None and placement.fsdp_version is None:

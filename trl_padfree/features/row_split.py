@@ -22,13 +22,8 @@ from ..modeling.vision import bidirectional_image_marks
 from ..parallel.batch_hand_out import SameBatchOnEveryRank
 from ..parallel.groups import RowGroup, context_parallel_groups
 from ..parallel.row_split import SplitRowRun
-from ..parallel.ulysses import (
-    active_group,
-    check_groups_not_created,
-    check_ulysses_model,
-    sequence_parallel_size,
-)
-from ..refusals import (
+from ..parallel.ulysses import active_group, check_groups_not_created, check_ulysses_model
+from ..refusals.parallel import (
     check_context_parallel_attention,
     check_no_context_parallelism,
     check_prefix_sharing_without_sequence_parallel,
@@ -39,6 +34,7 @@ from ..refusals import (
     check_split_rows_without_stateful_mixers,
     check_ulysses_without_dropout,
 )
+from ..settings import Settings
 
 
 @dataclass
@@ -59,22 +55,20 @@ class RowSplit:
         return self.ulysses_size * (self.context.size if self.context is not None else 1)
 
     @classmethod
-    def set_up(cls, trainer) -> RowSplit | None:
-        """Check and configure what `trainer`'s settings ask for; None when rows are not split. The trainer then pads
+    def set_up(cls, trainer, settings: Settings) -> RowSplit | None:
+        """Check and configure what `settings` ask of `trainer`; None when rows are not split. The trainer then pads
         its rows to a multiple of `ranks_per_row`."""
-        accelerator, args = trainer.accelerator, trainer.args
+        accelerator = trainer.accelerator
         if trainer.padding_free_enabled and accelerator.parallelism_config is not None:
             check_no_context_parallelism(accelerator.parallelism_config.cp_size)
-        ulysses_size = sequence_parallel_size(accelerator)
-        context_size = getattr(args, "context_parallel_size", 1)
+        ulysses_size, context_size = settings.sequence_parallel_size, settings.context_parallel_size
         if ulysses_size == 1 and context_size == 1:
             return None
         policy = accelerator.unwrap_model(trainer.model)
         policy = policy.get_base_model() if is_peft_model(policy) else policy
         attention = attn_implementation(policy)
-        deal_images = getattr(args, "deal_images", True)  # under ZeRO-3 per-image loops refuse it (padding_free.py)
         if ulysses_size > 1:
-            _check_ulysses(trainer, policy, attention, ulysses_size)
+            _check_ulysses(trainer, settings, policy, attention)
         if context_size > 1:
             check_split_image_spans(trainer.is_vision_dataset and bidirectional_image_marks(policy) is not None, True)
             check_processes_share_rows(context_size * ulysses_size, accelerator.num_processes)
@@ -83,7 +77,8 @@ class RowSplit:
                 "Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled
             )
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
-        split = cls(accelerator, ulysses_size, None, None, deal_images=deal_images)
+        # Under ZeRO-3, per-image loops refuse `deal_images` (padding_free.py)
+        split = cls(accelerator, ulysses_size, None, None, deal_images=settings.deal_images)
         if ulysses_size > 1:
             if policy.config.get_text_config() is not policy.config:
                 # Ulysses wraps the language model's attention (the vision tower runs whole images on every rank)
@@ -129,13 +124,14 @@ class RowSplit:
         packed_batch.split = SplitRowRun(self.row or ulysses, ulysses, self.context, self.deal_images, self.image_rows)
 
 
-def _check_ulysses(trainer, policy, attention: str, size: int) -> None:
+def _check_ulysses(trainer, settings: Settings, policy, attention: str) -> None:
+    size = settings.sequence_parallel_size
     plugin = trainer.accelerator.state.deepspeed_plugin
     zero_stage = None if plugin is None else plugin.zero_stage
     check_sequence_parallel_engine(size, trainer.is_deepspeed_enabled, trainer.padding_free_enabled, zero_stage)
     attention_dropout = getattr(policy.config.get_text_config(), "attention_dropout", 0.0)
     check_ulysses_without_dropout(trainer.args.disable_dropout, attention_dropout)
     check_split_rows_without_moe_aux_loss("Sequence parallelism", "sp_size=1", trainer.aux_loss_enabled)
-    check_prefix_sharing_without_sequence_parallel(trainer.data_collator.prefix_sharing, True)
+    check_prefix_sharing_without_sequence_parallel(settings.prefix_sharing.value, True)
     check_groups_not_created()
     check_ulysses_model(policy.config, attention, size, EXACT_UNDER_ULYSSES)

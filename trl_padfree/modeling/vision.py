@@ -137,21 +137,19 @@ def vision_tower_left_out(config) -> bool:
     return hasattr(config, "vision_config") and config.vision_config is None
 
 
-def why_no_images(model, processing_class, args) -> str | None:
-    """Why `model` (a model, or a name TRL will load) takes no images as TRL's `DPOTrainer` will run it, or None if it
-    takes them. TRL reads images only through a processor, the one passed or the one `AutoProcessor` loads for the
-    model; and a model without a vision tower has nothing to encode them with."""
+def why_no_images(model, processing_class, trust_remote_code: bool = False, revision: str | None = None) -> str | None:
+    """Why `model` (a model, or a name TRL will load at `revision`) takes no images as TRL's `DPOTrainer` will run it,
+    or None if it takes them. TRL reads images only through a processor, the one passed or the one `AutoProcessor`
+    loads for the model; and a model without a vision tower has nothing to encode them with."""
     from transformers import AutoConfig, AutoProcessor, ProcessorMixin
 
     from ..integrations.trl import get_config_model_id
 
-    trust_remote_code = getattr(args, "trust_remote_code", False)
-    revision = None  # TRL passes the model's revision on to the processor only for a model it loads by name
     if isinstance(model, str):
-        revision = (getattr(args, "model_init_kwargs", None) or {}).get("revision")
         config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     else:
         config = model.config
+        revision = None  # TRL passes the model's revision on to the processor only for a model it loads by name
     if vision_tower_left_out(config):
         return f"its config ({type(config).__name__}) has no vision tower (vision_config=None)"
     if processing_class is None:  # as TRL loads it

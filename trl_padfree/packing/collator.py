@@ -11,7 +11,7 @@ import torch
 
 from ..costs.flops import Segment
 from ..integrations.trl import DataCollatorForPreference
-from ..refusals import (
+from ..refusals.batches import (
     check_examples,
     check_no_empty_sequence,
     check_reference_log_probs,
@@ -26,9 +26,9 @@ from .layout import (
     position_ids_from_lengths,
 )
 from .prefix_sharing import (
-    AUTO,
     DEFAULT_MIN_PROMPT_TOKENS,
     MIN_SHARED_PROMPT_TOKENS,
+    PrefixSharing,
     SharingCost,
     grouped_row_layout,
     layout_pays,
@@ -212,13 +212,14 @@ def concatenated_inputs(
 
 
 def _layout(
-    sequences: Sequences, prefix_sharing: bool | str, min_prompt_tokens: int, cost: SharingCost | None
+    sequences: Sequences, prefix_sharing: bool | str | PrefixSharing, min_prompt_tokens: int, cost: SharingCost | None
 ) -> RowLayout:
     """TRL's order unshared, or prefix sharing's prompt groups; with "auto", the groups of every prompt that can
     share, or (as `cost` says) the pairs one after another, unshared."""
+    prefix_sharing = PrefixSharing.of(prefix_sharing)
     if not prefix_sharing:
         return lay_out_row(sequences)
-    if prefix_sharing != AUTO:
+    if prefix_sharing is PrefixSharing.ON:
         return lay_out_groups(sequences, min_prompt_tokens)
     grouped = lay_out_groups(sequences, MIN_SHARED_PROMPT_TOKENS)
     # A branch starts at the token after the prefix it reads: its first token's position is the prefix's length

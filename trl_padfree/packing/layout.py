@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -223,6 +224,18 @@ def pad_length_to_multiple(length: int, multiple: int | None) -> int:
     if not multiple:
         return length
     return -(-length // multiple) * multiple
+
+
+def row_multiple(pad_to_multiple_of: int | None, ranks_per_row: int) -> int | None:
+    """What a packed row's length is padded to a multiple of: `pad_to_multiple_of`, and a multiple of the ranks that
+    share the row (sequence and context parallelism split it evenly). Applying it twice changes nothing.
+
+    >>> row_multiple(None, 1), row_multiple(None, 4), row_multiple(6, 4), row_multiple(row_multiple(6, 4), 4)
+    (None, 4, 12, 12)
+    """
+    if ranks_per_row == 1:
+        return pad_to_multiple_of
+    return math.lcm(pad_to_multiple_of or 1, ranks_per_row)
 
 
 def cu_seq_lens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ the setting from the config to the kernel.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 from collections.abc import Hashable, Sequence
@@ -193,9 +194,36 @@ def shared_prefix_keys(row: HostRow) -> tuple[tuple[range, tuple[range, ...]], .
     )
 
 
+class PrefixSharing(enum.Enum):
+    """`prefix_sharing` as set (`True`, `False` or `"auto"`, its `value`): off, every batch's prompts shared, or each
+    batch shared when the cost model says it pays. Truthy unless off."""
+
+    OFF = False
+    ON = True
+    AUTO = "auto"
+
+    @classmethod
+    def of(cls, setting: bool | str | PrefixSharing) -> PrefixSharing:
+        return setting if isinstance(setting, cls) else cls(setting)
+
+    def __bool__(self) -> bool:
+        return self is not PrefixSharing.OFF
+
+    def sized_min_prompt_tokens(self, min_prompt_tokens: int) -> int | None:
+        """The shortest prompt a text pair's size (token budget) or price (balancing) counts shared; None: every pair
+        unshared. "auto" may lay a batch out unshared, so its pairs are sized unshared, the larger."""
+        return min_prompt_tokens if self is PrefixSharing.ON else None
+
+    def grouped_min_prompt_tokens(self, min_prompt_tokens: int) -> int | None:
+        """The shortest prompt a group of one prompt's pairs shares (the collator's grouping); None when off. Under
+        "auto" every prompt that can share may, as each batch's cost decides."""
+        if self is PrefixSharing.OFF:
+            return None
+        return MIN_SHARED_PROMPT_TOKENS if self is PrefixSharing.AUTO else min_prompt_tokens
+
+
 # ---- prefix_sharing="auto": share a batch's prompts when the cost model says it pays ----
 
-AUTO = "auto"
 # What gathering one key or value element costs, in FLOPs the device could have done meanwhile: its arithmetic over its
 # memory bandwidth. A GPU (H100: ~989 TFLOP/s in bf16 over ~3.35 TB/s, 2-byte elements) ~600; a 2-core CPU (~50 GFLOP/s
 # in fp32 over ~10 GB/s, 4-byte elements) ~20. Estimates: the decision only needs their order of magnitude

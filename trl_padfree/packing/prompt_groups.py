@@ -18,11 +18,15 @@ such cut splits one group in two consecutive batches, and costs one more computa
 group that fits a batch split, so never when the group sizes divide each other and `batch_size` (K completions paired
 the same way for every prompt: `all_pairs` of K = 4 is 6 pairs, so batches of 6, 12, ...).
 
-`prompt_groups` finds the groups within one batch, for the collator: the pairs whose prompts are token-identical.
+`prompt_groups` finds the groups within one batch, for the collator: the pairs whose prompts are token-identical;
+`dataset_group_ids` gives a training set's pairs their group ids, for the samplers (`groups_of` groups them).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from array import array
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 
@@ -152,3 +156,70 @@ class PromptGroupBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         yield from self.epoch_batches()
+
+
+def dataset_group_ids(dataset, images: bool) -> list[bytes]:
+    """Each training pair's prompt group id: `vision_prompt_group_ids` for a vision-language set (tokenized only when
+    collated), else `prompt_group_ids`."""
+    return vision_prompt_group_ids(dataset) if images else prompt_group_ids(dataset)
+
+
+def groups_of(group_ids: Sequence[Hashable]) -> list[list[int]]:
+    """The indices of each group id's pairs, groups in order of first appearance.
+
+    >>> groups_of([b"a", b"b", b"a"])
+    [[0, 2], [1]]
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for index, group_id in enumerate(group_ids):
+        groups.setdefault(group_id, []).append(index)
+    return list(groups.values())
+
+
+def prompt_group_ids(dataset, chunk: int = 1000) -> list[bytes]:
+    """Each pair's group id: a digest of its tokenized prompt (TRL's `prompt_ids`, before the collator truncates), so
+    that pairs whose prompts tokenize the same are one group, in 16 bytes whatever the prompt's length. The collator
+    finds the prompts it can share within a batch from the tokens themselves; these ids only bring them together."""
+    ids = []
+    for batch in dataset.select_columns(["prompt_ids"]).iter(batch_size=chunk):
+        for prompt in batch["prompt_ids"]:
+            ids.append(hashlib.blake2b(array("q", prompt).tobytes(), digest_size=16).digest())
+    return ids
+
+
+def vision_prompt_group_ids(dataset, chunk: int = 100) -> list[bytes]:
+    """Each vision-language pair's group id (the set is tokenized only when collated): a digest of its prompt (text,
+    or messages serialized with sorted keys) and of its images (each one's mode, size and pixel bytes), so that pairs
+    of the same prompt on the same images are one group. The collator groups by the tokens and image inputs
+    themselves; these ids only bring the pairs together."""
+    columns = ["prompt", *(column for column in ("image", "images") if column in dataset.column_names)]
+    ids = []
+    for batch in dataset.select_columns(columns).iter(batch_size=chunk):
+        for index, prompt in enumerate(batch["prompt"]):
+            digest = hashlib.blake2b(digest_size=16)
+            digest.update(json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str).encode())
+            images = batch["images"][index] if "images" in batch else [batch["image"][index]]
+            for image in images or []:
+                digest.update(_image_bytes(image))
+            ids.append(digest.digest())
+    return ids
+
+
+def _image_bytes(image) -> bytes:
+    """What tells an image from another: a PIL image's mode, size and pixels; an array's shape, type and values;
+    anything else (a path, a URL) as written."""
+    if image is None:
+        return b"none;"
+    if hasattr(image, "mode") and hasattr(image, "tobytes"):  # PIL
+        return f"{image.mode}{image.size};".encode() + image.tobytes()
+    if hasattr(image, "tobytes") and hasattr(image, "shape"):  # numpy
+        return f"{image.shape}{image.dtype};".encode() + image.tobytes()
+    return f"{image!r};".encode()
+
+
+def extra_prompt_computations(groups: list[list[int]], batches: list[list[int]], batch_size: int) -> int:
+    """How many more batches hold a prompt's pairs than the fewest that could (a batch per `batch_size` pairs):
+    the prompt computations lost to groups cut across batches."""
+    batch_of = {index: number for number, batch in enumerate(batches) for index in batch}
+    spans = [len({batch_of[index] for index in group if index in batch_of}) for group in groups]
+    return sum(max(0, span - -(-len(group) // batch_size)) for span, group in zip(spans, groups, strict=True))

@@ -220,9 +220,9 @@ def test_one_process_trains_the_default_global_batch_as_padded_trl_does():
 def test_token_budget_bins_are_dealt_balanced_and_a_step_trains_as_padded_trl_on_its_pairs():
     options = dict(num_pairs=16, max_steps=1, max_grad_norm=0.0, logging_steps=1, gradient_accumulation_steps=2)
     trainer = make_trainer(True, max_tokens_per_batch=160, train_sampling_strategy="batch_rebalance", **options)
-    assert isinstance(trainer._train_batch_sampler(), BalancedBudgetBins)
+    assert isinstance(trainer._batches.sampler, BalancedBudgetBins)
     trainer.train()
-    sampler = trainer._train_batch_sampler()
+    sampler = trainer._batches.sampler
     sampler.set_epoch(0)
     pairs = [index for batch in list(sampler)[:2] for index in batch]
     padded = make_trainer(False, num_pairs=16, batch_size=len(pairs))
@@ -238,10 +238,10 @@ def test_precomputed_reference_log_probs_price_rows_without_the_reference_forwar
     trainer = make_trainer(
         True, num_pairs=8, batch_size=2, precompute_ref_log_probs=True, train_sampling_strategy="batch_rebalance"
     )
-    shape, reference_forward = trainer._balanced.pricing
-    assert reference_forward is False and trainer._pair_weights.reference_forward is False
+    shape, reference_forward = trainer._batches.shape, trainer._batches.reference_forward
+    assert reference_forward is False and trainer._batches.pair_weights.reference_forward is False
     full = pair_costs(trainer.train_dataset, shape, trainer.args.max_length, "keep_start", None, True)
-    assert trainer._balanced.costs == pytest.approx([0.75 * cost for cost in full], rel=1e-12)  # 3 forwards of 4
+    assert trainer._batches.costs == pytest.approx([0.75 * cost for cost in full], rel=1e-12)  # 3 forwards of 4
 
 
 def test_resume_continues_with_the_same_balanced_batches(tmp_path):
@@ -265,10 +265,10 @@ def test_vision_language_pairs_are_priced_as_collated_with_their_images():
         "qwen2_5_vl", True, vision_preference_rows("qwen2_5_vl", 6), train_sampling_strategy="batch_rebalance",
         per_device_train_batch_size=2, max_steps=1,
     )  # fmt: skip
-    shape, _ = trainer._balanced.pricing
+    shape = trainer._batches.shape
     rows = [trainer.data_collator([example])["host_row"] for example in trainer.train_dataset]
-    assert trainer._balanced.costs == [row_cost(shape, row) for row in rows]
-    assert len(set(trainer._balanced.costs)) > 1
+    assert trainer._batches.costs == [row_cost(shape, row) for row in rows]
+    assert len(set(trainer._batches.costs)) > 1
     trainer.train()  # the image pairs train balanced
     assert trainer.state.log_history[0]["padfree/balance_cost_max_over_mean"] == 1.0
 
@@ -299,7 +299,7 @@ def test_other_couplings_are_refused_with_the_way_out():
 
 def test_padded_mode_keeps_transformers_own_rebalancing():
     trainer = make_trainer(False, num_pairs=8, train_sampling_strategy="batch_rebalance")
-    assert trainer._balanced is None and trainer._pair_weights is None
+    assert trainer._batches.shape is None and trainer._batches.pair_weights is None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -15,8 +15,7 @@ from torch.utils.data import DataLoader
 from trainer_utils import LOSS_TYPES, assert_same_step, one_step
 
 from trl_padfree import DPOConfig
-from trl_padfree.features.prompt_group_batches import extra_prompt_computations
-from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler
+from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler, extra_prompt_computations
 
 
 class PaddedOnTheseBatches(trl.DPOTrainer):
@@ -62,7 +61,7 @@ def test_every_batch_holds_one_prompts_six_pairs_and_an_epoch_every_pair_once(pa
     options = dict(prefix_sharing=True) if padding_free else {}
     trainer = make_grouped_trainer(padding_free, max_steps=1, **options)
     collator = trainer.data_collator
-    assert isinstance(trainer._train_batch_sampler(), PromptGroupBatchSampler)
+    assert isinstance(trainer._batches.sampler, PromptGroupBatchSampler)
     epochs = []
     for epoch in range(2):
         seen = []
@@ -80,7 +79,7 @@ def test_every_batch_holds_one_prompts_six_pairs_and_an_epoch_every_pair_once(pa
 def test_a_batch_size_the_groups_do_not_divide_keeps_every_pair_and_cuts_few_prompts():
     # Batches of 4 over groups of 6: each prompt fills one batch and leaves 2 pairs, two such pieces per batch
     trainer = make_grouped_trainer(per_device_train_batch_size=4, max_steps=1)
-    sampler = trainer._train_batch_sampler()
+    sampler = trainer._batches.sampler
     batches = sampler.epoch_batches()
     assert [len(batch) for batch in batches] == [4] * 9
     assert sorted(index for batch in batches for index in batch) == list(range(PROMPTS * PAIRS_PER_PROMPT))
@@ -88,11 +87,11 @@ def test_a_batch_size_the_groups_do_not_divide_keeps_every_pair_and_cuts_few_pro
 
 
 def test_the_log_says_how_many_prompts_are_cut_and_when_grouping_only_orders(caplog):
-    with caplog.at_level(logging.INFO, logger="trl_padfree.features.prompt_group_batches"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.features.batches"):
         make_grouped_trainer(per_device_train_batch_size=6, max_steps=1, prefix_sharing=True)
     assert "36 pairs of 6 prompts in batches of 6" in caplog.text and "only orders" not in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="trl_padfree.features.prompt_group_batches"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.features.batches"):
         make_grouped_trainer(per_device_train_batch_size=6, max_steps=1, prefix_sharing=False)
     assert "group_by_prompt only orders the batches here" in caplog.text
     assert extra_prompt_computations([[0, 1, 2], [3, 4, 5]], [[0, 1, 3, 4], [2, 5]], 4) == 2  # both cut once
@@ -111,7 +110,7 @@ ONE_STEP_CASES = [(True, loss_type) for loss_type in LOSS_TYPES] + [(False, loss
 @pytest.mark.parametrize("prefix_sharing, loss_type", ONE_STEP_CASES)
 def test_a_grouped_batch_steps_as_padded_trl_on_it(prefix_sharing, loss_type):
     grouped = make_grouped_trainer(max_steps=1, prefix_sharing=prefix_sharing, loss_type=[loss_type])
-    batch = grouped._train_batch_sampler().epoch_batches()[0]
+    batch = grouped._batches.sampler.epoch_batches()[0]
     padded = make_grouped_trainer(
         False, max_steps=1, loss_type=[loss_type], config_class=trl.DPOConfig, trainer_class=trl.DPOTrainer,
         train_sampling_strategy="random",
@@ -129,7 +128,7 @@ def test_training_equals_padded_trl_fed_the_same_batches(prefix_sharing):
     options = dict(max_steps=3, gradient_accumulation_steps=2, learning_rate=0.5, optim="sgd", logging_steps=1)
     grouped = make_grouped_trainer(prefix_sharing=prefix_sharing, **options)
     grouped.train()
-    sampler = grouped._train_batch_sampler()
+    sampler = grouped._batches.sampler
     sampler.set_epoch(0)
     padded = make_grouped_trainer(
         False, config_class=trl.DPOConfig, trainer_class=PaddedOnTheseBatches,
@@ -185,7 +184,7 @@ def test_vision_language_pairs_group_by_their_prompt_and_images():
         "qwen2_5_vl", True, rows + rows[:2], train_sampling_strategy="group_by_prompt",
         per_device_train_batch_size=2, max_steps=1,
     )  # fmt: skip
-    assert sorted(trainer._train_batch_sampler().groups) == [[0, 4], [1, 5], [2], [3]]
+    assert sorted(trainer._batches.sampler.groups) == [[0, 4], [1, 5], [2], [3]]
 
 
 def test_the_command_line_takes_the_option():

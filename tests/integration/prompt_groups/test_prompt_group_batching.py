@@ -202,8 +202,8 @@ def test_group_by_prompt_with_a_token_budget_trains_as_padded_trl_on_the_same_pa
         prefix_sharing=True, max_tokens_per_batch=80, gradient_accumulation_steps=3, max_steps=1, max_grad_norm=0.0,
         logging_steps=1,
     )  # fmt: skip
-    sampler = trainer._train_batch_sampler()
-    assert sampler is trainer._token_budget.sampler
+    sampler = trainer._batches.sampler
+    assert sampler is trainer._batches.budget_sampler
     dataset = trainer.train_dataset
     micro_batches = list(sampler)
     assert Counter(i for batch in micro_batches for i in batch) == Counter(range(PROMPTS * PAIRS_PER_PROMPT))
@@ -239,7 +239,7 @@ def test_a_balanced_step_with_repeated_prompts_trains_as_padded_trl_on_its_pairs
         prefix_sharing=True, train_sampling_strategy="batch_rebalance", per_device_train_batch_size=2,
         gradient_accumulation_steps=3, max_steps=1, max_grad_norm=0.0, logging_steps=1,
     )  # fmt: skip
-    sampler = trainer._train_batch_sampler()
+    sampler = trainer._batches.sampler
     assert isinstance(sampler, BalancedBatchSampler)
     prompts = [tuple(row["prompt_ids"]) for row in trainer.train_dataset]
     micro_batches = list(sampler)[:3]

@@ -119,7 +119,7 @@ def test_optimizer_step_equals_padded_trl_on_the_same_pairs_with_accumulation():
     gradients = FirstStepGradients()
     trainer.add_callback(gradients)
     trainer.train()
-    sampler = trainer._token_budget.sampler
+    sampler = trainer._batches.budget_sampler
     sampler.set_epoch(0)
     micro_batches = list(sampler)[:3]
     assert len({len(batch) for batch in micro_batches}) > 1, "micro-batches should hold different numbers of pairs"
@@ -143,7 +143,9 @@ def test_resume_continues_with_the_same_batches(tmp_path):
     options.update(learning_rate=0.5, optim="sgd", logging_steps=1, num_train_epochs=3)
     options.update(save_strategy="steps", save_steps=2, output_dir=str(tmp_path))
     uninterrupted = make_trainer(True, **options)
-    assert len(uninterrupted._token_budget.sampler) == 4  # 2 optimizer steps per epoch: steps 3-4 are the second epoch
+    assert (
+        len(uninterrupted._batches.budget_sampler) == 4
+    )  # 2 optimizer steps per epoch: steps 3-4 are the second epoch
     seen = []
     uninterrupted.data_collator = recording(uninterrupted.data_collator, seen)
     uninterrupted_losses = train_losses(uninterrupted)

@@ -13,8 +13,8 @@ from trainer_utils import make_trainer, one_step
 from transformers import HfArgumentParser, TrainerCallback
 
 from trl_padfree import DPOConfig
-from trl_padfree.config import fp32_log_probs_enabled
 from trl_padfree.features.padding_free import padding_removed
+from trl_padfree.settings import Settings
 
 # The Trainer's wall-clock figures: the only logged values two identical runs do not share
 TIMINGS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
@@ -49,13 +49,16 @@ def test_padding_free_false_trains_and_logs_as_trl():
 
 def test_fp32_log_probs_is_on_exactly_when_packing_unless_set():
     assert DPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[]).fp32_log_probs is None
-    assert fp32_log_probs_enabled(DPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[]), False) is False
-    assert fp32_log_probs_enabled(DPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[]), True) is True
+    for padding_free in (False, True):
+        config = DPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[], padding_free=padding_free)
+        assert Settings.resolve(config).fp32_log_probs is padding_free
     for value in (True, False):
-        config = DPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[], fp32_log_probs=value)
-        assert fp32_log_probs_enabled(config, padding_free=False) is value
-        assert fp32_log_probs_enabled(config, padding_free=True) is value
-    assert fp32_log_probs_enabled(trl.DPOConfig(output_dir="/tmp/unused", use_cpu=True), padding_free=False) is False
+        for padding_free in (False, True):
+            config = DPOConfig(
+                output_dir="/tmp/unused", use_cpu=True, report_to=[], padding_free=padding_free, fp32_log_probs=value
+            )
+            assert Settings.resolve(config).fp32_log_probs is value
+    assert Settings.resolve(trl.DPOConfig(output_dir="/tmp/unused", use_cpu=True)).fp32_log_probs is False
     # A YAML file's value reaches the config as written
     assert (
         DPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[], fp32_log_probs="auto").fp32_log_probs is None

@@ -328,7 +328,7 @@ def test_an_image_longer_than_the_window_of_a_model_whose_images_see_past_it_is_
 def test_token_budget_measures_each_pair_with_its_image_tokens(prefix_sharing):
     data = rows("qwen2_5_vl", 8)
     trainer = make_vision_trainer("qwen2_5_vl", True, data, max_tokens_per_batch=120, prefix_sharing=prefix_sharing)
-    sampler, collator = trainer._token_budget.sampler, trainer.data_collator
+    sampler, collator = trainer._batches.budget_sampler, trainer.data_collator
 
     def real_tokens(indices):
         row = collator([trainer.train_dataset[index] for index in indices])
@@ -347,7 +347,7 @@ def test_token_budget_step_equals_padded_trl_on_the_same_pairs():
     options = dict(max_steps=1, max_grad_norm=0.0, logging_steps=1, gradient_accumulation_steps=2)
     trainer = make_vision_trainer("gemma3", True, data, max_tokens_per_batch=120, **options)
     trainer.train()
-    sampler = trainer._token_budget.sampler
+    sampler = trainer._batches.budget_sampler
     sampler.set_epoch(0)
     pairs = [index for batch in list(sampler)[:2] for index in batch]
 

@@ -45,10 +45,9 @@ from trl_padfree import DPOConfig, DPOTrainer, pair_scored_completions
 from trl_padfree.cli import exit_without_finalizing
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer
 from trl_padfree.features.pair_weighted_steps import batch_sampler_dataloader
-from trl_padfree.features.prompt_group_batches import prompt_group_ids
 from trl_padfree.modeling.mixers import SEGMENTS_KWARG, MixerSegments, stateful_mixers
 from trl_padfree.packing.balance import bin_costs, imbalance
-from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler
+from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler, prompt_group_ids
 from trl_padfree.parallel.ulysses import sequence_parallel_size
 from trl_padfree.placement.deepspeed import reference_offloaded, zero3_init_config
 
@@ -398,7 +397,7 @@ def prompt_group_report(trainer) -> dict:
         torch.distributed.all_gather_object(gathered, recorded)
     else:
         gathered = [recorded]
-    sampler = getattr(trainer, "prompt_group_sampler", None) or trainer._train_batch_sampler()
+    sampler = getattr(trainer, "prompt_group_sampler", None) or trainer._batches.sampler
     dataset = trainer.train_dataset
     return {
         "batches": [batches for batches, _ in gathered],
@@ -651,7 +650,7 @@ def describe(trainer) -> dict:
     sp_size = sequence_parallel_size(trainer.accelerator)
     row_split = getattr(trainer, "_row_split", None)
     cp_size = row_split.context.size if row_split is not None and row_split.context is not None else 1
-    budget = trainer._token_budget.sampler if isinstance(trainer, DPOTrainer) and trainer._token_budget else None
+    budget = trainer._batches.budget_sampler if isinstance(trainer, DPOTrainer) else None
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     parameters = list(policy.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
@@ -706,8 +705,8 @@ def describe(trainer) -> dict:
 def balanced_steps(trainer) -> dict | None:
     """With batch_rebalance: each step's rows (`bins[micro_step][process]`, dataset indices) as balanced and as the
     default sampler deals the same pairs, and the estimated cost ratio of both."""
-    balanced = trainer._balanced if isinstance(trainer, DPOTrainer) else None
-    if balanced is None or balanced.sampler is None:
+    balanced = trainer._batches if isinstance(trainer, DPOTrainer) else None
+    if balanced is None or balanced.shape is None:  # priced: batch_rebalance
         return None
     sampler = balanced.sampler
     sampler.set_epoch(0)
