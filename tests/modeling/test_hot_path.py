@@ -13,8 +13,8 @@ keys and bf16 values) and with bf16 weights: either way every attention call mak
 import pytest
 import torch
 from hot_path_counts import step_counts
+from shared_prefix_rows import SHARE
 
-SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
 # A prefix-sharing or plain packed step may read the host at most this many times more than TRL's padded step
 EXTRA_READS_ALLOWED = 2
 # TRL's default (its `bf16=True` autocast over the float32 weights it loads), and a model loaded in bf16

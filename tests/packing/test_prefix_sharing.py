@@ -26,6 +26,7 @@ from shared_prefix_rows import (
     dense_attention,
     layout_mask,
     random_examples,
+    row_qkv,
 )
 from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 from tolerances import (
@@ -173,11 +174,7 @@ def test_pair_row_tokens_count_the_collators_row(truncation_mode):
 def test_shared_attention_equals_dense_attention_with_the_layout_mask(sliding_window):
     batch = concatenated_inputs(EXAMPLES, **SHARE, pad_to_multiple_of=8)
     packed = PackedBatch.from_collated(batch)
-    generator = torch.Generator().manual_seed(0)
-    length = packed.row_length
-    query = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
-    key = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
-    value = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    query, key, value = row_qkv(packed.row_length)
     output, _ = padfree_varlen_attention(
         torch.nn.Module(),
         query,

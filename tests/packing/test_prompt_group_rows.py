@@ -20,7 +20,7 @@ import torch
 import trainer_utils
 from datasets import Dataset
 from hot_path_counts import step_counts
-from shared_prefix_rows import HEAD_DIM, HEADS, KV_HEADS, dense_attention, layout_mask
+from shared_prefix_rows import HEAD_DIM, HEADS, KV_HEADS, dense_attention, layout_mask, row_qkv
 from stand_in_kernels import calls_of
 from tiny_fixtures import WORDS, make_model
 from tolerances import ATTENTION_ATOL, FIRST_LOSS_ATOL, LOG_PROB_ATOL, LOSS_ATOL, LOSS_RTOL
@@ -229,11 +229,7 @@ def test_sequences_that_read_the_same_positions_sum_their_gradients():
 def test_grouped_attention_is_one_call_equal_to_dense_attention_with_the_layout_mask(sliding_window):
     batch = concatenated_inputs(random_group_examples(3), **SHARE, pad_to_multiple_of=8)
     packed = PackedBatch.from_collated(batch)
-    generator = torch.Generator().manual_seed(0)
-    length = packed.row_length
-    query = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
-    key = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
-    value = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    query, key, value = row_qkv(packed.row_length)
     row = packed.row()
     output, _ = padfree_varlen_attention(
         torch.nn.Module(), query, key, value, None, sliding_window=sliding_window, packed_row=row

@@ -113,16 +113,21 @@ def train_padded_in_this_process(models_dir: Path, tmp_path_factory, families, p
     return {family: reports[f"{family}:trl"] for family in families}
 
 
-def single_process_padded_fixture(runs: dict[str, str], pairs_per_process: int):
-    """The module fixture `single_process_padded`: TRL's own trainer, padded, in this process, each micro-batch the two
-    processes' micro-batches together (the baseline the two processes are compared with); each of `runs`' reports
-    (name: run options) by name."""
+def single_process_padded_fixture(runs: dict[str, str], *options: str, models: str = "model_dir"):
+    """The module fixture `single_process_padded`: TRL's own trainer, padded, in this process, the baseline the
+    processes are compared with; each of `runs`' reports (name: run options) by name.
+
+    Args:
+        runs: the name each report is returned under, and its run (tests/support/distributed/train_dpo.py `--runs`).
+        options: train_dpo.py's other options, its batch size the processes' micro-batches together.
+        models: the module fixture of the directory the models are saved in.
+    """
 
     @pytest.fixture(scope="module", name="single_process_padded")
-    def single_process_padded(model_dir, tmp_path_factory):
+    def single_process_padded(request, tmp_path_factory):
         output = tmp_path_factory.mktemp("single") / "report.json"
-        options = ("--runs", ",".join(runs.values()), "--batch-size", str(2 * pairs_per_process))
-        reports = train_in_this_process(model_dir, output, *options)
+        model_dir = request.getfixturevalue(models)
+        reports = train_in_this_process(model_dir, output, "--runs", ",".join(runs.values()), *options)
         return {name: reports[run] for name, run in runs.items()}
 
     return single_process_padded
@@ -158,6 +163,25 @@ def script_command(config: Path, script: Path) -> list[str]:
     if yaml.safe_load(config.read_text())["distributed_type"] == "FSDP" and not torch.cuda.is_available():
         return [str(FSDP_ON_CPU), str(script)]
     return [str(script)]
+
+
+def train_recipe_to_step_3(config: Path, output_dir: Path, environment: dict[str, str], *extra: str) -> dict:
+    """The user's command (trl_padfree/cli/dpo.py, the tiny_cpu.yaml recipe, --ref_offload true) under `accelerate
+    launch --config_file config` on 2 CPU processes: 3 steps saving a checkpoint at 2, `extra` its further
+    arguments. Returns step 3's logged entry."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+        *script_command(config, ROOT / "trl_padfree" / "cli" / "dpo.py"),
+        "--config", str(ROOT / "trl_padfree" / "cli" / "configs" / "tiny_cpu.yaml"),
+        "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
+        "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
+        "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-6000:]
+    state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
+    return next(entry for entry in state["log_history"] if entry.get("step") == 3 and "loss" in entry)
 
 
 def launch(config: str, model_dir: Path, output: Path, *options: str, processes: int = 2) -> dict:

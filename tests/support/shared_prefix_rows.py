@@ -35,6 +35,15 @@ def dense_attention(query, key, value, allowed):
     return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed).transpose(1, 2)
 
 
+def row_qkv(length: int):
+    """Seeded queries, keys and values of a row of `length` tokens, `(1, heads, length, head dim)`, with gradients."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    key = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    value = torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator, requires_grad=True)
+    return query, key, value
+
+
 def layout_mask(batch, sliding_window=None):
     """Which row positions each position attends to in the shared layout: built token by token from the sequences."""
     packed = PackedBatch.from_collated(batch)

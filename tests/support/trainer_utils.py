@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 from tolerances import FP32, HALF, LOSS_ATOL, LOSS_RTOL, Tolerances
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, TrainerCallback
 
 from trl_padfree import DPOConfig, DPOTrainer
 
@@ -216,3 +216,14 @@ def trainer_on(train_dataset, padding_free: bool = True, eval_dataset=None, **op
         model=make_model(seed=0), ref_model=make_model(seed=1), args=args, train_dataset=train_dataset,
         eval_dataset=eval_dataset, processing_class=make_tokenizer(),
     )  # fmt: skip
+
+
+class FirstStepGradients(TrainerCallback):
+    """The policy's gradients at the first optimizer step, before it: `grads`, by parameter name."""
+
+    def __init__(self):
+        self.grads = None
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.grads is None:
+            self.grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}

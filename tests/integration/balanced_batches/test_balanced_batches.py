@@ -311,6 +311,7 @@ MAX_LENGTH = "1024"
 PER_PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected")
 
 
+# A function, not distributed_runs.single_process_padded_fixture: each test has its own world size and steps
 def single_process_padded(model_dir, tmp_path, processes: int, steps: int) -> dict:
     """TRL's padded trainer in one process, each micro-batch a whole global batch of the balanced run."""
     global_batch = processes * ACCUMULATION * PAIRS_PER_PROCESS

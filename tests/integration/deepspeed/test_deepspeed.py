@@ -4,8 +4,6 @@ process on the same global batches. The refusals and the reference's config are 
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,9 +16,9 @@ from distributed_runs import (  # noqa: E402
     assert_same_bf16_training,
     assert_same_training,
     checkout_environment,
-    free_port,
     launch,
     single_process_padded_fixture,
+    train_recipe_to_step_3,
 )
 from tolerances import DISTRIBUTED_LOSS_ATOL, DISTRIBUTED_METRIC_RTOL, FIRST_LOSS_ATOL  # noqa: E402
 from transformers.integrations import deepspeed as hf_deepspeed  # noqa: E402
@@ -49,7 +47,7 @@ RUNS = {
 }
 
 
-single_process_padded = single_process_padded_fixture({"trl": "trl"}, PAIRS_PER_PROCESS)
+single_process_padded = single_process_padded_fixture({"trl": "trl"}, "--batch-size", str(2 * PAIRS_PER_PROCESS))
 
 
 @pytest.fixture(scope="module")
@@ -200,22 +198,11 @@ def test_recipe_with_ref_offload_resumes_a_zero3_checkpoint_on_the_same_trajecto
         DS_ACCELERATOR="cpu", TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRL_PADFREE_CACHE=str(tmp_path / "cache")
     )
 
-    def train(output_dir: Path, *extra: str) -> dict:
-        command = [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ZERO3_REF_OFFLOAD),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "trl_padfree" / "cli" / "dpo.py"), "--config", str(ROOT / "trl_padfree" / "cli" / "configs" / "tiny_cpu.yaml"),
-            "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
-            "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
-            "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,
-        ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
-        assert result.returncode == 0, result.stderr[-6000:]
-        state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
-        return next(entry for entry in state["log_history"] if entry.get("step") == 3 and "loss" in entry)
-
-    uninterrupted = train(tmp_path / "run")
-    resumed = train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2"))
+    uninterrupted = train_recipe_to_step_3(ZERO3_REF_OFFLOAD, tmp_path / "run", environment)
+    checkpoint = str(tmp_path / "run" / "checkpoint-2")
+    resumed = train_recipe_to_step_3(
+        ZERO3_REF_OFFLOAD, tmp_path / "resumed", environment, "--resume_from_checkpoint", checkpoint
+    )
     assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=DISTRIBUTED_LOSS_ATOL)
     assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=DISTRIBUTED_METRIC_RTOL)
 

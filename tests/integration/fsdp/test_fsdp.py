@@ -3,12 +3,8 @@ tests/support/distributed/fsdp_on_cpu.py, since accelerate runs FSDP only on GPU
 trainer in one process on the same global batches. Every run asserts the policy's parameters are DTensor shards, so
 a fallback to data parallelism fails. The refusals are checked in this process."""
 
-import json
 import math
-import subprocess
-import sys
 from importlib.metadata import version
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,11 +15,10 @@ from distributed_runs import (
     assert_same_bf16_training,
     assert_same_training,
     checkout_environment,
-    free_port,
     launch,
-    script_command,
     single_process_padded_fixture,
     train_in_this_process,
+    train_recipe_to_step_3,
 )
 from packaging.version import Version
 from tolerances import (
@@ -72,7 +67,9 @@ RUNS = {
 }
 
 
-single_process_padded = single_process_padded_fixture({"full": "trl+eval", "lora": "trl+lora"}, PAIRS_PER_PROCESS)
+single_process_padded = single_process_padded_fixture(
+    {"full": "trl+eval", "lora": "trl+lora"}, "--batch-size", str(2 * PAIRS_PER_PROCESS)
+)
 
 
 @pytest.fixture(scope="module")
@@ -246,24 +243,10 @@ def test_recipe_with_ref_offload_resumes_an_fsdp2_checkpoint_on_the_same_traject
     config = ROOT / "trl_padfree" / "cli" / "accelerate_configs" / "fsdp2.yaml"
     environment = checkout_environment(TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRL_PADFREE_CACHE=str(tmp_path / "cache"))
 
-    def train(output_dir: Path, *extra: str) -> dict:
-        command = [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            *script_command(config, ROOT / "trl_padfree" / "cli" / "dpo.py"),
-            "--config", str(ROOT / "trl_padfree" / "cli" / "configs" / "tiny_cpu.yaml"),
-            "--model_name_or_path", "trl-padfree/tiny-llama", "--ref_offload", "true", "--eval_strategy", "no",
-            "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
-            "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(output_dir), *extra,
-        ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600)
-        assert result.returncode == 0, result.stderr[-6000:]
-        state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
-        return next(entry for entry in state["log_history"] if entry.get("step") == 3 and "loss" in entry)
-
-    uninterrupted = train(tmp_path / "run")
+    uninterrupted = train_recipe_to_step_3(config, tmp_path / "run", environment)
     assert (tmp_path / "run" / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()  # sharded, as the config says
-    resumed = train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2"))
+    checkpoint = str(tmp_path / "run" / "checkpoint-2")
+    resumed = train_recipe_to_step_3(config, tmp_path / "resumed", environment, "--resume_from_checkpoint", checkpoint)
     assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=DISTRIBUTED_LOSS_ATOL)
     assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=DISTRIBUTED_METRIC_RTOL)
 

@@ -10,8 +10,7 @@ from collections import Counter
 
 import pytest
 from grouped_pairs import PAIRS_PER_PROMPT, PROMPTS, make_grouped_trainer
-from trainer_utils import StepResult, assert_same_step
-from transformers import TrainerCallback
+from trainer_utils import FirstStepGradients, StepResult, assert_same_step
 
 from trl_padfree.costs.flops import DecoderShape, Segment
 from trl_padfree.features.pair_weighted_steps import PER_PAIR_METRICS
@@ -174,15 +173,6 @@ def test_auto_shares_a_k4_group_where_pair_by_pair_sharing_would_not_pay():
 
 
 # ---- the trainer, one process ----
-
-
-class FirstStepGradients(TrainerCallback):
-    def __init__(self):
-        self.grads = None
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        if self.grads is None:
-            self.grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
 def padded_step_on(pairs: list[int]) -> StepResult:

@@ -16,7 +16,13 @@ relative (3 float32 quanta of sums near -760), every other logged value within 1
 import math
 
 import pytest
-from distributed_runs import assert_same_training, assert_split_row_training, launch, train_in_this_process
+from distributed_runs import (
+    assert_same_training,
+    assert_split_row_training,
+    launch,
+    single_process_padded_fixture,
+    train_in_this_process,
+)
 from tolerances import DISTRIBUTED_METRIC_ATOL, DISTRIBUTED_METRIC_RTOL, FIRST_LOSS_ATOL
 
 PROCESSES = 2
@@ -29,12 +35,8 @@ OPTIONS += ("--batch-size", str(PAIRS_PER_PROMPT))
 RUN = "padding_free+ref_offload+prefix_sharing"
 
 
-@pytest.fixture(scope="module")
-def single_process_padded(model_dir, tmp_path_factory):
-    """TRL's own trainer, padded, in this process, each micro-batch the two processes' grouped batches of a step."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    options = ("--runs", "trl", "--joined-processes", str(PROCESSES), *OPTIONS)
-    return train_in_this_process(model_dir, output, *options)["trl"]
+# Each micro-batch the two processes' grouped batches of a step
+single_process_padded = single_process_padded_fixture({"trl": "trl"}, "--joined-processes", str(PROCESSES), *OPTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +101,9 @@ def test_grouped_batches_under_zero3_with_the_reference_offloaded_train_as_padde
     assert report["world_size"] == PROCESSES and report["zero_stage"] == report["engine_zero_stage"] == 3
     assert report["policy_sharded"], "the policy's parameters are not ZeRO-3 partitions"
     assert report["reference"] == {"kept": True, "offloaded": True}
-    assert_grouped_batches_of_the_baseline(report, single_process_padded)
+    assert_grouped_batches_of_the_baseline(report, single_process_padded["trl"])
     assert_prompts_shared(report)
-    assert_every_logged_metric_equal(report, single_process_padded)
+    assert_every_logged_metric_equal(report, single_process_padded["trl"])
 
 
 @pytest.mark.parametrize("reference", FSDP2_RUNS)
@@ -111,9 +113,9 @@ def test_grouped_batches_under_fsdp2_train_as_padded_trl(fsdp2_runs, single_proc
     assert report["policy_fsdp"]["sharded"], "the policy's parameters are not DTensor shards: FSDP2 did not run"
     assert report["reference_fsdp"]["sharded"]
     assert report["reference_fsdp"]["cpu_offload"] is (reference == "reference_offloaded")
-    assert_grouped_batches_of_the_baseline(report, single_process_padded)
+    assert_grouped_batches_of_the_baseline(report, single_process_padded["trl"])
     assert_prompts_shared(report)
-    assert_every_logged_metric_equal(report, single_process_padded)
+    assert_every_logged_metric_equal(report, single_process_padded["trl"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -18,8 +18,7 @@ from tolerances import (
     LOSS_ATOL,
     RESUMED_LOSS_ATOL,
 )
-from trainer_utils import make_trainer, train_losses
-from transformers import TrainerCallback
+from trainer_utils import FirstStepGradients, make_trainer, train_losses
 
 from trl_padfree import DPOConfig
 from trl_padfree.cli.bench.harness import shipped_lengths
@@ -87,15 +86,6 @@ def test_fill_ratio_on_the_shipped_data(capsys):
 
 
 # The trainer, one process
-
-
-class FirstStepGradients(TrainerCallback):
-    def __init__(self):
-        self.grads = None
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        if self.grads is None:
-            self.grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
 STEP = dict(num_pairs=16, max_steps=1, max_grad_norm=0.0, logging_steps=1)

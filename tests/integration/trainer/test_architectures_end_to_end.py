@@ -35,7 +35,7 @@ from trl_padfree import ATTN_IMPLEMENTATION
 
 deepspeed = pytest.importorskip("deepspeed")
 
-from distributed_runs import ROOT, launch, save_tiny_models, train_in_this_process  # noqa: E402
+from distributed_runs import ROOT, launch, save_tiny_models, single_process_padded_fixture  # noqa: E402
 
 MODEL_TYPES = ("qwen3_moe", "gemma4_text", "gpt_oss", "llama4_text", "olmo3")
 # Whose config turns TRL's MoE aux loss on (a nonzero router_aux_loss_coef)
@@ -142,14 +142,13 @@ def zero3_runs(models_dir, tmp_path_factory) -> dict:
     return launch("zero3.yaml", models_dir, output, *options)
 
 
-@pytest.fixture(scope="module")
-def single_process_padded(models_dir, tmp_path_factory) -> dict:
-    """Padded TRL in this process, each step the two processes' micro-batches accumulated: the load-balancing loss is
-    not a mean over pairs, so a step of 4 pairs in one micro-batch would have another aux loss than 2 x 2 pairs."""
-    output = tmp_path_factory.mktemp("single") / "report.json"
-    runs = ",".join(padded_run(model_type) for model_type in FP32_OPTIONS)
-    options = ("--runs", runs, "--batch-size", str(PAIRS_PER_PROCESS), "--grad-accum", "2", "--steps", str(STEPS))
-    return train_in_this_process(models_dir, output, *options)
+# Each step the two processes' micro-batches accumulated: the load-balancing loss is not a mean over pairs, so a step of
+# 4 pairs in one micro-batch would have another aux loss than 2 x 2 pairs
+single_process_padded = single_process_padded_fixture(
+    {padded_run(model_type): padded_run(model_type) for model_type in FP32_OPTIONS},
+    *("--batch-size", str(PAIRS_PER_PROCESS), "--grad-accum", "2", "--steps", str(STEPS)),
+    models="models_dir",
+)
 
 
 def assert_ran_under_zero3(report: dict) -> None:

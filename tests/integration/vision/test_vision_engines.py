@@ -37,6 +37,7 @@ from distributed_runs import (  # noqa: E402
     free_port,
     launch,
     save_vision_families,
+    single_process_padded_fixture,
     train_padded_in_this_process,
 )
 from tolerances import FIRST_LOSS_ATOL  # noqa: E402
@@ -121,12 +122,11 @@ def vision_models(tmp_path_factory):
     return save_vision_families(tmp_path_factory, "vision_models", MODELS)
 
 
-@pytest.fixture(scope="module")
-def single_process_padded(vision_models, tmp_path_factory):
-    """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    return train_padded_in_this_process(
-        vision_models, tmp_path_factory, MODELS, 2 * PAIRS_PER_PROCESS, *VISION_OPTIONS
-    )
+single_process_padded = single_process_padded_fixture(
+    {family: f"{family}:trl" for family in MODELS},
+    *("--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS),
+    models="vision_models",
+)
 
 
 def launch_runs(config: str, vision_models, output, runs: dict[str, str]) -> dict:

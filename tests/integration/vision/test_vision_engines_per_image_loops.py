@@ -43,8 +43,8 @@ from distributed_runs import (  # noqa: E402
     assert_split_row_training,
     launch,
     save_vision_families,
+    single_process_padded_fixture,
     train_in_this_process,
-    train_padded_in_this_process,
 )
 from tiny_vision import (  # noqa: E402
     EAGER_FAMILIES,
@@ -163,12 +163,11 @@ def vision_models(tmp_path_factory):
     return save_vision_families(tmp_path_factory, "per_image_loops", MODELS)
 
 
-@pytest.fixture(scope="module")
-def single_process_padded(vision_models, tmp_path_factory):
-    """TRL's own trainer, padded, one process, each micro-batch the two processes' micro-batches together."""
-    return train_padded_in_this_process(
-        vision_models, tmp_path_factory, MODELS, 2 * PAIRS_PER_PROCESS, *VISION_OPTIONS
-    )
+single_process_padded = single_process_padded_fixture(
+    {family: f"{family}:trl" for family in MODELS},
+    *("--batch-size", str(2 * PAIRS_PER_PROCESS), *VISION_OPTIONS),
+    models="vision_models",
+)
 
 
 def launch_padding_free(config: str, vision_models, output, families) -> dict:

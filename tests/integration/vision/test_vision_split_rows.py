@@ -82,6 +82,7 @@ def vision_models(tmp_path_factory):
     return directory
 
 
+# Not distributed_runs.single_process_padded_fixture: this baseline also saves each run's first-step gradients
 @pytest.fixture(scope="module")
 def single_process_padded(vision_models, tmp_path_factory):
     """TRL's padded trainer, one process; each run's first-step gradients in `<dir>/<run>.pt`."""
