@@ -38,7 +38,7 @@ from trl_padfree.features.pair_weighted_steps import (
 from trl_padfree.modeling.attention.interface import CHUNKED_LAYER_TYPE
 from trl_padfree.modeling.backends import FLASH_VARLEN
 from trl_padfree.plan.memory import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
-from trl_padfree.refusals import COUPLED_LOSS_TYPES
+from trl_padfree.refusals.token_budget import COUPLED_LOSS_TYPES
 from trl_padfree.settings import REBALANCE
 
 

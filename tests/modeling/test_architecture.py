@@ -46,7 +46,7 @@ from trl_padfree.modeling.packability import (
 from trl_padfree.modeling.packed_forward import packed_row_limit
 from trl_padfree.modeling.twin import build_twin, twin_config
 from trl_padfree.modeling.vision import cross_attention_refusal
-from trl_padfree.refusals import check_packed_row_length
+from trl_padfree.refusals.models import check_packed_row_length
 
 
 def tiny_model(model_type: str, dtype=torch.float32, attn_implementation: str = ATTN_IMPLEMENTATION):

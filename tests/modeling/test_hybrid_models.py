@@ -36,10 +36,7 @@ from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths, position_ids_from_lengths
-from trl_padfree.refusals import (
-    check_split_rows_without_stateful_mixers as check_sequence_parallel_without_stateful_mixers,
-)
-from trl_padfree.refusals import check_zero3_mixer_calls
+from trl_padfree.refusals.parallel import check_split_rows_without_stateful_mixers, check_zero3_mixer_calls
 
 VOCAB_SIZE = len(make_tokenizer())
 # One-token, odd and longer sequences (the Mamba2 scans of the tiny models run in chunks of 8)
@@ -197,9 +194,9 @@ def test_a_packed_row_without_segments_is_an_error():
 
 
 def test_sequence_parallelism_is_refused_for_stateful_mixers():
-    check_sequence_parallel_without_stateful_mixers(())
+    check_split_rows_without_stateful_mixers(())
     with pytest.raises(ValueError, match="Qwen3_5GatedDeltaNet layers carry state along the row.*sp_size=1"):
-        check_sequence_parallel_without_stateful_mixers(("Qwen3_5GatedDeltaNet",))
+        check_split_rows_without_stateful_mixers(("Qwen3_5GatedDeltaNet",))
 
 
 def test_zero3_with_uneven_batches_is_refused_where_mixers_run_per_sequence():

@@ -20,7 +20,7 @@ from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.backends import PACKING_AWARE as PACKING_AWARE_ATTENTION
 from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
 from trl_padfree.packing.collator import concatenated_inputs
-from trl_padfree.refusals import check_attn_implementation
+from trl_padfree.refusals.models import check_attn_implementation
 from trl_padfree.tiny import TINY_CONFIGS
 
 TINY_MODEL_TYPES = tuple(TINY_CONFIGS)

@@ -126,7 +126,7 @@ def test_accelerate_context_parallelism_names_ours_first_and_its_way_out_holds(t
 
     from trl_padfree import DPOConfig
     from trl_padfree.cli.launch import shipped_configs
-    from trl_padfree.refusals import check_no_context_parallelism
+    from trl_padfree.refusals.parallel import check_no_context_parallelism
 
     with pytest.raises(ValueError) as refused:
         check_no_context_parallelism(4)
@@ -149,7 +149,7 @@ def test_the_forward_reads_what_set_up_decided_and_checks_only_the_batch(monkeyp
 
     from trl_padfree.integrations.transformers import set_language_model_attention
     from trl_padfree.modeling import packed_forward
-    from trl_padfree.refusals import PADFREE_VARLEN
+    from trl_padfree.refusals.models import PADFREE_VARLEN
 
     trainer = make_trainer(True, prefix_sharing=True)
     plan = trainer.model._padfree_forward_plan

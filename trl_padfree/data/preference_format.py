@@ -31,8 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from datasets import Dataset, IterableDataset
 
-from ..refusals import check_image_column, check_image_columns_agree
-from ..refusals.data import check_pair_columns, check_pair_value
+from ..refusals.data import check_image_column, check_image_columns_agree, check_pair_columns, check_pair_value
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 IMAGE_COLUMNS = ("image", "images")  # what makes TRL read a dataset as a vision dataset

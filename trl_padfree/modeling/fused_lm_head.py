@@ -46,7 +46,7 @@ from transformers import PreTrainedModel
 from ..costs.flops import EXPERT_COUNT_NAMES  # where configs keep the number of routed experts; TRL reads the first
 from ..integrations.trl import fused_lm_head_added_with
 from ..placement.fsdp2 import keep_root_outputs_dtype
-from ..refusals import check_fused_lm_head_backbone, check_fused_lm_head_experts, check_fused_lm_head_output
+from ..refusals.models import check_fused_lm_head_backbone, check_fused_lm_head_experts, check_fused_lm_head_output
 
 
 def prepare_for_fused_lm_head(model: PreTrainedModel, router_logits: bool | None = None) -> None:

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..costs.flops import DecoderShape, packed_row_work, training_step_flops
-from ..refusals import check_balanced_batches_split
+from ..refusals.token_budget import check_balanced_batches_split
 from .balance import best_split, bin_costs, imbalance, pair_cost, partition, sorted_partition
 from .layout import kept_prompt_and_completion
 from .prefix_sharing import shared_prefix_length

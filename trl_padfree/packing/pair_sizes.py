@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from ..costs.flops import DecoderShape
 from ..integrations.transformers import counts_image_tokens_from_sizes, image_token_counts
 from ..integrations.trl import apply_chat_template, is_conversational, prepare_multimodal_messages
-from ..refusals import check_counted_pair_sizes
+from ..refusals.token_budget import check_counted_pair_sizes
 from .balance import pair_cost
 from .layout import HOST_ROW
 from .vision import image_token_id_of, pack_vision_batch

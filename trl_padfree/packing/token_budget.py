@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from torch.utils.data import Sampler
 
 from ..costs.flops import Segment
-from ..refusals import check_budget_bins_share, check_positive, check_tokenized_pairs, check_training_set_not_empty
+from ..refusals.config import check_at_least_one
+from ..refusals.token_budget import check_budget_bins_share, check_tokenized_pairs, check_training_set_not_empty
 from .layout import kept_prompt_and_completion, kept_slice, pair_tokens
 from .prefix_sharing import grouped_row_layout, pair_row_tokens
 
@@ -187,8 +188,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         groups: Sequence[Sequence[int]] | None = None,
         group_tokens: Callable[[Sequence[int]], int] | None = None,
     ):
-        check_positive("max_tokens_per_batch", budget)
-        check_positive("token_budget_window", window)
+        check_at_least_one("max_tokens_per_batch", budget)
+        check_at_least_one("token_budget_window", window)
         check_training_set_not_empty(len(lengths))
         self.lengths = list(lengths)
         self.budget = budget

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ..integrations.trl import DataCollatorForVisionPreference
-from ..refusals import check_image_inputs_layout, check_image_tokens, refuse_truncated_image
+from ..refusals.vision import check_image_inputs_layout, check_image_tokens, refuse_truncated_image
 from .collator import RowLayout, Sequences, lay_out_groups, lay_out_row, packed_row
 from .layout import HOST_ROW, token_runs
 from .prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..refusals import check_processes_share_rows
+from ..refusals.parallel import check_processes_share_rows
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ..modeling.attention.rows import PACKED_ROW_KWARG, row_in_flight
 from ..modeling.packed_forward import PackedBatch
 from ..modeling.vision import bidirectional_image_marks, image_spans_on_sliding_layers_only, packed_position_ids
 from ..packing.prefix_sharing import shared_prefix_keys
-from ..refusals import check_prefix_sharing_without_sequence_parallel
+from ..refusals.parallel import check_prefix_sharing_without_sequence_parallel
 from .context import ContextParallelRow
 from .groups import RowGroup
 from .image_shares import images_dealt

@@ -23,7 +23,7 @@ import contextlib
 import torch
 
 from ..integrations.deepspeed import sequence_parallel_group, sequence_parallel_groups_created
-from ..refusals import (
+from ..refusals.parallel import (
     check_no_sequence_parallel_groups_yet,
     check_ulysses_attention,
     check_ulysses_head_dims,

@@ -23,9 +23,11 @@ from transformers.integrations import deepspeed as hf_deepspeed
 
 from ..integrations.transformers import deepspeed_config_restored
 from ..integrations.trl import create_model_from_path, reference_deepspeed_prepared_with
-from ..refusals import check_ref_offload as refuse_ref_offload
-from ..refusals import check_reference_not_on_gpus
-from ..refusals import check_reference_offloaded as refuse_not_offloaded
+from ..refusals.placement import (
+    check_deepspeed_preparation_rerouted,
+    check_ref_offload_applies,
+    check_reference_not_on_gpus,
+)
 
 OFFLOAD_PARAM = {"device": "cpu", "pin_memory": True}
 # Config entries only an optimizer reads; an inference engine without one refuses or misuses them
@@ -37,8 +39,8 @@ def check_ref_offload(args, model, ref_model, peft_config, fsdp_version: int | N
     the FSDP version the run asks for (fsdp2.planned_fsdp_version), None without FSDP."""
     from accelerate.utils import is_peft_model
 
-    plugin = getattr(args, "deepspeed_plugin", None)
-    refuse_ref_offload(
+    plugin = args.deepspeed_plugin
+    check_ref_offload_applies(
         zero_stage=None if plugin is None else plugin.zero_stage,
         fsdp_version=fsdp_version,
         separate_reference=ref_model is not None,
@@ -138,10 +140,10 @@ def _sharded_off_cpu(model: torch.nn.Module) -> bool:
 def check_reference_offloaded(model: torch.nn.Module | None) -> None:
     """After TRL's `__init__`: the reference really is offloaded. `reference_prepared_by_own_config` reroutes a
     module-level name of TRL's; if TRL stops calling it, the reference would stay sharded on the GPUs."""
-    refuse_not_offloaded(model is None or reference_offloaded(model))
+    check_deepspeed_preparation_rerouted(model is None or zero3_offloaded(model))
 
 
-def reference_offloaded(model: torch.nn.Module) -> bool:
+def zero3_offloaded(model: torch.nn.Module) -> bool:
     """Whether every parameter of `model` (a DeepSpeed engine or its module) is a ZeRO-3 shard held in CPU memory by
     an engine configured to offload its parameters there."""
     zero_offload_param = getattr(model, "zero_offload_param", None)  # a DeepSpeed engine's own offload settings

@@ -21,27 +21,28 @@ import os
 import torch
 
 from ..integrations.trl import reference_fsdp_prepared_with
-from ..refusals import check_fsdp_engine as refuse_without_fsdp
-from ..refusals import check_reference_not_fsdp_wrapped
-from ..refusals import check_reference_sharded_by_layer as refuse_not_sharded_by_layer
+from ..refusals.placement import (
+    check_fsdp_preparation_rerouted,
+    check_fsdp_set_up_as_asked,
+    check_reference_not_fsdp_wrapped,
+)
 
 
 def planned_fsdp_version(args) -> int | None:
     """The FSDP version this run asks for, or None: from the `fsdp`/`fsdp_config` training arguments, or from the
     environment `accelerate launch` sets for an FSDP config. Known before the Trainer builds its Accelerator."""
-    plugin_args = getattr(args, "fsdp_plugin_args", None)
-    if plugin_args is not None:
-        return int(plugin_args.get("fsdp_version", 1))
+    if args.fsdp_plugin_args is not None:  # transformers' reading of `fsdp` and `fsdp_config`
+        return int(args.fsdp_plugin_args.get("fsdp_version", 1))
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         return int(os.environ.get("FSDP_VERSION", "1"))
     return None
 
 
 def check_fsdp_engine(requested_version: int | None, accelerator) -> None:
-    """Refuse a run that asked for FSDP but got none: on CPU processes accelerate gives an FSDP config plain data
-    parallelism (its distributed type there is MULTI_CPU), so nothing would be sharded."""
+    """Refuse a run that asked for FSDP but got none, as `accelerator` was set up (`check_fsdp_set_up_as_asked` says
+    why)."""
     fsdp_set_up = getattr(accelerator.state, "fsdp_plugin", None) is not None
-    refuse_without_fsdp(requested_version, fsdp_set_up, accelerator.distributed_type.name)
+    check_fsdp_set_up_as_asked(requested_version, fsdp_set_up, accelerator.distributed_type.name)
 
 
 def shard_reference(model: torch.nn.Module, accelerator, offload: bool) -> torch.nn.Module:
@@ -113,7 +114,7 @@ def check_reference_sharded_by_layer(model: torch.nn.Module | None, offload: boo
     module-level name of TRL's; if TRL stops calling it, fail here rather than train with TRL's single unit (or, with
     ref_offload, with the reference on the GPUs)."""
     sharded = model is None or getattr(model, "_padfree_reference_offloaded", None) == offload
-    refuse_not_sharded_by_layer(sharded, offload)
+    check_fsdp_preparation_rerouted(sharded, offload)
 
 
 def reference_sharded_by_layer(offload: bool):

@@ -10,11 +10,6 @@ def check_at_least_one(name: str, value: int) -> None:
         raise ValueError(f"{name} must be at least 1, got {value}.")
 
 
-def check_positive(name: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{name} must be positive, got {value}.")
-
-
 def check_prefix_sharing_value(value, known: bool) -> None:
     if not known:
         raise ValueError(f"prefix_sharing must be true, false or 'auto', got {value!r}.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 # ---- where the reference model lives: DeepSpeed and FSDP ----
 
 
-def check_ref_offload(
+def check_ref_offload_applies(
     zero_stage: int | None,
     fsdp_version: int | None,
     separate_reference: bool,
@@ -54,7 +54,7 @@ def check_reference_not_on_gpus(sharded_on_gpus: bool) -> None:
         )
 
 
-def check_reference_offloaded(offloaded: bool) -> None:
+def check_deepspeed_preparation_rerouted(offloaded: bool) -> None:
     """After TRL's `__init__`: the reference really is offloaded (TRL may stop calling the rerouted name)."""
     if not offloaded:
         raise RuntimeError(
@@ -64,7 +64,7 @@ def check_reference_offloaded(offloaded: bool) -> None:
         )
 
 
-def check_fsdp_engine(requested_version: int | None, fsdp_set_up: bool, distributed_type: str) -> None:
+def check_fsdp_set_up_as_asked(requested_version: int | None, fsdp_set_up: bool, distributed_type: str) -> None:
     """A run that asked for FSDP but got none: on CPU processes accelerate gives an FSDP config plain data
     parallelism (its distributed type there is MULTI_CPU), so nothing would be sharded."""
     if requested_version is not None and not fsdp_set_up:
@@ -84,7 +84,7 @@ def check_reference_not_fsdp_wrapped(offload: bool) -> None:
         )
 
 
-def check_reference_sharded_by_layer(sharded_as_asked: bool, offload: bool) -> None:
+def check_fsdp_preparation_rerouted(sharded_as_asked: bool, offload: bool) -> None:
     """After TRL's `__init__`: the reference went through trl-padfree's FSDP2 preparation."""
     if not sharded_as_asked:
         raise RuntimeError(

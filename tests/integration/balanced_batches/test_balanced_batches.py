@@ -40,7 +40,7 @@ from trl_padfree.packing.balanced_batches import (
 )
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler
-from trl_padfree.refusals import check_balanced_batches_setup
+from trl_padfree.refusals.token_budget import check_balanced_batches_setup
 
 SHAPE = DecoderShape(
     linear_params=1000, hidden_size=8, vocab_size=50, attention_layers=2, num_attention_heads=2, head_dim=4

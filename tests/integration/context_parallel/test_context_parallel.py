@@ -287,7 +287,7 @@ def test_a_group_larger_than_the_processes_is_refused_by_the_trainer(tmp_path):
 
 
 def test_other_attention_and_moe_auxiliary_loss_are_refused():
-    from trl_padfree.refusals import check_context_parallel_attention, check_split_rows_without_moe_aux_loss
+    from trl_padfree.refusals.parallel import check_context_parallel_attention, check_split_rows_without_moe_aux_loss
 
     with pytest.raises(ValueError, match="runs in the `padfree_varlen` attention.*this model runs 'sdpa'"):
         check_context_parallel_attention("sdpa")

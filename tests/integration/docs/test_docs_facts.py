@@ -226,7 +226,7 @@ def passages(path: Path) -> list[str]:
 
 
 def offloads_the_reference(config: Path) -> bool:
-    """`ref_offload` needs ZeRO-3 or FSDP2 (refusals.check_ref_offload)."""
+    """`ref_offload` needs ZeRO-3 or FSDP2 (refusals.placement.check_ref_offload_applies)."""
     settings = yaml.safe_load(text(config))
     zero_stage = (settings.get("deepspeed_config") or {}).get("zero_stage")
     fsdp_version = (settings.get("fsdp_config") or {}).get("fsdp_version")

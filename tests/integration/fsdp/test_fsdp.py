@@ -32,7 +32,7 @@ from tolerances import (
 from trl_padfree import DPOConfig, DPOTrainer
 from trl_padfree.placement.deepspeed import check_ref_offload
 from trl_padfree.placement.fsdp2 import check_reference_sharded_by_layer, planned_fsdp_version
-from trl_padfree.refusals import check_no_context_parallelism
+from trl_padfree.refusals.parallel import check_no_context_parallelism
 
 PAIRS_PER_PROCESS = 2
 DECODER_LAYERS = 2  # the tiny Llama of distributed_runs.save_tiny_model

@@ -23,7 +23,7 @@ from tolerances import DISTRIBUTED_METRIC_ATOL, DISTRIBUTED_METRIC_RTOL  # noqa:
 
 from trl_padfree.modeling.backends import EXACT_UNDER_ULYSSES  # noqa: E402
 from trl_padfree.parallel.ulysses import check_ulysses_model  # noqa: E402
-from trl_padfree.refusals import check_sequence_parallel_engine, check_ulysses_without_dropout  # noqa: E402
+from trl_padfree.refusals.parallel import check_sequence_parallel_engine, check_ulysses_without_dropout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 PAIRS = 2  # per micro-batch: with sequence parallelism every rank of the group shares it

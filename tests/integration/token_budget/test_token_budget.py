@@ -172,9 +172,9 @@ def test_token_budget_needs_padding_free():
 
 
 def test_token_budget_config_is_checked(tmp_path):
-    with pytest.raises(ValueError, match="max_tokens_per_batch must be positive"):
+    with pytest.raises(ValueError, match="max_tokens_per_batch must be at least 1"):
         DPOConfig(output_dir=str(tmp_path), use_cpu=True, max_tokens_per_batch=0)
-    with pytest.raises(ValueError, match="token_budget_window must be positive"):
+    with pytest.raises(ValueError, match="token_budget_window must be at least 1"):
         DPOConfig(output_dir=str(tmp_path), use_cpu=True, token_budget_window=0)
 
 

@@ -8,7 +8,7 @@ images or crops issue different collectives. On 2 data-parallel CPU processes gl
 TRL's padded trainer as well (measured for PaddleOCR-VL, the three MiniCPM-V and LFM3-VL, transformers 5.24, DeepSpeed
 0.19.8); on GPUs NCCL would hang. So does one row split over 4 processes that deal its images (PaddleOCR-VL, sequence
 times context parallelism: shares of 3 and 2 images, a hang). trl-padfree refuses both at trainer construction
-(refusals.check_zero3_per_image_loop). DeepSpeed's remedy for modules called a data-dependent number of
+(refusals.parallel.check_zero3_per_image_loop). DeepSpeed's remedy for modules called a data-dependent number of
 times, leaf modules (`zero_optimization.leaf_module`: the module's weights gathered once, its layers not hooked), does
 not make it work (measured): MiniCPM-V's merger returns a list, so the backward hook that reduces a leaf's gradients
 never fires and they are left unreduced (on CPU `zero_grad` then fails on them); LFM3-VL's convolution block fails in
@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from trl_padfree.modeling.vision import per_image_loop
-from trl_padfree.refusals import check_zero3_per_image_loop
+from trl_padfree.refusals.parallel import check_zero3_per_image_loop
 
 pytest.importorskip("deepspeed")
 

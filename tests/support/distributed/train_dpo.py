@@ -49,7 +49,7 @@ from trl_padfree.modeling.mixers import SEGMENTS_KWARG, MixerSegments, stateful_
 from trl_padfree.packing.balance import bin_costs, imbalance
 from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler, prompt_group_ids
 from trl_padfree.parallel.ulysses import sequence_parallel_size
-from trl_padfree.placement.deepspeed import reference_offloaded, zero3_init_config
+from trl_padfree.placement.deepspeed import zero3_init_config, zero3_offloaded
 
 # TRL 1.16 still calls transformers 5's deprecated gradient checkpointing names
 warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
@@ -676,7 +676,7 @@ def describe(trainer) -> dict:
         "optimizer_partitioned": zero_optimizer_partitioned(trainer),
         "reference": {
             "kept": trainer.ref_model is not None,
-            "offloaded": trainer.ref_model is not None and reference_offloaded(trainer.ref_model),
+            "offloaded": trainer.ref_model is not None and zero3_offloaded(trainer.ref_model),
         },
         # Under ZeRO-3 each process holds 1/world of every parameter it partitions
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
