@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from .data import load_demo_tokenizer
+
 # One config per demo model type: small enough for a CPU forward in milliseconds, yet with GQA, rotary, sliding
 # windows and learned absolute positions where the architecture has them
 _DECODER = dict(
@@ -39,8 +41,6 @@ def make_model(
     """A randomly initialised tiny causal LM of `model_type`, the same weights for the same seed, over `vocab_size`
     tokens (default: the shipped tokenizer's, `trl_padfree.data`) with pad, bos and eos ids 0, 1 and 2."""
     if vocab_size is None:
-        from .data import load_demo_tokenizer
-
         vocab_size = len(load_demo_tokenizer())
     config = AutoConfig.for_model(
         model_type,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ..integrations.transformers import no_split_modules
+from ..modeling.vision import is_vision_language
+from ..sources import load_model_config
 from ..tiny import is_demo_model_name, make_demo_model, parse_demo_model_name
 from .units import parse_count
 
@@ -67,8 +69,6 @@ def load_model_shape(model: str, largest_layer_params: int | None = None) -> Mod
     if is_demo_model_name(model):
         with torch.device("meta"):
             return shape_of_model(model, make_demo_model(*parse_demo_model_name(model)))
-    from ..sources import load_model_config
-
     return shape_of_config(model, load_model_config(model, what="parameter count, model folder or config.json"))
 
 
@@ -76,8 +76,6 @@ def shape_of_config(name: str, config) -> ModelShape:
     """Count the parameters of `config`'s causal LM (a vision-language model's image-text-to-text model, vision tower
     included) exactly, built on the meta device: no memory, no weights."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from ..modeling.vision import is_vision_language
 
     auto_class = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
     try:
