@@ -34,7 +34,6 @@ from trl_padfree.costs.flops import (
     forward_flops,
     packed_row_work,
     padded_batch_work,
-    prefix_shared_segments,
     training_step_flops,
 )
 from trl_padfree.modeling.kernels import stand_in_kernels
@@ -326,6 +325,16 @@ def test_host_bound_marks_a_step_whose_host_time_nears_its_time(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The FLOP model (trl_padfree/costs/flops.py), on hand-computed cases
+
+
+def prefix_shared_segments(prompt: int, chosen: int, rejected: int) -> list[Segment]:
+    """A pair laid out with prefix sharing: the prompt once, followed by the chosen completion (one causal segment),
+    then the rejected completion reading the prompt::
+
+        row: [ p p p c c ][ r r r ]
+              segment 1     segment 2, keys: p p p + r r r
+    """
+    return [Segment(prompt + chosen), Segment(rejected, prefix=prompt)]
 
 
 def test_causal_pairs_count_each_query_over_its_keys():

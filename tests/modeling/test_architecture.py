@@ -168,14 +168,18 @@ def test_twins_have_no_randomness_in_training_mode():
         assert randomness and not any(randomness.values()), (model_type, randomness)
 
 
+# The check's sequence lengths, chosen then rejected of each of its pairs: (9, 1, 13, 5)
+CHECK_LENGTHS = tuple(pair[0] + pair[side] for side in (1, 2) for pair in architecture.CHECK_PAIRS)
+
+
 def test_twins_keep_the_layer_pattern_and_cross_windows_and_chunks():
     config = AutoConfig.for_model("llama4_text")
     twin = twin_config(config)
 
     assert twin.layer_types == config.layer_types
     assert twin.num_hidden_layers == config.num_hidden_layers
-    assert twin.attention_chunk_size < max(architecture.CHECK_LENGTHS)
-    assert twin_config(AutoConfig.for_model("mistral")).sliding_window < max(architecture.CHECK_LENGTHS)
+    assert twin.attention_chunk_size < max(CHECK_LENGTHS)
+    assert twin_config(AutoConfig.for_model("mistral")).sliding_window < max(CHECK_LENGTHS)
     assert twin.hidden_size <= 32 and twin.num_local_experts <= 4
 
 

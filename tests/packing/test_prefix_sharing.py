@@ -27,6 +27,7 @@ from shared_prefix_rows import (
     layout_mask,
     random_examples,
     row_qkv,
+    shares_pay,
 )
 from tiny_fixtures import make_model, make_preference_dataset, make_tokenizer
 from tolerances import (
@@ -68,7 +69,6 @@ from trl_padfree.packing.prefix_sharing import (
     pair_row_tokens,
     shared_prefix_keys,
     shared_prefix_length,
-    shares_pay,
 )
 from trl_padfree.tiny import TINY_CONFIGS
 

@@ -1,5 +1,6 @@
-"""Rows with shared prompts and their reference attention, for the prefix-sharing tests
-(tests/packing/test_prefix_sharing.py, tests/packing/test_prompt_group_rows.py, tests/integration/gpu/test_gpu.py)."""
+"""Rows with shared prompts and their reference attention, and whether "auto" shares a batch, for the prefix-sharing
+tests (tests/packing/test_prefix_sharing.py, tests/packing/test_prompt_group_rows.py, tests/integration/gpu/test_gpu.py,
+tests/integration/prompt_groups/test_prompt_group_batching.py)."""
 
 import random
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from trl_padfree.modeling.packed_forward import PackedBatch
+from trl_padfree.packing.prefix_sharing import SharingCost, layout_pays, pair_segments
 
 # Share every prompt that can be shared; the default (8 tokens) lays short prompts out unshared
 SHARE = dict(prefix_sharing=True, prefix_sharing_min_prompt_tokens=2)
@@ -61,3 +63,9 @@ def layout_mask(batch, sliding_window=None):
     padding = torch.ones(length - start, length - start, dtype=torch.bool).tril()
     allowed[start:, start:] = padding if sliding_window is None else padding.triu(1 - sliding_window)
     return allowed
+
+
+def shares_pay(cost: SharingCost | None, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> bool:
+    """Whether `prefix_sharing="auto"` lays this batch out shared, pair by pair (`layout_pays`)."""
+    sequence_lengths = [length for pair in lengths for length in pair]
+    return layout_pays(cost, sequence_lengths, pair_segments(lengths, prefixes), scored, scored)

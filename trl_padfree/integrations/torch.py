@@ -12,11 +12,6 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 
-def is_compiled(model: torch.nn.Module) -> bool:
-    """Whether `model` is the wrapper `torch.compile(module)` returns."""
-    return isinstance(model, OptimizedModule)
-
-
 def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
     """The module under `torch.compile`'s wrapper (under each, if compiled twice), or `model` itself."""
     while isinstance(model, OptimizedModule):

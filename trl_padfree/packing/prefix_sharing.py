@@ -283,12 +283,6 @@ def pair_segments(lengths: list[tuple[int, int]], prefixes: list[int]) -> list[S
     ]
 
 
-def shares_pay(cost: SharingCost | None, lengths: list[tuple[int, int]], prefixes: list[int], scored: int) -> bool:
-    """Whether `prefix_sharing="auto"` lays this batch out shared, pair by pair (`layout_pays`)."""
-    sequence_lengths = [length for pair in lengths for length in pair]
-    return layout_pays(cost, sequence_lengths, pair_segments(lengths, prefixes), scored, scored)
-
-
 def layout_pays(
     cost: SharingCost | None, sequence_lengths: list[int], segments: list[Segment], scored: int, row_scored: int
 ) -> bool:

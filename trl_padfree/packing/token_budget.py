@@ -139,20 +139,13 @@ def pack_window(indices: Sequence[int], lengths: Sequence[int], capacity: int) -
     return bins
 
 
-def split_to_multiple(bins: list[list[int]], lengths: Sequence[int], multiple: int) -> list[list[int]]:
-    """Split the bins holding the most pairs until their count is a multiple of `multiple` (a split bin's halves
-    each fit, so the budget still holds)."""
-    units = [[[index] for index in each] for each in bins]
-    split = split_units_to_multiple(units, lambda unit: sum(lengths[index] for index in unit), multiple)
-    return [[index for unit in each for index in unit] for each in split]
-
-
 def split_units_to_multiple(
     bins: list[list[list[int]]], tokens: Callable[[Sequence[int]], int], multiple: int
 ) -> list[list[list[int]]]:
-    """`split_to_multiple` over bins of units (a pair, or a prompt group's pairs, sized by `tokens`): split the bins
-    holding the most units, so that whole groups stay whole; where every bin holds a single unit, the unit with the
-    most pairs is cut in two halves (pairs of one prompt: each half's row is no longer than the whole's)."""
+    """Split the bins holding the most units (a pair, or a prompt group's pairs, sized by `tokens`) until their count
+    is a multiple of `multiple` (a split bin's halves each fit, so the budget still holds), so that whole groups stay
+    whole; where every bin holds a single unit, the unit with the most pairs is cut in two halves (pairs of one
+    prompt: each half's row is no longer than the whole's)."""
     bins = [[list(unit) for unit in each] for each in bins]
     while len(bins) % multiple:
         largest = max(range(len(bins)), key=lambda number: (len(bins[number]), sum(map(len, bins[number])), -number))

@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 from grouped_pairs import PAIRS_PER_PROMPT, PROMPTS, make_grouped_trainer
+from shared_prefix_rows import shares_pay
 from trainer_utils import FirstStepGradients, StepResult, assert_same_step
 
 from trl_padfree.costs.flops import DecoderShape, Segment
@@ -17,7 +18,7 @@ from trl_padfree.features.pair_weighted_steps import PER_PAIR_METRICS
 from trl_padfree.packing.balanced_batches import BalancedBatchSampler
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import HOST_ROW
-from trl_padfree.packing.prefix_sharing import SharingCost, shares_pay
+from trl_padfree.packing.prefix_sharing import SharingCost
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler, grouped_row_tokens
 
 # ---- the token budget's sampler ----

@@ -23,7 +23,7 @@ from trainer_utils import FirstStepGradients, make_trainer, train_losses
 from trl_padfree import DPOConfig
 from trl_padfree.cli.bench.harness import shipped_lengths
 from trl_padfree.packing.layout import pair_tokens
-from trl_padfree.packing.token_budget import TokenBudgetBatchSampler, pack_window, split_to_multiple
+from trl_padfree.packing.token_budget import TokenBudgetBatchSampler, pack_window, split_units_to_multiple
 
 _rng = random.Random(0)
 LENGTHS = [_rng.randint(20, 700) for _ in range(500)]  # tokens per pair
@@ -63,6 +63,14 @@ def test_best_fit_decreasing_fills_rows():
     assert pack_window([0, 1, 2, 3, 4], [60, 50, 40, 30, 20], capacity=100) == [[0, 2], [1, 3, 4]]
     sampler = TokenBudgetBatchSampler(LENGTHS, 4096, seed=0)
     assert fill_ratio(sampler) > 0.97
+
+
+def split_to_multiple(bins: list[list[int]], lengths: list[int], multiple: int) -> list[list[int]]:
+    """Split the bins holding the most pairs until their count is a multiple of `multiple` (a split bin's halves
+    each fit, so the budget still holds)."""
+    units = [[[index] for index in each] for each in bins]
+    split = split_units_to_multiple(units, lambda unit: sum(lengths[index] for index in unit), multiple)
+    return [[index for unit in each for index in unit] for each in split]
 
 
 def test_micro_batch_count_is_a_multiple_of_the_processes():

@@ -10,12 +10,18 @@ dynamic shapes, and AOTAutograd builds the backward: all but inductor's code gen
 import pytest
 import torch
 from tiny_fixtures import make_model
+from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.utils import counters
 from trainer_utils import StepResult, assert_same_step, make_trainer
 
-from trl_padfree.integrations.torch import is_compiled, uncompiled
+from trl_padfree.integrations.torch import uncompiled
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.packability import architecture_verdict, check_packable
+
+
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether `model` is the wrapper `torch.compile(module)` returns."""
+    return isinstance(model, OptimizedModule)
 
 
 def test_the_architecture_check_sees_through_torch_compile():
