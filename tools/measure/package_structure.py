@@ -45,19 +45,26 @@ package: a name defined in the module or imported into it (re-exports followed),
 `self.method` / `cls.method` (the class and its bases in the package), `super().method`, and `Class(...)` when the class
 (or a base in the package) defines `__init__` or `__post_init__` (building a plain record is not a stop).
 
-The figure follows the trainer (`trainer-start-functions`): in `enable`, the trainer and every local derived from it
-(an attribute of it, a call's result that was passed it, a loop over one: the models, the collator) are followed; a
-resolved call that passes a followed value on (the value itself, an attribute chain, subscript or call rooted at it) is
-a stop, and its callee follows the parameters that received one (no further deriving below `enable`). Each function is
-a stop the first time the walk reaches it and is expanded then only. A stop's floor is its module's floor; a climb is a
-stop on a higher floor than the stop just before it in visit order (the walk starts on `enable`'s floor). Of the rules
-tried, all printed, this one comes closest on the tree the count was first made on (57 stops in 18 files, 14 climbs, 7
-at modeling/packability.py; this rule: 59, 18, 15, 9). Climbs on room floors are printed beside (9 there). The others:
+The figure follows the trainer (`trainer-private-functions`). In `enable`, the trainer and every local derived from it
+are followed: an attribute of it, a loop over one, a call's result that was passed one (the models, the collator). A
+resolved call that passes a followed value on (the value itself, or an attribute chain, subscript or call rooted at
+it) is a stop, and its callee follows the parameters that received one; below `enable`, a local joins them when it is
+an attribute of a followed value, a loop over one, or the result of one of the module's private helpers (`_name(...)`)
+passed one (`checked = _read_model(model)` is the model read on; a public function's result there, a twin or a batch,
+is a new object). Each function is a stop the first time the walk reaches it and is expanded then only. A stop's floor
+is its module's floor; a climb is a stop on a higher floor than the stop just before it in visit order (the walk starts
+on `enable`'s floor). On the tree the count was first made on (57 stops in 18 files, 14 climbs, 7 at
+modeling/packability.py), this rule gives 60, 18, 15 and 9; climbs on room floors are printed beside (9 there). Every
+rule tried is printed; all but the first two follow only calls that pass the trainer on:
 
-    sites / functions    every resolved call, revisits counted / each function once
-    trainer-*            only calls that pass the trainer on; locals derived from it: `-sites` / `-functions` in every
-                         function (values, call results included), `-attributes-` attribute chains only, `-start-` in
-                         `enable` only, `-direct-` none; `-sites` counts revisits, `-functions` each function once
+    sites / functions    every resolved call
+    trainer-*            locals derived from a followed value: `trainer-sites` / `trainer-functions` through any
+                         call's result in every function, `-private-` as the figure, `-start-` derived in `enable`
+                         only, `-attributes-` attribute chains only, `-direct-` none
+    *-sites / *-functions  a revisited function counted at each call / each function once
+
+Any static rule can be walked around (a value read on through a public function is no longer followed under the
+figure's rule); `trainer-functions`, which derives through every call, is the one to compare when the figure drops.
 """
 
 from __future__ import annotations
@@ -74,7 +81,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "trl_padfree"
 RESOLVER = "trl_padfree/settings.py"
 WALK_START = ("trl_padfree.features.padding_free", "PaddingFree.enable")
-# name: (follow only calls that pass the trainer on, which locals join it, count revisits)
+# name: (follow only calls that pass the trainer on, which locals join the followed values, count revisits). Locals:
+# "values" through any call's result, "attributes" attribute chains and loops only, "none"; "start" as "values" in the
+# start function and "none" below it, "start-private" as "values" there and below it attributes and private helpers'
+# results
 WALK_VARIANTS = {
     "sites": (False, "none", True),
     "functions": (False, "none", False),
@@ -84,10 +94,12 @@ WALK_VARIANTS = {
     "trainer-attributes-functions": (True, "attributes", False),
     "trainer-start-sites": (True, "start", True),
     "trainer-start-functions": (True, "start", False),
+    "trainer-private-sites": (True, "start-private", True),
+    "trainer-private-functions": (True, "start-private", False),
     "trainer-direct-sites": (True, "none", True),
     "trainer-direct-functions": (True, "none", False),
 }
-MAIN_WALK = "trainer-start-functions"
+MAIN_WALK = "trainer-private-functions"
 CLIMB_LEVEL = "module"  # the floors a climb is counted on
 ROOMS_APART = ("cli.bench",)  # folders below the top that are rooms of their own
 
@@ -580,13 +592,16 @@ def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
 
 
-def _rooted_at(node: ast.expr, followed: set[str], through_calls: bool = True) -> bool:
+def _rooted_at(node: ast.expr, followed: set[str], through_calls: bool | str = True) -> bool:
     """`node` is a followed name, an attribute chain / subscript rooted at one, or (`through_calls`) a call that passes
-    one on."""
+    one on; with `through_calls="private"`, only a call of a private helper (`_name(...)`) does."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
         node = node.value
     if isinstance(node, ast.Name):
         return node.id in followed
+    if through_calls == "private" and isinstance(node, ast.Call):
+        if not (isinstance(node.func, ast.Name) and node.func.id.startswith("_")):
+            return False
     if isinstance(node, ast.Call) and through_calls:
         return _rooted_at(node.func, followed) or any(
             _rooted_at(a, followed) for a in (*node.args, *(k.value for k in node.keywords))
@@ -653,7 +668,7 @@ def _calls_in_statements(statements: list, followed: set[str] | None, taint: str
         for call in calls:
             yield call, followed
         if followed is not None and taint != "none":
-            _taint(statement, followed, through_calls=taint == "values")
+            _taint(statement, followed, through_calls="private" if taint == "private" else taint == "values")
         for block in blocks:
             yield from _calls_in_statements(block, followed, taint)
 
@@ -665,7 +680,16 @@ def _is_block(value) -> bool:
     )
 
 
-def _taint(statement: ast.AST, followed: set[str], through_calls: bool) -> None:
+def _pairs(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
+    """`a, b = x, y` as [(a, x), (b, y)]; anything else as one pair."""
+    shapes = (ast.Tuple, ast.List)
+    if isinstance(target, shapes) and isinstance(value, shapes) and len(target.elts) == len(value.elts):
+        if not any(isinstance(element, ast.Starred) for element in (*target.elts, *value.elts)):
+            return [pair for t, v in zip(target.elts, value.elts, strict=True) for pair in _pairs(t, v)]
+    return [(target, value)]
+
+
+def _taint(statement: ast.AST, followed: set[str], through_calls: bool | str) -> None:
     """Names bound by `statement` from a followed value join `followed` (a call's result is one when `through_calls`
     and the call passes a followed value on)."""
 
@@ -676,8 +700,9 @@ def _taint(statement: ast.AST, followed: set[str], through_calls: bool) -> None:
 
     bound: list[ast.AST] = []
     if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and statement.value is not None:
-        if derived(statement.value):
-            bound = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        for whole in targets:
+            bound += [target for target, value in _pairs(whole, statement.value) if derived(value)]
     elif isinstance(statement, (ast.For, ast.AsyncFor)) and derived(statement.iter):
         bound = [statement.target]
     elif isinstance(statement, (ast.With, ast.AsyncWith)):
@@ -736,7 +761,9 @@ def set_up_walk(
         expanded.add(function)
         node = definitions.functions[function.module, function.qualname]
         bindings = definitions.local_bindings(function.module, node)
-        taint_here = taint if taint != "start" else "values" if function == root else "none"
+        taint_here = taint
+        if taint in ("start", "start-private"):
+            taint_here = "values" if function == root else "none" if taint == "start" else "private"
         for call, followed_here in _calls_in_order(node, names, taint_here):
             target = definitions.resolve_call(function, bindings, call)
             if target is None:
