@@ -42,19 +42,21 @@ The set-up walk. From `PaddingFree.enable` (features/padding_free.py), the stati
 source order (a compound statement's header before its body; an outer call before the calls in its arguments; calls in
 nested functions and lambdas where they are written). A call resolves when it names a function or method of the
 package: a name defined in the module or imported into it (re-exports followed), `module.function`, `Class.method`,
-`self.method` / `cls.method` (the class and its bases in the package), `super().method`, and `Class(...)` when the class
-(or a base in the package) defines `__init__` or `__post_init__` (building a plain record is not a stop).
+`self.method` / `cls.method` (the class and its bases in the package), `super().method`, `parameter.method` where the
+parameter is annotated with a class of the package (`checked: CheckedModel`), and `Class(...)` when the class (or a base
+in the package) defines `__init__` or `__post_init__` (building a plain record is not a stop). Other method calls on
+objects (a local's type is not inferred) are not resolved.
 
 The figure follows the trainer (`trainer-private-functions`). In `enable`, the trainer and every local derived from it
 are followed: an attribute of it, a loop over one, a call's result that was passed one (the models, the collator). A
 resolved call that passes a followed value on (the value itself, or an attribute chain, subscript or call rooted at
-it) is a stop, and its callee follows the parameters that received one; below `enable`, a local joins them when it is
+it; or is a method called on one) is a stop, and its callee follows the parameters that received one; below `enable`, a local joins them when it is
 an attribute of a followed value, a loop over one, or the result of one of the module's private helpers (`_name(...)`)
 passed one (`checked = _read_model(model)` is the model read on; a public function's result there, a twin or a batch,
 is a new object). Each function is a stop the first time the walk reaches it and is expanded then only. A stop's floor
 is its module's floor; a climb is a stop on a higher floor than the stop just before it in visit order (the walk starts
 on `enable`'s floor). On the tree the count was first made on (57 stops in 18 files, 14 climbs, 7 at
-modeling/packability.py), this rule gives 60, 18, 15 and 9; climbs on room floors are printed beside (9 there). Every
+modeling/packability.py), this rule gives 61, 19, 15 and 9; climbs on room floors are printed beside (9 there). Every
 rule tried is printed; all but the first two follow only calls that pass the trainer on:
 
     sites / functions    every resolved call
@@ -562,8 +564,30 @@ class Definitions:
         owner, _, _ = function.qualname.rpartition(".")
         return Function(function.module, owner) if owner else None
 
-    def resolve_call(self, caller: Function, bindings: dict, call: ast.Call) -> Function | None:
-        """The package function `call` (written in `caller`) runs, or None."""
+    def typed_parameters(self, function: Function, bindings: dict) -> dict[str, Function]:
+        """The parameters of `function` annotated with one of the package's classes, with that class."""
+        node = self.functions[function.module, function.qualname]
+        arguments = node.args
+        typed = {}
+        for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs):
+            annotation = argument.annotation
+            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+                try:
+                    annotation = ast.parse(annotation.value, mode="eval").body
+                except SyntaxError:
+                    continue
+            chain = _chain(annotation) if annotation is not None else None
+            if chain is not None:
+                kind, target, _ = self.attribute_chain(function.module, bindings, chain)
+                if kind == "class":
+                    typed[argument.arg] = target
+        return typed
+
+    def resolve_call(
+        self, caller: Function, bindings: dict, call: ast.Call, typed: dict[str, Function] | None = None
+    ) -> Function | None:
+        """The package function `call` (written in `caller`) runs, or None; `typed`: the caller's parameters annotated
+        with a class of the package, whose methods `parameter.method(...)` resolves to."""
         func = call.func
         owner = self.enclosing_class(caller)
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
@@ -579,6 +603,8 @@ class Definitions:
             return None
         if chain[0] in ("self", "cls") and owner is not None:
             return self.method(owner, chain[1]) if len(chain) == 2 else None
+        if typed and chain[0] in typed:
+            return self.method(typed[chain[0]], chain[1]) if len(chain) == 2 else None
         kind, target, _ = self.attribute_chain(caller.module, bindings, chain)
         if kind == "function":
             return target
@@ -610,12 +636,17 @@ def _rooted_at(node: ast.expr, followed: set[str], through_calls: bool | str = T
 
 
 def _passes(call: ast.Call, callee: ast.FunctionDef, is_bound_method: bool, followed: set[str]) -> set[str] | None:
-    """The callee's parameters that receive a followed value; None when the call passes none on."""
+    """The callee's parameters that receive a followed value (a bound method's `self` too, when it is called on one);
+    None when the call passes none on."""
     parameters = _parameters(callee)
-    if is_bound_method and parameters:
-        parameters = parameters[1:]
     received = set()
     passed = False
+    if is_bound_method and parameters:
+        receiver = _chain(call.func)
+        if receiver is not None and len(receiver) == 2 and receiver[0] in followed:
+            passed = True
+            received.add(parameters[0])
+        parameters = parameters[1:]
     for position, argument in enumerate(call.args):
         if _rooted_at(argument, followed):
             passed = True
@@ -629,8 +660,9 @@ def _passes(call: ast.Call, callee: ast.FunctionDef, is_bound_method: bool, foll
     return received if passed else None
 
 
-def _is_bound(definitions: Definitions, target: Function, call: ast.Call) -> bool:
-    """Whether the callee's first parameter (self / cls) is filled by the call, not by an argument."""
+def _is_bound(definitions: Definitions, target: Function, call: ast.Call, typed: dict[str, Function]) -> bool:
+    """Whether the callee's first parameter (self / cls) is filled by the call, not by an argument (`typed`: the
+    caller's parameters annotated with a class of the package, whose methods are called bound)."""
     node = definitions.functions[target.module, target.qualname]
     if "." not in target.qualname:
         return False
@@ -638,7 +670,7 @@ def _is_bound(definitions: Definitions, target: Function, call: ast.Call) -> boo
         return False
     chain = _chain(call.func)
     # `Class.method(obj, ...)` on a plain method passes self explicitly
-    if chain is not None and chain[0] not in ("self", "cls") and len(chain) >= 2:
+    if chain is not None and chain[0] not in ("self", "cls", *typed) and len(chain) >= 2:
         is_classmethod = any(isinstance(d, ast.Name) and d.id == "classmethod" for d in node.decorator_list)
         constructing = target.qualname.endswith(("__init__", "__post_init__"))
         return is_classmethod or constructing
@@ -764,14 +796,15 @@ def set_up_walk(
         taint_here = taint
         if taint in ("start", "start-private"):
             taint_here = "values" if function == root else "none" if taint == "start" else "private"
+        typed = definitions.typed_parameters(function, bindings)
         for call, followed_here in _calls_in_order(node, names, taint_here):
-            target = definitions.resolve_call(function, bindings, call)
+            target = definitions.resolve_call(function, bindings, call, typed)
             if target is None:
                 continue
             received = None
             if follow:
                 callee = definitions.functions[target.module, target.qualname]
-                received = _passes(call, callee, _is_bound(definitions, target, call), followed_here)
+                received = _passes(call, callee, _is_bound(definitions, target, call, typed), followed_here)
                 if received is None:
                     continue
             first = target not in expanded
