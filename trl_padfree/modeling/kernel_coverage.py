@@ -4,7 +4,7 @@ The architecture check's twin (twin.py) shrinks every head dim to 8, which every
 depend on the real ones: Gemma 4's 512-wide global layers exceed the Flash kernel's 256 (the memory-efficient kernel
 takes them), and multi-head latent attention hands it a value narrower than its query (128 against 192). So the
 coverage builds a second twin at the real head dims (`real_head_dims`), runs one packed forward of the check's row,
-and plans every attention call as training plans it (`attention.varlen.layer_plan`) in TRL's default precision
+and plans every attention call as training plans it (`attention.plan.varlen_kernel_plan`) in TRL's default precision
 (float32 weights under bf16 autocast) for the installed torch's `varlen_attn` and this machine's fused kernels on an
 SM80+ GPU. The forward itself runs the CPU path in float32 (bf16 matmuls are slow on most CPUs); the plan is what a GPU
 runs. The test suite runs the same twins under bf16 autocast through strict stand-ins of the kernels
@@ -25,8 +25,7 @@ from transformers import PretrainedConfig
 
 from ..integrations.transformers import attention_calls_observed
 from .attention.interface import padfree_varlen_attention
-from .attention.plan import KERNEL_NAMES, VarlenKernelPlan
-from .attention.varlen import layer_plan
+from .attention.plan import KERNEL_NAMES, KernelTarget, LayerCall, VarlenKernelPlan, varlen_kernel_plan
 from .backends import ATTN_IMPLEMENTATION
 from .kernels import FusedKernels, VarlenKernel, cpu_twin_kernels, installed_fused_kernels, torch_varlen_kernel
 from .packability import CHECK_PAIRS, check_row
@@ -127,6 +126,7 @@ def planned_forward(
     fused = fused or installed_fused_kernels()
     twin = build_twin(model_class, config, ATTN_IMPLEMENTATION, real_head_dims=True, dtype=COVERAGE_WEIGHTS)
     _, packed = check_row(twin, CHECK_PAIRS, prefix_sharing=False, seed=1)
+    target = KernelTarget.of(kernel, COVERAGE_CAPABILITY, fused)
     plans = []
 
     def plan(*args, **kwargs) -> None:
@@ -135,21 +135,11 @@ def planned_forward(
         call = bound.arguments
         options = {name: call[name] for name in ("scaling", "sliding_window", "softcap", "dropout")}
         options["sinks"] = call["s_aux"]
-        query, key, value = call["query"], call["key"], call["value"]
-        module = call["module"]
-        plans.append(
-            layer_plan(
-                kernel,
-                COVERAGE_CAPABILITY,
-                query,
-                key,
-                value,
-                module,
-                autocast=COVERAGE_AUTOCAST,
-                fused=fused,
-                **options,
-            )  # fmt: skip
-        )
+        layer = LayerCall.of(
+            call["query"], call["key"], call["value"], call["module"], options,
+            autocast=COVERAGE_AUTOCAST, limits=kernel.limits,
+        )  # fmt: skip
+        plans.append(varlen_kernel_plan(layer, target))
 
     with attention_calls_observed(ATTN_IMPLEMENTATION, plan), torch.no_grad():
         twin(packed_batch=packed, use_cache=False)

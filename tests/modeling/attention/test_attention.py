@@ -43,7 +43,7 @@ from tolerances import (
 from trl_padfree.modeling.attention import rows
 from trl_padfree.modeling.attention import varlen as attention
 from trl_padfree.modeling.attention.interface import attention_chunk_size, padfree_varlen_attention
-from trl_padfree.modeling.attention.plan import varlen_kernel_plan
+from trl_padfree.modeling.attention.plan import KernelTarget, LayerCall, varlen_kernel_plan
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.kernels import FlexKernel, FusedKernels, varlen_kernel
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
@@ -506,6 +506,13 @@ TORCH_SIGNATURES = {
 PLAIN_LAYER = dict(dtype=torch.bfloat16, heads=NUM_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, scaling=SCALING)
 
 
+def layer_call(**changes) -> LayerCall:
+    """`PLAIN_LAYER` with `changes`; its inputs in the dtype it computes in and its value as wide as its query unless
+    `changes` say otherwise."""
+    layer = {**PLAIN_LAYER, **changes}
+    return LayerCall(**{"input_dtypes": (layer["dtype"],) * 3, "value_head_dim": layer["head_dim"], **layer})
+
+
 @pytest.mark.parametrize(
     "torch_version, options",
     [
@@ -515,7 +522,7 @@ PLAIN_LAYER = dict(dtype=torch.bfloat16, heads=NUM_HEADS, kv_heads=NUM_KV_HEADS,
     ],
 )
 def test_kernel_plan_of_a_plain_grouped_layer(torch_version, options):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **PLAIN_LAYER)
+    plan = varlen_kernel_plan(layer_call(), KernelTarget(TORCH_SIGNATURES[torch_version]))
 
     assert plan.fallback is None
     assert plan.options == options
@@ -523,7 +530,7 @@ def test_kernel_plan_of_a_plain_grouped_layer(torch_version, options):
 
 @pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
 def test_kernel_plan_without_grouped_heads_passes_no_gqa(torch_version):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "kv_heads": NUM_HEADS})
+    plan = varlen_kernel_plan(layer_call(kv_heads=NUM_HEADS), KernelTarget(TORCH_SIGNATURES[torch_version]))
 
     assert "enable_gqa" not in plan.options
 
@@ -533,8 +540,8 @@ def test_kernel_plan_without_grouped_heads_passes_no_gqa(torch_version):
     [("2.10", None), ("2.11", {"window_size": (5, 0), "scale": 0.0625}), ("2.12", {"window_size": (5, 0)})],
 )
 def test_kernel_plan_of_a_sliding_window_and_a_custom_scale(torch_version, expected):
-    window = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **PLAIN_LAYER, sliding_window=6)
-    custom_scale = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "scaling": 0.0625})
+    window = varlen_kernel_plan(layer_call(sliding_window=6), KernelTarget(TORCH_SIGNATURES[torch_version]))
+    custom_scale = varlen_kernel_plan(layer_call(scaling=0.0625), KernelTarget(TORCH_SIGNATURES[torch_version]))
 
     if expected is None:  # torch 2.10 has neither `window_size` nor `scale`
         assert "sliding window" in window.fallback
@@ -547,7 +554,7 @@ def test_kernel_plan_of_a_sliding_window_and_a_custom_scale(torch_version, expec
 
 def test_kernel_plan_takes_the_default_scale_without_a_scale_parameter():
     for scaling in (None, HEAD_DIM**-0.5, 1 / HEAD_DIM**0.5):
-        plan = varlen_kernel_plan(TORCH_SIGNATURES["2.10"], **{**PLAIN_LAYER, "scaling": scaling})
+        plan = varlen_kernel_plan(layer_call(scaling=scaling), KernelTarget(TORCH_SIGNATURES["2.10"]))
         assert plan.fallback is None and "scale" not in plan.options
 
 
@@ -556,20 +563,20 @@ def test_kernel_plan_takes_the_default_scale_without_a_scale_parameter():
     "needs, reason",
     [
         (dict(softcap=50.0), "softcapping"),
-        (dict(sinks=True), "sinks"),
+        (dict(sinks=NUM_HEADS), "sinks"),
         (dict(dropout=0.1), "dropout"),
         (dict(dtype=torch.float32), "torch.float32 inputs"),
     ],
     ids=["softcap", "sinks", "dropout", "fp32"],
 )
 def test_kernel_plan_falls_back_for_what_no_torch_kernel_does(torch_version, needs, reason):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, **needs})
+    plan = varlen_kernel_plan(layer_call(**needs), KernelTarget(TORCH_SIGNATURES[torch_version]))
 
     assert reason in plan.fallback
 
 
 def test_kernel_plan_falls_back_without_a_way_to_mask_causally():
-    plan = varlen_kernel_plan(POSITIONAL | {"return_aux"}, **PLAIN_LAYER)
+    plan = varlen_kernel_plan(layer_call(), KernelTarget(POSITIONAL | {"return_aux"}))
 
     assert "causal masking" in plan.fallback
 
@@ -579,7 +586,7 @@ def test_kernel_plan_falls_back_without_a_way_to_mask_causally():
 
 def test_kernel_plan_pads_a_narrower_value_to_the_query_head_dim():
     # Multi-head latent attention (DeepSeek-V3): query and key 192, value 128; the kernel takes one head dim
-    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **{**PLAIN_LAYER, "head_dim": 192, "value_head_dim": 128})
+    plan = varlen_kernel_plan(layer_call(head_dim=192, value_head_dim=128), KernelTarget(TORCH_SIGNATURES["2.12"]))
 
     assert plan.on_kernel and plan.padded_head_dim == 192 and plan.value_head_dim == 128
     assert plan.padding == "the value padded from 128 to the query's 192"
@@ -587,7 +594,7 @@ def test_kernel_plan_pads_a_narrower_value_to_the_query_head_dim():
 
 @pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
 def test_kernel_plan_pads_a_head_dim_that_is_not_a_multiple_of_8_and_keeps_its_scale(torch_version):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **{**PLAIN_LAYER, "head_dim": 100, "scaling": None})
+    plan = varlen_kernel_plan(layer_call(head_dim=100, scaling=None), KernelTarget(TORCH_SIGNATURES[torch_version]))
 
     if torch_version == "2.10":  # no `scale`: the padded query's default scale would be wrong
         assert "takes no `scale`" in plan.fallback
@@ -599,10 +606,10 @@ def test_kernel_plan_pads_a_head_dim_that_is_not_a_multiple_of_8_and_keeps_its_s
 @pytest.mark.parametrize("head_dims", [(512, 512), (288, 256), (192, 320)])
 def test_kernel_plan_runs_head_dims_above_256_on_the_memory_efficient_kernel(head_dims):
     head_dim, value_head_dim = head_dims
-    layer = {**PLAIN_LAYER, "head_dim": head_dim, "value_head_dim": value_head_dim}
+    layer = layer_call(head_dim=head_dim, value_head_dim=value_head_dim)
 
-    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **layer, fused=ALL_FUSED)
-    alone = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **layer)  # a machine without the kernel
+    plan = varlen_kernel_plan(layer, KernelTarget(TORCH_SIGNATURES["2.12"], fused=ALL_FUSED))
+    alone = varlen_kernel_plan(layer, KernelTarget(TORCH_SIGNATURES["2.12"]))  # a machine without the kernel
 
     assert plan.kernel == "efficient" and plan.options == {"custom_mask_type": 2, "scale": SCALING}
     assert plan.padded_head_dim in (None, max(head_dims))
@@ -623,7 +630,9 @@ FLEX_ONLY = FusedKernels(efficient=object(), flex=FlexKernel(object(), object())
     ids=["flash_attn", "flex", "none"],
 )
 def test_kernel_plan_of_a_softcapped_layer(fused, kernel):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **PLAIN_LAYER, softcap=50.0, sliding_window=6, fused=fused)
+    plan = varlen_kernel_plan(
+        layer_call(softcap=50.0, sliding_window=6), KernelTarget(TORCH_SIGNATURES["2.12"], fused=fused)
+    )
 
     assert plan.kernel == kernel
     if kernel == "flash_attn":
@@ -637,23 +646,24 @@ def test_kernel_plan_of_a_softcapped_layer(fused, kernel):
 @pytest.mark.parametrize("torch_version", list(TORCH_SIGNATURES))
 @pytest.mark.parametrize("sink_backward", [True, False])
 def test_kernel_plan_of_a_layer_with_sinks(torch_version, sink_backward):
-    plan = varlen_kernel_plan(
-        TORCH_SIGNATURES[torch_version], **PLAIN_LAYER, sinks=True, fused=ALL_FUSED, sink_backward=sink_backward
-    )
+    target = KernelTarget(TORCH_SIGNATURES[torch_version], fused=ALL_FUSED, sink_backward=sink_backward)
+    plan = varlen_kernel_plan(layer_call(sinks=NUM_HEADS), target)
 
     if sink_backward:  # every signature returns the log-sum-exp
         assert plan.kernel == "varlen_sinks"
-        assert plan.options == varlen_kernel_plan(TORCH_SIGNATURES[torch_version], **PLAIN_LAYER).options
+        assert plan.options == varlen_kernel_plan(layer_call(), KernelTarget(TORCH_SIGNATURES[torch_version])).options
     else:
         assert "attention sinks" in plan.fallback
 
 
 @pytest.mark.parametrize(
     "needs, reason",
-    [(dict(sinks=True), "with attention sinks"), (dict(sliding_window=8), "with a sliding window")],
+    [(dict(sinks=NUM_HEADS), "with attention sinks"), (dict(sliding_window=8), "with a sliding window")],
 )
 def test_kernel_plan_of_wide_heads_with_what_the_memory_efficient_call_does_not_take(needs, reason):
-    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **{**PLAIN_LAYER, "head_dim": 512}, **needs, fused=ALL_FUSED)
+    plan = varlen_kernel_plan(
+        layer_call(head_dim=512, **needs), KernelTarget(TORCH_SIGNATURES["2.12"], fused=ALL_FUSED)
+    )
 
     assert plan.fallback.startswith("head dim 512 " + reason)
 
@@ -661,10 +671,10 @@ def test_kernel_plan_of_wide_heads_with_what_the_memory_efficient_call_does_not_
 def test_kernel_plan_casts_mixed_inputs_to_the_dtype_it_computes_in():
     # TRL's default: float32 queries and keys (RoPE's float32 cos/sin) and bf16 values, under bf16 autocast
     mixed = (torch.float32, torch.float32, torch.bfloat16)
-    plan = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **PLAIN_LAYER, input_dtypes=mixed)
+    plan = varlen_kernel_plan(layer_call(input_dtypes=mixed), KernelTarget(TORCH_SIGNATURES["2.12"]))
     assert plan.on_kernel and plan.cast_to == torch.bfloat16
 
-    same = varlen_kernel_plan(TORCH_SIGNATURES["2.12"], **PLAIN_LAYER, input_dtypes=(torch.bfloat16,) * 3)
+    same = varlen_kernel_plan(layer_call(input_dtypes=(torch.bfloat16,) * 3), KernelTarget(TORCH_SIGNATURES["2.12"]))
     assert same.cast_to is None
 
 
@@ -690,6 +700,25 @@ def test_the_kernel_computes_in_autocasts_dtype_else_the_weights(inputs, autocas
 
     assert kernel_dtype(inputs, autocast, weights_dtype) == expected
     assert bool(read) == (weights is not None)  # the weights are read only when neither inputs nor autocast decide
+
+
+def test_a_layer_call_is_read_from_shapes_and_dtypes_alone_and_keys_its_plan():
+    # Meta tensors hold no values: a call that read one would fail. TRL's default precision: float32 queries and keys
+    # and bf16 values under bf16 autocast; GPT-OSS's sinks, one logit per query head
+    query = torch.empty(1, NUM_HEADS, 7, HEAD_DIM, device="meta")
+    key = torch.empty(1, NUM_KV_HEADS, 7, HEAD_DIM, device="meta")
+    value = torch.empty(1, NUM_KV_HEADS, 7, HEAD_DIM, dtype=torch.bfloat16, device="meta")
+    options = dict(scaling=SCALING, sliding_window=4, dropout=0.0, sinks=torch.empty(NUM_HEADS, device="meta"))
+
+    layer = LayerCall.of(query, key, value, None, options, autocast=torch.bfloat16)
+
+    assert layer == LayerCall(
+        (torch.float32, torch.float32, torch.bfloat16), torch.bfloat16, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM,
+        SCALING, sliding_window=4, sinks=NUM_HEADS,
+    )  # fmt: skip
+    # The same layer's next call is the same key; another window is another
+    assert hash(LayerCall.of(query, key, value, None, options, autocast=torch.bfloat16)) == hash(layer)
+    assert LayerCall.of(query, key, value, None, {**options, "sliding_window": None}, autocast=torch.bfloat16) != layer
 
 
 @pytest.mark.parametrize(

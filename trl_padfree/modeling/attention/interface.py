@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from ...packing.layout import cu_seq_lens_from_position_ids
-from ...refusals import check_attention_call, check_chunked_layer, check_no_padding_mask
+from ...refusals.forward import check_attention_call, check_chunked_layer, check_no_padding_mask
+from .plan import sink_count
 from .rows import PackedRow, check_row_received
 
 CHUNKED_LAYER_TYPE = "chunked_attention"  # transformers' layer type of llama4's local attention layers
@@ -92,7 +93,7 @@ def padfree_varlen_attention(
         keys=key.shape[2],
         boundaries_known=row is not None,
         causal=getattr(module, "is_causal", True),
-        sinks=None if s_aux is None else s_aux.numel(),
+        sinks=sink_count(s_aux),
         heads=query.shape[1],
     )
     if packed_row is None:  # a call without the row: refused if one that must be read is in flight

@@ -1,8 +1,8 @@
 """Which kernel computes one attention layer of a packed row on CUDA, and how it is called, or why none can: decided
-from what the layer hands the attention function (dtypes, head dims, heads, scale, window, softcap, sinks, dropout),
-the kernels' limits (`kernels.FlashLimits`), the keywords the installed torch's `varlen_attn` takes and the fused
-kernels this machine has (`kernels.FusedKernels`). Pure: training (once per layer signature and forward,
-varlen.KernelSession) and the architecture check's kernel coverage (packability) call the same function, so what
+from what the layer hands the attention function (`LayerCall`: dtypes, head dims, heads, scale, window, softcap, sinks,
+dropout) and what the kernels and the GPU take (`KernelTarget`: the kernels' limits, the keywords the installed torch's
+`varlen_attn` takes, the fused kernels this machine has). Pure: training (once per `LayerCall` and forward,
+varlen.KernelSession) and the architecture check's kernel coverage (kernel_coverage.py) call the same function, so what
 `trl-padfree models` says is what training runs.
 
     kernel             layers                                          called
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import FLASH_LIMITS, FlashLimits, FusedKernels
+from ..kernels import FLASH_LIMITS, FlashLimits, FusedKernels, VarlenKernel
 
 # What a user changes for a float32 layer to reach the kernel
 FLOAT32_WAY_OUT = "set bf16=True (TRL's default) or load the model with dtype=bfloat16"
@@ -76,6 +76,85 @@ def per_segment(reason: str) -> VarlenKernelPlan:
     return VarlenKernelPlan(fallback=reason, kernel=None)
 
 
+@dataclass(frozen=True)
+class LayerCall:
+    """What one attention call hands the kernel, read from its tensors' dtypes and shapes and its options (no tensor
+    value): the plan's input, and the key under which a forward keeps its plan (`varlen.KernelSession`)."""
+
+    input_dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]  # of the query, key and value
+    dtype: torch.dtype  # the dtype it computes in (`kernel_dtype`); inputs of another dtype are cast to it first
+    heads: int
+    kv_heads: int
+    head_dim: int  # of the query and key
+    value_head_dim: int
+    scaling: float | None  # None: the default 1/sqrt(head_dim)
+    sliding_window: int | None = None
+    softcap: float | None = None
+    # The sink logits' count (one per query head, as `refusals.forward.check_attention_call` requires), None without
+    # sinks: the count is what the refusal reads, and a shape, so reading it never waits on the device
+    sinks: int | None = None
+    dropout: float = 0.0
+    causal: bool = True  # False: every query sees every key of its segment (within the window), as an image's tokens
+
+    @property
+    def scale(self) -> float:
+        """The scale of the unpadded query's scores."""
+        return self.head_dim**-0.5 if self.scaling is None else self.scaling
+
+    @classmethod
+    def of(
+        cls,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        module: torch.nn.Module | None,
+        options: dict[str, Any],
+        *,
+        autocast: torch.dtype | None,
+        limits: FlashLimits = FLASH_LIMITS,
+    ) -> LayerCall:
+        """The call of a layer `module` with inputs `(1, heads, T, dim)` and `options` (`scaling`, `sliding_window`,
+        `dropout`, and optionally `softcap`, `sinks`, `causal`), under `autocast` (its dtype, None when off)."""
+        input_dtypes = (query.dtype, key.dtype, value.dtype)
+        return cls(
+            input_dtypes,
+            kernel_dtype(input_dtypes, autocast, lambda: weights_dtype(module), limits),
+            heads=query.shape[1],
+            kv_heads=key.shape[1],
+            head_dim=query.shape[-1],
+            value_head_dim=value.shape[-1],
+            scaling=options["scaling"],
+            sliding_window=options["sliding_window"],
+            softcap=options.get("softcap"),
+            sinks=sink_count(options.get("sinks")),
+            dropout=options["dropout"],
+            causal=options.get("causal", True),
+        )
+
+
+def sink_count(sinks: torch.Tensor | None) -> int | None:
+    """How many sink logits a layer hands attention (its `s_aux`), None without sinks."""
+    return None if sinks is None else sinks.numel()
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """What the plan reads of the kernels and the GPU: the keywords the `varlen_attn` called takes (`parameters`), the
+    GPU's compute `capability`, the Flash kernel's `limits`, the `fused` kernels this machine has, and whether the
+    varlen kernel's backward op can be called with a corrected output (`sink_backward`)."""
+
+    parameters: Collection[str]
+    capability: tuple[int, int] = FLASH_LIMITS.min_capability
+    limits: FlashLimits = FLASH_LIMITS
+    fused: FusedKernels = field(default_factory=FusedKernels)
+    sink_backward: bool = False
+
+    @classmethod
+    def of(cls, kernel: VarlenKernel, capability: tuple[int, int], fused: FusedKernels) -> KernelTarget:
+        """For the varlen `kernel` and the `fused` kernels on a GPU of `capability`."""
+        return cls(kernel.parameters, capability, kernel.limits, fused, sink_backward=kernel.backward is not None)
+
+
 def kernel_dtype(
     input_dtypes: tuple[torch.dtype, torch.dtype, torch.dtype],
     autocast_dtype: torch.dtype | None,
@@ -92,31 +171,28 @@ def kernel_dtype(
     return weights_dtype() or query
 
 
-def varlen_kernel_plan(
-    parameters: Collection[str],
-    *,
-    dtype: torch.dtype,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    scaling: float | None,
-    value_head_dim: int | None = None,
-    input_dtypes: tuple[torch.dtype, ...] | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    sinks: bool = False,
-    dropout: float = 0.0,
-    causal: bool = True,
-    capability: tuple[int, int] = FLASH_LIMITS.min_capability,
-    limits: FlashLimits = FLASH_LIMITS,
-    fused: FusedKernels | None = None,
-    sink_backward: bool = False,
-) -> VarlenKernelPlan:
-    """The kernel and call for a layer computing in `dtype` (its inputs `input_dtypes`, cast first when they differ)
-    with these head counts, head dims and needs, on a GPU of compute `capability`, given a `varlen_attn` that takes
-    the keyword `parameters`, whether its backward op can be called with a corrected output (`sink_backward`), and
-    the `fused` kernels this machine has; `causal=False`: every query sees every key of its segment (within the
-    window before it), as an image's tokens see the whole image.
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on `device`'s type, when it is on."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+
+
+def weights_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
+    """The dtype a layer's weights compute in, as transformers' flash integration reads it: a quantized model's
+    config dtype, else its first linear layer's weight."""
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "_is_quantized"):
+        return getattr(config, "dtype", None)
+    linear = next(
+        (layer for layer in (module.modules() if module is not None else ()) if isinstance(layer, torch.nn.Linear)),
+        None,
+    )
+    return None if linear is None else linear.weight.dtype
+
+
+def varlen_kernel_plan(layer: LayerCall, target: KernelTarget) -> VarlenKernelPlan:
+    """The kernel and call for `layer` (its inputs cast first to the dtype it computes in where they differ) on
+    `target`: a `varlen_attn` that takes the keyword `target.parameters`, whether its backward op can be called with a
+    corrected output, the fused kernels this machine has, a GPU of `target.capability`.
 
     torch's `varlen_attn` by keyword name, as releases differ: 2.10 takes `is_causal` only; 2.11 `scale` and
     `window_size`; 2.12 adds `enable_gqa` (2.13 to 2.15 take the same). Without `enable_gqa`, grouped key/value heads
@@ -124,28 +200,27 @@ def varlen_kernel_plan(
     heads); without `scale`, only the default `1/sqrt(head_dim)` of an unpadded query runs; without `window_size`,
     no sliding window.
     """
-    fused = fused or FusedKernels()
-    value_head_dim = head_dim if value_head_dim is None else value_head_dim
-    padded = math.ceil(max(head_dim, value_head_dim) / limits.head_dim_multiple) * limits.head_dim_multiple
-    refusal = _refusal(dtype, heads, kv_heads, dropout, capability, limits)
+    limits = target.limits
+    padded = math.ceil(max(layer.head_dim, layer.value_head_dim) / limits.head_dim_multiple) * limits.head_dim_multiple
+    refusal = _refusal(layer, target)
     if refusal is not None:
         return per_segment(refusal)
-    cast_to = dtype if input_dtypes is not None and any(each != dtype for each in input_dtypes) else None
-    padding = dict(
+    cast_to = layer.dtype if any(each != layer.dtype for each in layer.input_dtypes) else None
+    padding = _padding(layer.head_dim, layer.value_head_dim, padded)
+    fitted = dict(
         cast_to=cast_to,
-        padded_head_dim=None if _padding(head_dim, value_head_dim, padded) is None else padded,
-        value_head_dim=value_head_dim if padded != value_head_dim else None,
-        padding=_padding(head_dim, value_head_dim, padded),
+        padded_head_dim=None if padding is None else padded,
+        value_head_dim=layer.value_head_dim if padded != layer.value_head_dim else None,
+        padding=padding,
     )
-    scale = head_dim**-0.5 if scaling is None else scaling  # of the unpadded query
-    if softcap is not None:
-        return _softcap_plan(fused, softcap, sinks, scale, sliding_window, causal, padded, limits, cast_to, padding)
+    if layer.softcap is not None:
+        return _softcap_plan(layer, target, padded, fitted)
     if padded > limits.max_head_dim:
-        return _wide_head_plan(fused, sinks, scale, sliding_window, causal, head_dim, value_head_dim, padding)
-    plan = _varlen_plan(parameters, heads, kv_heads, head_dim, scaling, padded, sliding_window, causal, padding)
-    if not sinks or not plan.on_kernel:
+        return _wide_head_plan(layer, target, fitted)
+    plan = _varlen_plan(layer, target, padded, fitted)
+    if layer.sinks is None or not plan.on_kernel:
         return plan
-    if "return_aux" not in parameters or not sink_backward:
+    if "return_aux" not in target.parameters or not target.sink_backward:
         return per_segment(
             "attention sinks (this torch's varlen kernel returns no log-sum-exp, or has no backward op that takes "
             "the corrected output: torch 2.13 or newer has both)"
@@ -153,15 +228,17 @@ def varlen_kernel_plan(
     return VarlenKernelPlan(**{**plan.__dict__, "kernel": VARLEN_SINKS})
 
 
-def _varlen_plan(parameters, heads, kv_heads, head_dim, scaling, padded, sliding_window, causal, padding):
+def _varlen_plan(layer: LayerCall, target: KernelTarget, padded: int, fitted: dict) -> VarlenKernelPlan:
     """torch's `varlen_attn`: its keywords for this layer, or why this release's cannot take it."""
-    options = _mask_options(parameters, sliding_window, causal)
+    parameters = target.parameters
+    options = _mask_options(parameters, layer.sliding_window, layer.causal)
     if isinstance(options, str):
         return per_segment(options)
+    head_dim, scaling = layer.head_dim, layer.scaling
     default_scale = head_dim**-0.5
     if "scale" in parameters:
         if scaling is not None or padded != head_dim:  # a padded query would change the default
-            options["scale"] = default_scale if scaling is None else scaling
+            options["scale"] = layer.scale
     elif padded != head_dim:
         return per_segment(
             f"head dim {head_dim}, which the kernel takes only padded to {padded} (this torch's varlen_attn takes no "
@@ -169,39 +246,41 @@ def _varlen_plan(parameters, heads, kv_heads, head_dim, scaling, padded, sliding
         )
     elif scaling is not None and not math.isclose(scaling, default_scale):
         return per_segment(f"attention scale {scaling:g} (this torch's varlen_attn takes no `scale`)")
-    if heads != kv_heads and "enable_gqa" in parameters:
+    if layer.heads != layer.kv_heads and "enable_gqa" in parameters:
         options["enable_gqa"] = True
-    return VarlenKernelPlan(options, **padding)
+    return VarlenKernelPlan(options, **fitted)
 
 
-def _softcap_plan(fused, softcap, sinks, scale, sliding_window, causal, padded, limits, cast_to, padding):
+def _softcap_plan(layer: LayerCall, target: KernelTarget, padded: int, fitted: dict) -> VarlenKernelPlan:
     """Logit softcapping: flash-attn's varlen kernel where installed, else FlexAttention with a score_mod."""
-    if sinks:
+    if layer.sinks is not None:
         return per_segment("attention sinks with logit softcapping (no fused kernel takes both)")
-    left = -1 if sliding_window is None else sliding_window - 1
-    if fused.flash_attn_varlen is not None and padded <= limits.max_head_dim:
-        options = dict(softmax_scale=scale, causal=causal, window_size=(left, 0 if causal else -1), softcap=softcap)
-        return VarlenKernelPlan(options, kernel=FLASH_ATTN, **padding)
-    if fused.flex is not None:
+    window, causal = layer.sliding_window, layer.causal
+    left = -1 if window is None else window - 1
+    if target.fused.flash_attn_varlen is not None and padded <= target.limits.max_head_dim:
+        window_size = (left, 0 if causal else -1)
+        options = dict(softmax_scale=layer.scale, causal=causal, window_size=window_size, softcap=layer.softcap)
+        return VarlenKernelPlan(options, kernel=FLASH_ATTN, **fitted)
+    if target.fused.flex is not None:
         # FlexAttention takes any head dim and grouped heads; it needs one dtype, so only the cast applies
-        options = dict(scale=scale, causal=causal, sliding_window=sliding_window, softcap=softcap)
-        return VarlenKernelPlan(options, cast_to=cast_to, kernel=FLEX)
+        options = dict(scale=layer.scale, causal=causal, sliding_window=window, softcap=layer.softcap)
+        return VarlenKernelPlan(options, cast_to=fitted["cast_to"], kernel=FLEX)
     return per_segment(f"attention logit softcapping (no fused kernel here takes it: {SOFTCAP_WAY_OUT})")
 
 
-def _wide_head_plan(fused, sinks, scale, sliding_window, causal, head_dim, value_head_dim, padding):
+def _wide_head_plan(layer: LayerCall, target: KernelTarget, fitted: dict) -> VarlenKernelPlan:
     """Head dims above Flash's 256: ATen's memory-efficient kernel, which takes any head dim (a multiple of 8)."""
-    wide = f"head dim {max(head_dim, value_head_dim)}"
-    if fused.efficient is None:
+    wide = f"head dim {max(layer.head_dim, layer.value_head_dim)}"
+    if target.fused.efficient is None:
         return per_segment(f"{wide} (the Flash kernel takes at most 256, and this torch has no memory-efficient one)")
-    if sinks:
+    if layer.sinks is not None:
         return per_segment(f"{wide} with attention sinks (no fused kernel takes both)")
-    if sliding_window is not None:
+    if layer.sliding_window is not None:
         return per_segment(f"{wide} with a sliding window (the memory-efficient kernel is called without one)")
     # custom_mask_type 2: causal from the bottom-right corner of each segment (aten/src/ATen/native/transformers/cuda/
     # mem_eff_attention/kernel_forward.h, `CausalFromBottomRight`), as flash aligns it; 0: no mask
-    options = dict(custom_mask_type=2 if causal else 0, scale=scale)
-    return VarlenKernelPlan(options, kernel=EFFICIENT, **padding)
+    options = dict(custom_mask_type=2 if layer.causal else 0, scale=layer.scale)
+    return VarlenKernelPlan(options, kernel=EFFICIENT, **fitted)
 
 
 def _padding(head_dim: int, value_head_dim: int, padded: int) -> str | None:
@@ -213,19 +292,20 @@ def _padding(head_dim: int, value_head_dim: int, padded: int) -> str | None:
     return None
 
 
-def _refusal(dtype, heads, kv_heads, dropout, capability, limits):
+def _refusal(layer: LayerCall, target: KernelTarget) -> str | None:
     """Why no fused kernel computes this layer on this GPU, whatever torch release; None when one may."""
-    if tuple(capability) < limits.min_capability:
-        major, minor = capability
+    limits = target.limits
+    if tuple(target.capability) < limits.min_capability:
+        major, minor = target.capability
         needed = ".".join(map(str, limits.min_capability))
         return f"a GPU of compute capability {major}.{minor} (the Flash kernel needs {needed} or newer)"
-    if dtype not in limits.dtypes:
+    if layer.dtype not in limits.dtypes:
         takes = "/".join(str(each).removeprefix("torch.") for each in limits.dtypes)
-        return f"{dtype} inputs (the kernel takes {takes}: {FLOAT32_WAY_OUT})"
-    if dropout > 0:
+        return f"{layer.dtype} inputs (the kernel takes {takes}: {FLOAT32_WAY_OUT})"
+    if layer.dropout > 0:
         return "attention dropout"
-    if heads % kv_heads:
-        return f"{heads} query heads over {kv_heads} key/value heads (the kernel needs a multiple)"
+    if layer.heads % layer.kv_heads:
+        return f"{layer.heads} query heads over {layer.kv_heads} key/value heads (the kernel needs a multiple)"
     return None
 
 

@@ -35,7 +35,7 @@ import torch
 
 from ...packing.layout import HostRow, chunked_bounds, chunked_cu_seq_lens, host_to_device
 from ...packing.prefix_sharing import segment_keys, shared_prefix_keys
-from ...refusals import (
+from ...refusals.forward import (
     refuse_image_spans_with_chunked_layers,
     refuse_layout_not_read,
     refuse_layout_not_received,

@@ -3,14 +3,14 @@ the layer (plan.py chooses: torch's varlen kernel, with the sink correction for 
 FlexAttention for softcapping; the memory-efficient kernel for head dims above 256; fused.py), else the exact
 per-segment attention (segments.py).
 
-How each layer calls its kernel is planned once per forward and layer signature (plan.py: the installed torch's
-keywords, the kernels' limits, the dtype the layer computes in, value padding for multi-head latent attention). A layer
+How each layer calls its kernel is planned once per forward and `LayerCall` (plan.py: the installed torch's keywords,
+the kernels' limits, the dtype the layer computes in, value padding for multi-head latent attention). A layer
 no kernel can compute (float32 without autocast, dropout, a GPU older than SM80, a fused kernel this machine lacks)
 runs per segment, and says so once in an INFO line on this module's logger; the kernel a layer takes is logged once
 too.
 
 An attention call does its kernel and the reshapes around it, nothing more: what depends only on the forward (which
-kernels are in force, each layer signature's plan, the GPU's capability, the Flash backend's flags, FlexAttention's
+kernels are in force, each layer call's plan, the GPU's capability, the Flash backend's flags, FlexAttention's
 block masks) is decided once per forward by its `KernelSession`, which the row carries (rows.py).
 """
 
@@ -45,8 +45,10 @@ from .plan import (
     KERNEL_NAMES,
     VARLEN,
     VARLEN_SINKS,
+    KernelTarget,
+    LayerCall,
     VarlenKernelPlan,
-    kernel_dtype,
+    autocast_dtype,
     varlen_kernel_plan,
 )
 from .segments import per_segment_attention
@@ -63,15 +65,15 @@ def _log_fallback_once(message: str) -> None:
 
 class KernelSession:
     """What the attention calls of one forward share, decided at its first call: whether the CUDA branch runs, the
-    kernel in force, its plan for each layer signature, and whether the Flash backend is already chosen around the
-    forward (`flash_chosen`, with the user's backends to restore for layers that run per segment)."""
+    kernels in force and the GPU (`target`), the plan of each layer call, and whether the Flash backend is already
+    chosen around the forward (`flash_chosen`, with the user's backends to restore for layers that run per segment)."""
 
     def __init__(self):
         self.cuda_branch: bool | None = None
         self.kernel: VarlenKernel | None = None
         self.fused: FusedKernels | None = None
-        self.capability: tuple[int, int] | None = None
-        self.plans: dict[tuple, VarlenKernelPlan] = {}
+        self.target: KernelTarget | None = None
+        self.plans: dict[LayerCall, VarlenKernelPlan] = {}
         self.block_masks: dict[tuple, object] = {}  # FlexAttention's, per row boundaries, window and causality
         self.flash_chosen = False
         self.user_backends: tuple | None = None
@@ -101,19 +103,16 @@ class KernelSession:
         return self.block_masks[key]
 
     def plan(self, query, key, value, module=None, **options) -> VarlenKernelPlan:
-        """This layer's plan (plan.py), made at the first call of its signature in this forward."""
-        signature = (query.dtype, key.dtype, value.dtype, query.shape[1], key.shape[1], query.shape[-1])
-        signature += (value.shape[-1], options["scaling"], options["sliding_window"], options["dropout"])
-        signature += (options.get("softcap"), options.get("sinks") is not None, options.get("causal", True))
-        plan = self.plans.get(signature)
+        """This layer's plan (plan.py), made at the first call of its `LayerCall` in this forward."""
+        kernel = self.kernel_in_force()
+        layer = LayerCall.of(
+            query, key, value, module, options, autocast=autocast_dtype(query.device), limits=kernel.limits
+        )
+        plan = self.plans.get(layer)
         if plan is None:
-            kernel = self.kernel_in_force()
-            if self.capability is None:
-                self.capability = kernel.device_capability(query.device)
-            plan = layer_plan(
-                kernel, self.capability, query, key, value, module, fused=self.fused_in_force(), **options
-            )
-            self.plans[signature] = plan
+            if self.target is None:
+                self.target = KernelTarget.of(kernel, kernel.device_capability(query.device), self.fused_in_force())
+            plan = self.plans[layer] = varlen_kernel_plan(layer, self.target)
             if plan.kernel in (VARLEN, VARLEN_SINKS):
                 log_varlen_backend()
             if plan.kernel is not None:
@@ -149,68 +148,6 @@ class KernelSession:
         from torch.nn.attention import sdpa_kernel
 
         return sdpa_kernel(list(self.user_backends))
-
-
-def layer_plan(
-    kernel: VarlenKernel,
-    capability: tuple[int, int],
-    query,
-    key,
-    value,
-    module=None,
-    *,
-    scaling,
-    sliding_window,
-    dropout,
-    softcap=None,
-    sinks=None,
-    causal: bool = True,
-    autocast: torch.dtype | None = None,
-    fused: FusedKernels | None = None,
-) -> VarlenKernelPlan:
-    """The plan of an attention call with these inputs (`(1, heads, T, dim)`) and options, for `kernel` and the
-    `fused` kernels on a GPU of `capability`: what training runs (through `KernelSession`), and what the kernel
-    coverage reports. `autocast`: the autocast dtype to plan for (default: the one in force on the query's
-    device)."""
-    dtypes = (query.dtype, key.dtype, value.dtype)
-    autocast = autocast or autocast_dtype(query.device)
-    return varlen_kernel_plan(
-        kernel.parameters,
-        dtype=kernel_dtype(dtypes, autocast, lambda: weights_dtype(module), kernel.limits),
-        input_dtypes=dtypes,
-        heads=query.shape[1],
-        kv_heads=key.shape[1],
-        head_dim=query.shape[-1],
-        value_head_dim=value.shape[-1],
-        scaling=scaling,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        sinks=sinks is not None,
-        dropout=dropout,
-        causal=causal,
-        capability=capability,
-        limits=kernel.limits,
-        fused=fused,
-        sink_backward=kernel.backward is not None,
-    )
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype autocast computes in on `device`'s type, when it is on."""
-    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-
-
-def weights_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
-    """The dtype a layer's weights compute in, as transformers' flash integration reads it: a quantized model's
-    config dtype, else its first linear layer's weight."""
-    config = getattr(module, "config", None)
-    if config is not None and hasattr(config, "_is_quantized"):
-        return getattr(config, "dtype", None)
-    linear = next(
-        (layer for layer in (module.modules() if module is not None else ()) if isinstance(layer, torch.nn.Linear)),
-        None,
-    )
-    return None if linear is None else linear.weight.dtype
 
 
 def _int32_on(boundaries: torch.Tensor, device: torch.device) -> torch.Tensor:
