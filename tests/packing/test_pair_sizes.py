@@ -17,6 +17,7 @@ from trl_padfree.integrations.transformers import counts_image_tokens_from_sizes
 from trl_padfree.packing import pair_sizes as priced
 from trl_padfree.packing.balanced_batches import BalancedBatchSampler
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler
+from trl_padfree.packing.units import PairUnits
 from trl_padfree.packing.vision import PaddingFreeVisionPreferenceCollator
 
 # Odd image sizes (thin, tiny, wide), no image, several images per pair
@@ -151,7 +152,12 @@ def test_shares_priced_on_two_gloo_processes_equal_one_process_pricing(tmp_path)
         # ... so every process builds the batches one process builds
         costs = [float(cost) for cost in priced.lengths_of(shared[1])]
         alone_costs = [float(cost) for cost in priced.lengths_of(alone)]
-        sampler = BalancedBatchSampler(costs, 2, processes=2, micro_steps=2, seed=0)
-        assert list(sampler) == list(BalancedBatchSampler(alone_costs, 2, processes=2, micro_steps=2, seed=0))
-        budget = TokenBudgetBatchSampler(priced.lengths_of(shared[1]), 400, seed=0, num_processes=2)
-        assert budget.bins == TokenBudgetBatchSampler(priced.lengths_of(alone), 400, seed=0, num_processes=2).bins
+        sampler = BalancedBatchSampler(PairUnits(costs), 2, processes=2, micro_steps=2, seed=0)
+        assert list(sampler) == list(
+            BalancedBatchSampler(PairUnits(alone_costs), 2, processes=2, micro_steps=2, seed=0)
+        )
+        budget = TokenBudgetBatchSampler(PairUnits(priced.lengths_of(shared[1])), 400, seed=0, num_processes=2)
+        assert (
+            budget.bins
+            == TokenBudgetBatchSampler(PairUnits(priced.lengths_of(alone)), 400, seed=0, num_processes=2).bins
+        )

@@ -13,6 +13,7 @@ from datasets import Dataset, DatasetDict
 
 from trl_padfree.data.scored_pairs import pair_scored_completions, pair_ultrafeedback
 from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler, pack_prompt_groups, prompt_groups
+from trl_padfree.packing.units import PairUnits
 
 # ---- pairs from scored completions ----
 
@@ -207,7 +208,7 @@ def random_groups(seed: int, count: int, largest: int) -> list[int]:
 
 
 def batches_of(ids, batch_size, epochs=(0,), **options):
-    sampler = PromptGroupBatchSampler(ids, batch_size, **options)
+    sampler = PromptGroupBatchSampler(PairUnits.by_group_id(ids), batch_size, **options)
     out = []
     for epoch in epochs:
         sampler.set_epoch(epoch)
@@ -293,7 +294,7 @@ def test_the_same_seed_and_epoch_give_the_same_batches_and_others_differ():
     ids = random_groups(11, 30, 6)
     first, second = batches_of(ids, 4, epochs=(0, 1), seed=3)
     assert batches_of(ids, 4, epochs=(0, 1), seed=3) == [first, second]
-    sampler = PromptGroupBatchSampler(ids, 4, seed=3)
+    sampler = PromptGroupBatchSampler(PairUnits.by_group_id(ids), 4, seed=3)
     assert list(sampler) == list(sampler) == first  # iterating again, the same epoch
     assert second != first
     assert batches_of(ids, 4, seed=4)[0] != first
@@ -321,17 +322,17 @@ def test_awkward_sizes():
 def test_bad_sampler_arguments_are_refused():
     for batch_size in (0, -2, True, 2.0):
         with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-            PromptGroupBatchSampler([0, 1], batch_size)
+            PromptGroupBatchSampler(PairUnits.by_group_id([0, 1]), batch_size)
     with pytest.raises(ValueError, match="got no pairs"):
-        PromptGroupBatchSampler([], 2)
+        PromptGroupBatchSampler(PairUnits.by_group_id([]), 2)
     with pytest.raises(ValueError, match=r"group id of pair 1 \(\{'a': 1\}\)"):
-        PromptGroupBatchSampler([0, {"a": 1}], 2)
+        PromptGroupBatchSampler(PairUnits.by_group_id([0, {"a": 1}]), 2)
 
 
 def test_accelerate_deals_the_batches_whole_to_each_process():
     # Each process runs whole batches of the sampler: a group kept in a batch is kept on one process
     ids = [group for group in range(7) for _ in range(6)]  # 42 pairs, 7 batches of 6
-    sampler = PromptGroupBatchSampler(ids, 6, seed=0)
+    sampler = PromptGroupBatchSampler(PairUnits.by_group_id(ids), 6, seed=0)
     batches = list(sampler)
     dealt = [list(BatchSamplerShard(sampler, num_processes=2, process_index=rank)) for rank in range(2)]
     assert dealt[0] == batches[0::2] and dealt[1][:3] == batches[1::2]
@@ -347,7 +348,7 @@ def test_pairs_of_k_completions_batch_one_prompt_at_a_time():
         [rng.sample(range(10), 4) for _ in range(5)],
     )
     pairs = pair_scored_completions(dataset, "all_pairs")
-    for batch in PromptGroupBatchSampler(pairs["prompt_id"][:], 6, seed=1):
+    for batch in PromptGroupBatchSampler(PairUnits.by_group_id(pairs["prompt_id"][:]), 6, seed=1):
         assert len(batch) == 6 and len({pairs[index]["prompt"] for index in batch}) == 1
         assert prompt_groups([[ord(c) for c in pairs[index]["prompt"]] for index in batch]) == [list(range(6))]
 

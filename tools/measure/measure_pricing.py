@@ -44,6 +44,7 @@ from trl_padfree.costs.flops import DecoderShape  # noqa: E402
 from trl_padfree.packing import pair_sizes as priced  # noqa: E402
 from trl_padfree.packing.balanced_batches import BalancedBatchSampler, pair_costs  # noqa: E402
 from trl_padfree.packing.token_budget import pair_lengths  # noqa: E402
+from trl_padfree.packing.units import PairUnits  # noqa: E402
 from trl_padfree.packing.vision import PaddingFreeVisionPreferenceCollator  # noqa: E402
 
 IMAGE_SIDES = [(336, 448), (448, 448), (384, 512), (480, 640)]
@@ -92,7 +93,7 @@ def partition_seconds(processes: int, steps: int = 3) -> float:
     pairs_per_step = processes * 4 * 4
     # UltraFeedback-like rows: prompt ~ lognormal around 160 tokens, completions around 300
     costs = [rng.lognormvariate(6.2, 0.6) for _ in range(pairs_per_step * steps)]
-    sampler = BalancedBatchSampler(costs, 4, processes=processes, micro_steps=4, seed=0)
+    sampler = BalancedBatchSampler(PairUnits(costs), 4, processes=processes, micro_steps=4, seed=0)
     times = []
     bins = sampler.step_bins()
     for _ in range(steps):

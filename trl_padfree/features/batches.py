@@ -29,8 +29,9 @@ from torch.utils.data import IterableDataset
 from ..costs.flops import DecoderShape
 from ..packing.balanced_batches import BalancedBatchSampler, BalancedBudgetBins, grouped_pairs_cost, pair_costs
 from ..packing.pair_sizes import costs_of, lengths_of, training_set_pair_sizes
-from ..packing.prompt_groups import PromptGroupBatchSampler, dataset_group_ids, extra_prompt_computations, groups_of
+from ..packing.prompt_groups import PromptGroupBatchSampler, dataset_group_ids, extra_prompt_computations
 from ..packing.token_budget import TokenBudgetBatchSampler, grouped_row_tokens, pair_lengths, usable_budget
+from ..packing.units import PairUnits
 from ..refusals.token_budget import (
     check_balanced_batches_setup,
     check_pairs_fit,
@@ -69,7 +70,10 @@ class BatchPlan:
         if settings.max_tokens_per_batch is None and not balanced:
             check_prompt_groups_setup(hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset))
             sampler = PromptGroupBatchSampler(
-                units.group_ids(), args.per_device_train_batch_size, seed=seed, drop_last=args.dataloader_drop_last
+                PairUnits.by_group_id(units.group_ids()),
+                args.per_device_train_batch_size,
+                seed=seed,
+                drop_last=args.dataloader_drop_last,
             )
             if trainer.accelerator.is_main_process and logger.isEnabledFor(logging.INFO):
                 _log_grouping(sampler, settings.padding_free and bool(settings.prefix_sharing))
@@ -99,25 +103,23 @@ class BatchPlan:
         if self.sampler is not None:
             self.sampler = BalancedBudgetBins(self.sampler, self.costs, processes=processes, micro_steps=micro_steps)
             return
-        group_ids, group_cost = units.priced_groups(self.shape, self.reference_forward)
         self.sampler = BalancedBatchSampler(
-            self.costs,
+            units.priced(self.costs, self.shape, self.reference_forward),
             args.per_device_train_batch_size,
             processes=processes,
             micro_steps=micro_steps,
             seed=seed,
             drop_last=args.dataloader_drop_last,
             ranks_per_row=settings.ranks_per_row,
-            group_ids=group_ids,
-            group_cost=group_cost,
         )
         if trainer.accelerator.is_main_process and logger.isEnabledFor(logging.INFO):
             _log_expected_gain(self.sampler)
 
 
 class _Units:
-    """What the samplers deal, for one trainer: pairs, sized (tokens in the row) or priced (FLOPs), and prompt
-    groups, with what sizes or prices a set of one prompt's pairs. Each is measured once, when first asked for."""
+    """What the samplers deal (`PairUnits`), for one trainer: pairs, sized (tokens in the row) or priced (FLOPs),
+    and prompt groups, with what sizes or prices a set of one prompt's pairs. Each is measured once, when first asked
+    for."""
 
     def __init__(self, trainer, settings: Settings):
         self.trainer, self.settings = trainer, settings
@@ -167,18 +169,16 @@ class _Units:
         lengths = self.pair_lengths()
         pad_to_multiple_of = trainer.data_collator.pad_to_multiple_of
         _check_pairs_fit(lengths, settings.max_tokens_per_batch, pad_to_multiple_of, args.max_length, self.images)
-        groups = group_tokens = None
+        sized = PairUnits(lengths)
         if settings.group_by_prompt:
-            groups, group_tokens = groups_of(self._ids), self._group_tokens(lengths)
+            sized = PairUnits.by_group_id(self._ids, lengths, self._group_tokens(lengths))
         return TokenBudgetBatchSampler(
-            lengths,
+            sized,
             settings.max_tokens_per_batch,
             seed=seed,
             num_processes=trainer.accelerator.num_processes,
             window=settings.token_budget_window,
             pad_to_multiple_of=pad_to_multiple_of,
-            groups=groups,
-            group_tokens=group_tokens,
         )
 
     def _group_tokens(self, lengths: Sequence[int]):
@@ -197,16 +197,16 @@ class _Units:
         )
         return lambda pairs: tokens([self._columns[index] for index in pairs])
 
-    def priced_groups(self, shape: DecoderShape, reference_forward: bool):
-        """Under prefix sharing, each pair's prompt group and the cost of a set of one prompt's pairs, so that a
-        step's pairs of one prompt are split as one item; (None, None) without, where grouping saves nothing. A text
-        group is priced as its grouped row (under "auto" as the collator groups when sharing pays); a vision-language
-        group as the sum of its pairs' costs (None)."""
+    def priced(self, costs: list[float], shape: DecoderShape, reference_forward: bool) -> PairUnits:
+        """The pairs at their `costs`, under prefix sharing in prompt groups priced as one row each, so that a step's
+        pairs of one prompt are split as one item; without, pairs alone (grouping saves nothing). A text group is
+        priced as its grouped row (under "auto" as the collator groups when sharing pays); a vision-language group as
+        the sum of its pairs' costs."""
         minimum = self.settings.grouped_min_prompt_tokens
         if minimum is None:
-            return None, None
+            return PairUnits(costs)
         if self.images:
-            return self._ids, None
+            return PairUnits.by_group_id(self._ids, costs)
         args = self.trainer.args
         cost = functools.partial(
             grouped_pairs_cost,
@@ -216,7 +216,7 @@ class _Units:
             min_prompt_tokens=minimum,
             reference_forward=reference_forward,
         )
-        return self._ids, lambda pairs: cost([self._columns[index] for index in pairs])
+        return PairUnits.by_group_id(self._ids, costs, lambda pairs: cost([self._columns[index] for index in pairs]))
 
 
 def _check_pairs_fit(

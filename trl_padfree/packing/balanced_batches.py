@@ -29,7 +29,7 @@ process's loss equally; here a row costs its pairs' FLOPs (`packing.balance.pair
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
@@ -40,6 +40,7 @@ from .balance import best_split, bin_costs, imbalance, pair_cost, partition, sor
 from .layout import kept_prompt_and_completion
 from .prefix_sharing import shared_prefix_length
 from .token_budget import fitting_pieces, grouped_row
+from .units import PairUnits
 
 
 def epoch_order(pairs: int, seed: int, epoch: int) -> list[int]:
@@ -89,8 +90,10 @@ class BalancedBatchSampler(Sampler[list[int]]):
     partitioned by cost into `micro-steps x row groups` rows.
 
     Args:
-        costs (`Sequence[float]`):
-            Each pair's training-step cost (`pair_costs`).
+        units (`PairUnits`):
+            Each pair's training-step cost (`pair_costs`); with prompt groups (prefix sharing on), a step's pairs of
+            one group are split as one item, a set of them priced as one group's row (`grouped_pairs_cost`; by
+            default the sum of their costs).
         batch_size (`int`):
             `per_device_train_batch_size`: pairs per rank per micro-step as the default sampler deals them; a
             balanced row holds about as many.
@@ -104,16 +107,11 @@ class BalancedBatchSampler(Sampler[list[int]]):
             `dataloader_drop_last`.
         ranks_per_row (`int`, *optional*, defaults to `1`):
             Ranks sharing each row (sequence x context parallel sizes): a row group counts as one process.
-        group_ids (`Sequence[Hashable]`, *optional*):
-            Each pair's prompt group (prefix sharing on): a step's pairs of one group are split as one item.
-        group_cost (`Callable[[Sequence[int]], float]`, *optional*):
-            With `group_ids`: the cost of a set of one prompt's pairs (dataset indices) laid out as one group
-            (`grouped_pairs_cost`); by default the sum of their `costs`.
     """
 
     def __init__(
         self,
-        costs: Sequence[float],
+        units: PairUnits,
         batch_size: int,
         *,
         processes: int,
@@ -121,12 +119,10 @@ class BalancedBatchSampler(Sampler[list[int]]):
         seed: int,
         drop_last: bool = False,
         ranks_per_row: int = 1,
-        group_ids: Sequence[Hashable] | None = None,
-        group_cost: Callable[[Sequence[int]], float] | None = None,
     ):
-        self.costs = [float(cost) for cost in costs]
-        self.group_ids = None if group_ids is None else list(group_ids)
-        self.group_cost = group_cost or (lambda pairs: sum(self.costs[index] for index in pairs))
+        self.costs = [float(cost) for cost in units.sizes]
+        self.group_ids = units.group_numbers()
+        self.group_cost = units.size
         # Not `batch_size`: accelerate's BatchSamplerShard reads that attribute as a fixed size, and would cut and
         # refill these micro-batches of different sizes to it
         self.pairs_per_process, self.processes = batch_size, processes

@@ -19,7 +19,7 @@ group that fits a batch split, so never when the group sizes divide each other a
 the same way for every prompt: `all_pairs` of K = 4 is 6 pairs, so batches of 6, 12, ...).
 
 `prompt_groups` finds the groups within one batch, for the collator: the pairs whose prompts are token-identical;
-`dataset_group_ids` gives a training set's pairs their group ids, for the samplers (`groups_of` groups them).
+`dataset_group_ids` gives a training set's pairs their group ids, for the samplers (`units.PairUnits` groups them).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from collections.abc import Hashable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
+
+from .units import PairUnits
 
 
 def prompt_groups(prompt_ids: Sequence[Sequence[int]], keys: Sequence[Hashable] | None = None) -> list[list[int]]:
@@ -92,8 +94,8 @@ class PromptGroupBatchSampler(Sampler[list[int]]):
     epoch alone.
 
     Args:
-        group_ids (`Sequence[Hashable]`):
-            Each pair's group: its prompt id, or its prompt's tokens (a list is read as a tuple).
+        units (`PairUnits`):
+            The pairs in their groups (`PairUnits.by_group_id` of each pair's prompt id, or its prompt's tokens).
         batch_size (`int`):
             Pairs per batch: `per_device_train_batch_size`, as TRL's sampler deals them.
         shuffle (`bool`, *optional*, defaults to `True`):
@@ -103,14 +105,15 @@ class PromptGroupBatchSampler(Sampler[list[int]]):
         drop_last (`bool`, *optional*, defaults to `False`):
             Drop the epoch's last batch when it is short (`dataloader_drop_last`).
 
-    >>> sampler = PromptGroupBatchSampler(["a", "a", "b", "c", "c", "c", "b"], batch_size=4, shuffle=False)
+    >>> units = PairUnits.by_group_id(["a", "a", "b", "c", "c", "c", "b"])
+    >>> sampler = PromptGroupBatchSampler(units, batch_size=4, shuffle=False)
     >>> list(sampler)
     [[0, 1, 2, 6], [3, 4, 5]]
     """
 
     def __init__(
         self,
-        group_ids: Sequence[Hashable],
+        units: PairUnits,
         batch_size: int,
         *,
         shuffle: bool = True,
@@ -119,17 +122,10 @@ class PromptGroupBatchSampler(Sampler[list[int]]):
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if len(group_ids) == 0:
+        if len(units) == 0:
             raise ValueError("PromptGroupBatchSampler got no pairs: the training set is empty.")
-        groups: dict[Hashable, list[int]] = {}
-        for index, group_id in enumerate(group_ids):
-            key = tuple(group_id) if isinstance(group_id, list) else group_id
-            try:
-                groups.setdefault(key, []).append(index)
-            except TypeError as error:  # unhashable
-                raise ValueError(f"The group id of pair {index} ({group_id!r}) cannot be a key: {error}.") from None
-        self.groups = list(groups.values())
-        self.pairs, self.batch_size = len(group_ids), batch_size
+        self.groups = units.units
+        self.pairs, self.batch_size = len(units), batch_size
         self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -162,18 +158,6 @@ def dataset_group_ids(dataset, images: bool) -> list[bytes]:
     """Each training pair's prompt group id: `vision_prompt_group_ids` for a vision-language set (tokenized only when
     collated), else `prompt_group_ids`."""
     return vision_prompt_group_ids(dataset) if images else prompt_group_ids(dataset)
-
-
-def groups_of(group_ids: Sequence[Hashable]) -> list[list[int]]:
-    """The indices of each group id's pairs, groups in order of first appearance.
-
-    >>> groups_of([b"a", b"b", b"a"])
-    [[0, 2], [1]]
-    """
-    groups: dict[Hashable, list[int]] = {}
-    for index, group_id in enumerate(group_ids):
-        groups.setdefault(group_id, []).append(index)
-    return list(groups.values())
 
 
 def prompt_group_ids(dataset, chunk: int = 1000) -> list[bytes]:

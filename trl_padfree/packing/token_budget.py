@@ -40,6 +40,7 @@ from ..refusals.config import check_at_least_one
 from ..refusals.token_budget import check_budget_bins_share, check_tokenized_pairs, check_training_set_not_empty
 from .layout import kept_prompt_and_completion, kept_slice, pair_tokens
 from .prefix_sharing import grouped_row_layout, pair_row_tokens
+from .units import PairUnits
 
 
 def pair_lengths(
@@ -165,47 +166,39 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Yields micro-batches (lists of dataset indices) whose pairs fit `budget` tokens, for every process alike;
     `accelerator.prepare` deals them out round-robin. `set_epoch` reorders them.
 
-    With `groups` (each a prompt's pair indices, every pair in one) and `group_tokens` (the row tokens of a set of one
-    prompt's pairs, `grouped_row_tokens`), whole groups are packed instead of pairs: the module's docstring shows how.
-    `lengths` still sizes each pair alone."""
+    `units` are sized in row tokens: each pair alone (`lengths`), and with prompt groups the row of a set of one
+    prompt's pairs (`grouped_row_tokens`), whole groups then packed instead of pairs: the module's docstring shows
+    how."""
 
     def __init__(
         self,
-        lengths: Sequence[int],
+        units: PairUnits,
         budget: int,
         *,
         seed: int,
         num_processes: int = 1,
         window: int = 1000,
         pad_to_multiple_of: int | None = None,
-        groups: Sequence[Sequence[int]] | None = None,
-        group_tokens: Callable[[Sequence[int]], int] | None = None,
     ):
         check_at_least_one("max_tokens_per_batch", budget)
         check_at_least_one("token_budget_window", window)
-        check_training_set_not_empty(len(lengths))
-        self.lengths = list(lengths)
+        check_training_set_not_empty(len(units))
+        self.lengths = list(units.sizes)
         self.budget = budget
         self.seed = seed
         self.epoch = 0
         capacity = usable_budget(budget, pad_to_multiple_of)
-        if groups is None:
-            groups = [[index] for index in range(len(self.lengths))]
-        if group_tokens is None:
-            group_tokens = self._summed_lengths
+        groups = units.units
         order = list(range(len(groups)))
         random.Random(seed).shuffle(order)
-        units = [piece for number in order for piece in fitting_pieces(groups[number], group_tokens, capacity)]
-        unit_tokens = [group_tokens(unit) for unit in units]
+        pieces = [piece for number in order for piece in fitting_pieces(groups[number], units.size, capacity)]
+        piece_tokens = [units.size(piece) for piece in pieces]
         bins = []
-        for start in range(0, len(units), window):
-            packed = pack_window(range(start, min(start + window, len(units))), unit_tokens, capacity)
-            bins.extend([units[number] for number in numbers] for numbers in packed)
-        bins = split_units_to_multiple(bins, group_tokens, num_processes)
+        for start in range(0, len(pieces), window):
+            packed = pack_window(range(start, min(start + window, len(pieces))), piece_tokens, capacity)
+            bins.extend([pieces[number] for number in numbers] for numbers in packed)
+        bins = split_units_to_multiple(bins, units.size, num_processes)
         self.bins = [[index for unit in each for index in unit] for each in bins]
-
-    def _summed_lengths(self, pairs: Sequence[int]) -> int:
-        return sum(self.lengths[index] for index in pairs)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -40,6 +40,7 @@ from trl_padfree.packing.balanced_batches import (
 )
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler
+from trl_padfree.packing.units import PairUnits
 from trl_padfree.refusals.token_budget import check_balanced_batches_setup
 
 SHAPE = DecoderShape(
@@ -108,7 +109,7 @@ def test_every_step_trains_the_pairs_accelerate_and_trainer_give_it(
     costs = SHIPPED_COSTS[:pairs]
     groups = ranks // ranks_per_row
     sampler = BalancedBatchSampler(
-        costs, batch_size, processes=ranks, micro_steps=micro_steps, seed=3, drop_last=drop_last,
+        PairUnits(costs), batch_size, processes=ranks, micro_steps=micro_steps, seed=3, drop_last=drop_last,
         ranks_per_row=ranks_per_row,
     )  # fmt: skip
     for epoch in (0, 1):
@@ -136,24 +137,33 @@ def test_every_step_trains_the_pairs_accelerate_and_trainer_give_it(
 
 def test_balanced_rows_cost_less_than_the_dealt_ones_on_the_shipped_pairs():
     for processes, batch_size in ((4, 2), (8, 4)):
-        sampler = BalancedBatchSampler(SHIPPED_COSTS, batch_size, processes=processes, micro_steps=2, seed=0)
+        sampler = BalancedBatchSampler(
+            PairUnits(SHIPPED_COSTS), batch_size, processes=processes, micro_steps=2, seed=0
+        )
         dealt, balanced = sampler.epoch_imbalance()
         # 4 x 2 pairs: 1.55 dealt, 1.19 balanced (the largest pairs bound it); 8 x 4 pairs: see the message
         assert balanced < 0.85 * dealt, (processes, dealt, balanced)
 
 
 def test_the_sampler_is_deterministic_and_refuses_to_drop_every_pair():
-    first, again = (BalancedBatchSampler(SHIPPED_COSTS[:64], 2, processes=4, micro_steps=2, seed=5) for _ in range(2))
+    first, again = (
+        BalancedBatchSampler(PairUnits(SHIPPED_COSTS[:64]), 2, processes=4, micro_steps=2, seed=5) for _ in range(2)
+    )
     assert list(first) == list(again)
     # Fewer pairs than rows: accelerate repeats them, and so does the balanced sampler
-    assert sorted(map(len, BalancedBatchSampler([1.0] * 3, 1, processes=4, micro_steps=1, seed=0))) == [1, 1, 1, 1]
+    assert sorted(map(len, BalancedBatchSampler(PairUnits([1.0] * 3), 1, processes=4, micro_steps=1, seed=0))) == [
+        1,
+        1,
+        1,
+        1,
+    ]
     with pytest.raises(ValueError, match="holds no whole round of 6 pairs"):
-        BalancedBatchSampler([1.0] * 5, 3, processes=2, micro_steps=1, seed=0, drop_last=True)
+        BalancedBatchSampler(PairUnits([1.0] * 5), 3, processes=2, micro_steps=1, seed=0, drop_last=True)
 
 
 def test_budget_bins_are_dealt_so_each_micro_step_gets_bins_of_neighbouring_cost():
     lengths = [p + c + r for p, c, r in shipped_lengths()][:200]
-    budget = TokenBudgetBatchSampler(lengths, 4096, seed=0, num_processes=2)
+    budget = TokenBudgetBatchSampler(PairUnits(lengths), 4096, seed=0, num_processes=2)
     costs = SHIPPED_COSTS[:200]
     dealt = BalancedBudgetBins(budget, costs, processes=2, micro_steps=2)
     assert sorted(map(sorted, dealt)) == sorted(map(sorted, budget))  # the same bins

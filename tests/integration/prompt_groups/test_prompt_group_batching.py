@@ -20,6 +20,7 @@ from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import HOST_ROW
 from trl_padfree.packing.prefix_sharing import SharingCost
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler, grouped_row_tokens
+from trl_padfree.packing.units import PairUnits
 
 # ---- the token budget's sampler ----
 
@@ -49,7 +50,7 @@ def test_the_budget_packs_whole_groups_every_pair_once_in_a_multiple_of_the_proc
     groups, lengths, tokens = random_groups(seed)
     budget = 1000
     sampler = TokenBudgetBatchSampler(
-        lengths, budget, seed=seed, num_processes=processes, window=17, groups=groups, group_tokens=tokens
+        PairUnits(lengths, groups, tokens), budget, seed=seed, num_processes=processes, window=17
     )
     assert len(sampler) % processes == 0
     group_of = {index: number for number, group in enumerate(groups) for index in group}
@@ -78,15 +79,15 @@ def test_the_budget_packs_whole_groups_every_pair_once_in_a_multiple_of_the_proc
 def test_groups_of_one_pair_pack_as_the_pairs_do():
     lengths = [random.Random(4).randint(5, 400) for _ in range(300)]
     for processes in (1, 3):
-        plain = TokenBudgetBatchSampler(lengths, 900, seed=5, num_processes=processes, window=50)
+        plain = TokenBudgetBatchSampler(PairUnits(lengths), 900, seed=5, num_processes=processes, window=50)
         grouped = TokenBudgetBatchSampler(
-            lengths, 900, seed=5, num_processes=processes, window=50, groups=[[i] for i in range(300)]
+            PairUnits(lengths, [[i] for i in range(300)]), 900, seed=5, num_processes=processes, window=50
         )
         assert grouped.bins == plain.bins
 
 
 def test_a_lone_group_is_cut_in_two_for_two_processes():
-    sampler = TokenBudgetBatchSampler([10] * 6, 100, seed=0, num_processes=2, groups=[list(range(6))])
+    sampler = TokenBudgetBatchSampler(PairUnits([10] * 6, [list(range(6))]), 100, seed=0, num_processes=2)
     assert sorted(map(sorted, sampler.bins)) == [[0, 1, 2], [3, 4, 5]]
 
 
@@ -106,8 +107,8 @@ def test_a_balanced_step_keeps_each_prompts_pairs_on_one_row():
     rng = random.Random(0)
     group_ids = [number for number in range(40) for _ in range(rng.choice([1, 2, 3, 6]))]
     costs = [float(rng.randint(10, 100)) for _ in group_ids]
-    sampler = BalancedBatchSampler(costs, 6, processes=4, micro_steps=2, seed=3, group_ids=group_ids)
-    plain = BalancedBatchSampler(costs, 6, processes=4, micro_steps=2, seed=3)
+    sampler = BalancedBatchSampler(PairUnits.by_group_id(group_ids, costs), 6, processes=4, micro_steps=2, seed=3)
+    plain = BalancedBatchSampler(PairUnits(costs), 6, processes=4, micro_steps=2, seed=3)
     for epoch in range(2):
         sampler.set_epoch(epoch)
         plain.set_epoch(epoch)
@@ -128,8 +129,8 @@ def test_a_balanced_step_keeps_each_prompts_pairs_on_one_row():
 
 def test_without_repeated_prompts_the_split_is_the_one_pair_by_pair():
     costs = [float(random.Random(1).randint(1, 50)) for _ in range(64)]
-    grouped = BalancedBatchSampler(costs, 2, processes=4, micro_steps=2, seed=0, group_ids=list(range(64)))
-    assert list(grouped) == list(BalancedBatchSampler(costs, 2, processes=4, micro_steps=2, seed=0))
+    grouped = BalancedBatchSampler(PairUnits.by_group_id(range(64), costs), 2, processes=4, micro_steps=2, seed=0)
+    assert list(grouped) == list(BalancedBatchSampler(PairUnits(costs), 2, processes=4, micro_steps=2, seed=0))
 
 
 # ---- prefix_sharing="auto" prices the grouped row ----

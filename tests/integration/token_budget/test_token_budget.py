@@ -24,6 +24,7 @@ from trl_padfree import DPOConfig
 from trl_padfree.cli.bench.harness import shipped_lengths
 from trl_padfree.packing.layout import pair_tokens
 from trl_padfree.packing.token_budget import TokenBudgetBatchSampler, pack_window, split_units_to_multiple
+from trl_padfree.packing.units import PairUnits
 
 _rng = random.Random(0)
 LENGTHS = [_rng.randint(20, 700) for _ in range(500)]  # tokens per pair
@@ -39,7 +40,9 @@ def fill_ratio(sampler: TokenBudgetBatchSampler) -> float:
 
 @pytest.mark.parametrize("budget, pad_to_multiple_of", [(1024, None), (1500, 64), (4096, None)])
 def test_packing_covers_every_pair_once_within_the_budget(budget, pad_to_multiple_of):
-    sampler = TokenBudgetBatchSampler(LENGTHS, budget, seed=3, window=100, pad_to_multiple_of=pad_to_multiple_of)
+    sampler = TokenBudgetBatchSampler(
+        PairUnits(LENGTHS), budget, seed=3, window=100, pad_to_multiple_of=pad_to_multiple_of
+    )
     for epoch in range(2):
         sampler.set_epoch(epoch)
         batches = list(sampler)
@@ -50,9 +53,9 @@ def test_packing_covers_every_pair_once_within_the_budget(budget, pad_to_multipl
 
 
 def test_packing_is_deterministic_for_a_seed_and_epochs_reorder_the_same_micro_batches():
-    first, again = (TokenBudgetBatchSampler(LENGTHS, 2048, seed=7, window=100) for _ in range(2))
+    first, again = (TokenBudgetBatchSampler(PairUnits(LENGTHS), 2048, seed=7, window=100) for _ in range(2))
     assert list(first) == list(again)
-    assert first.bins != TokenBudgetBatchSampler(LENGTHS, 2048, seed=8, window=100).bins
+    assert first.bins != TokenBudgetBatchSampler(PairUnits(LENGTHS), 2048, seed=8, window=100).bins
     first.set_epoch(1)
     epoch_1 = list(first)
     assert epoch_1 != list(again) and sorted(epoch_1) == sorted(list(again))  # same micro-batches, new order
@@ -61,7 +64,7 @@ def test_packing_is_deterministic_for_a_seed_and_epochs_reorder_the_same_micro_b
 def test_best_fit_decreasing_fills_rows():
     # 60 opens a bin, 50 another; 40 fits the fuller one exactly (room 40), 30 and 20 fill the other
     assert pack_window([0, 1, 2, 3, 4], [60, 50, 40, 30, 20], capacity=100) == [[0, 2], [1, 3, 4]]
-    sampler = TokenBudgetBatchSampler(LENGTHS, 4096, seed=0)
+    sampler = TokenBudgetBatchSampler(PairUnits(LENGTHS), 4096, seed=0)
     assert fill_ratio(sampler) > 0.97
 
 
@@ -75,7 +78,7 @@ def split_to_multiple(bins: list[list[int]], lengths: list[int], multiple: int) 
 
 def test_micro_batch_count_is_a_multiple_of_the_processes():
     for processes in (2, 3, 8):
-        sampler = TokenBudgetBatchSampler(LENGTHS, 2048, seed=0, num_processes=processes)
+        sampler = TokenBudgetBatchSampler(PairUnits(LENGTHS), 2048, seed=0, num_processes=processes)
         assert len(sampler) % processes == 0
         assert sorted(i for batch in sampler for i in batch) == list(range(len(LENGTHS)))
     assert split_to_multiple([[0, 1, 2], [3]], [5, 5, 5, 5], 3) == [[0, 2], [3], [1]]
@@ -87,7 +90,7 @@ def test_fill_ratio_on_the_shipped_data(capsys):
     """Reported, not a speed claim: how full token-budget rows are on the shipped pairs."""
     lengths = [pair_tokens(prompt, chosen, rejected, 1024) for prompt, chosen, rejected in shipped_lengths()]
     for budget in (2048, 4096, 8192):
-        fill = fill_ratio(TokenBudgetBatchSampler(lengths, budget, seed=0))
+        fill = fill_ratio(TokenBudgetBatchSampler(PairUnits(lengths), budget, seed=0))
         with capsys.disabled():
             print(f"\nshipped data, {len(lengths)} pairs, budget {budget}: fill ratio {fill:.3f}")
         assert fill > 0.9

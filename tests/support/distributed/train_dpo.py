@@ -48,6 +48,7 @@ from trl_padfree.features.pair_weighted_steps import batch_sampler_dataloader
 from trl_padfree.modeling.mixers import SEGMENTS_KWARG, MixerSegments, stateful_mixers
 from trl_padfree.packing.balance import bin_costs, imbalance
 from trl_padfree.packing.prompt_groups import PromptGroupBatchSampler, prompt_group_ids
+from trl_padfree.packing.units import PairUnits
 from trl_padfree.parallel.ulysses import sequence_parallel_size
 from trl_padfree.placement.deepspeed import zero3_init_config, zero3_offloaded
 
@@ -347,7 +348,7 @@ class TRLOnPromptGroups(trl.DPOTrainer):
     def get_train_dataloader(self):
         args = self.args
         self.prompt_group_sampler = PromptGroupBatchSampler(
-            prompt_group_ids(self.train_dataset),
+            PairUnits.by_group_id(prompt_group_ids(self.train_dataset)),
             args.per_device_train_batch_size // self.joined_processes,
             seed=args.data_seed if args.data_seed is not None else args.seed,
             drop_last=args.dataloader_drop_last,

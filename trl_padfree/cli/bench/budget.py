@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ...data import load_demo_tokenizer
 from ...packing.layout import pair_tokens
 from ...packing.token_budget import TokenBudgetBatchSampler
+from ...packing.units import PairUnits
 from .harness import (
     StepTimer,
     bench_device,
@@ -62,7 +63,7 @@ def batching_schemes(
         list(range(start, min(start + pairs_per_batch, len(pairs)))) for start in range(0, len(pairs), pairs_per_batch)
     ]
     budget = max(sum(lengths[index] for index in batch) for batch in fixed)
-    budgeted = list(TokenBudgetBatchSampler(lengths, budget, seed=seed))
+    budgeted = list(TokenBudgetBatchSampler(PairUnits(lengths), budget, seed=seed))
     to_pairs = lambda batches: [[pairs[index] for index in batch] for batch in batches]  # noqa: E731
     return to_pairs(fixed), to_pairs(budgeted), budget
 
