@@ -7,7 +7,7 @@ from packaging.version import Version
 # The trainer relies on private TRL 1.16 internals: `DPOTrainer._precompute_ref_logps`, `compute_ref_log_probs`, the
 # `(rows, len - 1)` layout of the fused LM head's outputs, and `_compute_loss` summing them per row. A TRL release
 # outside this range may move any of them, so it is refused rather than risked. Every private name of TRL and of the
-# libraries under it that trl-padfree relies on is listed, and checked, in tests/test_seams.py: bump a pin, run it.
+# libraries under it that trl-padfree relies on is listed, and checked, in tests/integrations/test_seams.py: bump a pin, run it.
 TESTED_TRL = (Version("1.16.0"), Version("1.17.0"))
 
 

@@ -2,7 +2,7 @@
 
 The demo models (`trl-padfree/<size>-<model_type>`, over the shipped tokenizer) are what the demo, the benchmarks, the
 memory planner and the recipes run on; the tests build theirs from the same `TINY_CONFIGS` and `make_model`
-(tests/tiny_fixtures.py).
+(tests/support/tiny_fixtures.py).
 """
 
 from __future__ import annotations

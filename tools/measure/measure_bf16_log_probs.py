@@ -3,7 +3,7 @@ alike, against the same runs with float32 log-probs (docs/concepts/exactness.md,
 
 Run from the repository root: `python tools/measure/measure_bf16_log_probs.py [--real-model]`.
 
-- FSDP2 and ZeRO-3, 2 CPU processes over gloo (tests/distributed_runs.launch), the tiny Llama of the distributed
+- FSDP2 and ZeRO-3, 2 CPU processes over gloo (tests/support/distributed_runs.launch), the tiny Llama of the distributed
   tests, bf16 with activation checkpointing, 5 AdamW steps of 2 pairs per process: TRL's padded trainer, this
   package's trainer padded and packed with `fp32_log_probs` on and off, with `cast_lm_head_to_fp32`,
   and the float32 run.

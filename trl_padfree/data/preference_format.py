@@ -12,7 +12,7 @@ Every row is checked, each by the cheapest read that decides it:
                      a string column can only hold None besides strings, a list column None, empty lists and
                      messages without a role; a `Json` column (datasets' type for a JSON column of mixed types)
                      is scanned whole, vectorised (milliseconds per million rows either way, measured in
-                     tests/test_data_files.py)
+                     tests/data/test_data_files.py)
     IterableDataset  row 0 before TRL reads it, then each row as TRL and training read it: never the stream ahead
 
 TRL drops the pairs whose prompt alone fills `max_length`; `log_dropped_pairs` says how many.

@@ -1,4 +1,4 @@
-"""datasets' private names trl-padfree relies on (tests/test_seams.py checks each): the JSON builder's
+"""datasets' private names trl-padfree relies on (tests/integrations/test_seams.py checks each): the JSON builder's
 `JsonConfig.chunksize`, the bytes of a file it reads before fixing the columns' types (later rows are cast to them)."""
 
 from __future__ import annotations

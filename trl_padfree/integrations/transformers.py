@@ -1,4 +1,4 @@
-"""transformers' private names trl-padfree relies on (tests/test_seams.py lists and checks each):
+"""transformers' private names trl-padfree relies on (tests/integrations/test_seams.py lists and checks each):
 
 - a model's attention backend, `config._attn_implementation`, and its experts backend, `_experts_implementation`;
 - `ALL_ATTENTION_FUNCTIONS`, whose entry for a backend the architecture check counts calls of;

@@ -1,4 +1,4 @@
-"""TRL's private names trl-padfree relies on (TRL >=1.16,<1.17, _compat.py; tests/test_seams.py checks each):
+"""TRL's private names trl-padfree relies on (TRL >=1.16,<1.17, _compat.py; tests/integrations/test_seams.py checks each):
 
 - `TRLSeams`, the base of trl-padfree's `DPOTrainer`: the private methods and attributes of TRL's `DPOTrainer` (and of
   transformers' `Trainer` under it) it overrides or reads, each behind a public name;

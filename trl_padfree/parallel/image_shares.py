@@ -18,7 +18,7 @@ fewer units than ranks runs the tower on all of them on every rank, as `deal_ima
 
 The seam is the model's own `get_image_features`, which every family's forward calls once with the batch's image
 inputs and whose `pooler_output` (and Qwen3-VL's `deepstack_features`) it places on the image tokens; that each
-family's features on a share equal the whole row's is tested (tests/test_image_shares.py).
+family's features on a share equal the whole row's is tested (tests/parallel/test_image_shares.py).
 """
 
 from __future__ import annotations

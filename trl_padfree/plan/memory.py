@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 # TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`) projects [tokens, vocabulary] tiles of these sizes at a
 # time (4096 x 32768 in TRL 1.16), so the full logits never exist. Read from TRL, so the estimate follows the installed
-# release; tests/test_seams.py checks that TRL still tiles by them
+# release; tests/integrations/test_seams.py checks that TRL still tiles by them
 from ..integrations.trl import LOGITS_TILE_TOKENS, LOGITS_TILE_VOCAB
 from . import context_parallel, fsdp2
 from .setup import REFERENCE_PLACES, Setup
@@ -186,7 +186,7 @@ def layer_activation_bytes_per_token(shape: ModelShape, precision: str) -> int:
         MLP         b x (h + 4i)         the normed input, gate, up, SiLU(gate) and their product (2i without a gate)
 
     b is bytes per activation (2 in bf16/fp16, 4 in fp32), h the hidden size, q and kv the query and key-value widths,
-    i the MLP width. Checked against the tensors autograd saves in a tiny Llama (tests/test_plan.py).
+    i the MLP width. Checked against the tensors autograd saves in a tiny Llama (tests/plan/test_plan.py).
     """
     b, h, i = BYTES_PER_PARAM[precision], shape.hidden_size, shape.intermediate_size
     mlp = (4 if shape.gated_mlp else 2) * b * i

@@ -188,7 +188,7 @@ def write_rows(rows: list, path: str, flags: dict) -> None:
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
-# Every benchmark file records what a user needs to rerun it: docs/bench/*.json, tests/test_bench_provenance.py
+# Every benchmark file records what a user needs to rerun it: docs/bench/*.json, tests/cli/test_bench_provenance.py
 PROVENANCE_PACKAGES = ("torch", "transformers", "trl", "accelerate", "datasets", "peft")
 
 
