@@ -158,7 +158,7 @@ def test_the_forward_reads_what_set_up_decided_and_checks_only_the_batch(monkeyp
     def derived_again(*args, **kwargs):
         raise AssertionError("a forward re-derived what set-up decided")
 
-    for name in ("attn_implementation", "packed_row_limit", "bidirectional_image_marks", "image_family"):
+    for name in ("attn_implementation", "packed_row_limit", "image_marks_of_config", "image_family"):
         monkeypatch.setattr(packed_forward, name, derived_again)
     packed_batch = PackedBatch.from_collated(first_batch(trainer, 2))
     assert packed_batch.host.shared_pairs > 0

@@ -22,8 +22,8 @@ every layout). The ratio of two layouts' FLOPs does not depend on the constant f
 forwards): `flop_ideal_speedup`.
 
 Use: a `DecoderShape` (`DecoderShape.from_config(config)`, or counted), a `BatchWork` per batch or row
-(`padded_batch_work`, `packed_row_work` over `Segment`s, `prefix_shared_segments` for a shared pair; works add up),
-then `forward_flops`, `training_step_flops` or `flop_ideal_speedup`.
+(`padded_batch_work`, `packed_row_work` over `Segment`s, a shared pair `Segment(prompt + chosen)`,
+`Segment(rejected, prefix=prompt)`; works add up), then `forward_flops`, `training_step_flops` or `flop_ideal_speedup`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ class DecoderShape:
             for p in module.parameters()
         }
         linear = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if id(p) not in outside)
-        return cls.from_config(model.config.get_text_config(), linear_params=linear)
+        text_config = model.config.get_text_config()
+        return cls.from_config(text_config, linear_params=linear)
 
 
 def _attention_projection_params(config, head_dim: int) -> int:
@@ -164,16 +165,6 @@ def causal_pairs(length: int, prefix: int = 0) -> int:
     Example: `causal_pairs(3) == 6` (1 + 2 + 3); `causal_pairs(2, prefix=4) == 11` (2 x 4 + 1 + 2).
     """
     return length * prefix + length * (length + 1) // 2
-
-
-def prefix_shared_segments(prompt: int, chosen: int, rejected: int) -> list[Segment]:
-    """A pair laid out with prefix sharing: the prompt once, followed by the chosen completion (one causal segment),
-    then the rejected completion reading the prompt::
-
-        row: [ p p p c c ][ r r r ]
-              segment 1     segment 2, keys: p p p + r r r
-    """
-    return [Segment(prompt + chosen), Segment(rejected, prefix=prompt)]
 
 
 def packed_row_work(segments: Iterable[Segment | int], scored_tokens: int, row_tokens: int | None = None) -> BatchWork:

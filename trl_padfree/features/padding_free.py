@@ -28,7 +28,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from ..integrations.transformers import attn_implementation, modeling_modules_imported, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
 from ..modeling.mixers import mixers_run_per_segment
-from ..modeling.packability import check_packable, choose_packed_attention
+from ..modeling.packability import verify_packable
 from ..modeling.packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from ..modeling.vision import image_token_id, per_image_loop
 from ..packing.collator import PaddingFreePreferenceCollator
@@ -97,11 +97,7 @@ class PaddingFree:
         models = _models(trainer)
         images = trainer.is_vision_dataset
         collator = _packing_collator(trainer.data_collator, settings, models[0].config if images else None)
-        check_moe_aux_loss_without_row_padding(trainer.aux_loss_enabled, collator.pad_to_multiple_of)
-        check_prefix_sharing_without_moe_aux_loss(settings.prefix_sharing.value, trainer.aux_loss_enabled)
-        if images:  # before any forward: TRL's reference precompute runs one inside its __init__
-            _check_zero3_per_image_loop(trainer, settings, models[0])
-        _check_zero3_mixer_calls(trainer, settings, models[0])
+        _refuse_what_cannot_pack(trainer, settings, collator, models[0])
         if settings.prefix_sharing is PrefixSharing.AUTO and not images:  # weighed per batch by its cost model
             cost = SharingCost.of_model(models[0], trainer.accelerator.device.type)
             collator = dataclasses.replace(collator, prefix_sharing_cost=cost)
@@ -110,10 +106,9 @@ class PaddingFree:
         needs_padfree_varlen = bool(settings.prefix_sharing) or settings.context_parallel_size > 1
         attention = []
         for model in models:
-            backend = choose_packed_attention(
-                model, settings.packed_attn_implementation, needs_padfree_varlen, images=images
+            backend = verify_packable(
+                model, settings.packed_attn_implementation, settings.prefix_sharing.value, needs_padfree_varlen, images
             )
-            check_packable(model, settings.prefix_sharing.value, backend, images=images)
             if backend != attn_implementation(model):
                 set_language_model_attention(model, backend)
                 check_attention_switched(type(model).__name__, backend, attn_implementation(model))
@@ -287,31 +282,38 @@ def _packing_collator(collator, settings: Settings, vision_config=None):
     return collator
 
 
-def _check_zero3_per_image_loop(trainer, settings: Settings, policy: torch.nn.Module) -> None:
-    """Refuse ZeRO-3 for a model that runs a module once per image or crop (modeling/vision.py) where the processes
-    can run different numbers of images: holding different rows (data parallelism), or sharing a row whose images
-    they deal (sequence and context parallelism with `deal_images`)."""
-    plugin = trainer.accelerator.state.deepspeed_plugin
-    ranks_per_row = settings.ranks_per_row
-    check_zero3_per_image_loop(
-        type(policy).__name__,
-        per_image_loop(policy),
-        zero_stage=None if plugin is None else plugin.zero_stage,
-        row_groups=trainer.accelerator.num_processes // ranks_per_row,
-        dealt_over=ranks_per_row if settings.deal_images else 1,
-        tied_lm_head=lm_head_tied(policy),
-    )
-
-
-def _check_zero3_mixer_calls(trainer, settings: Settings, policy: torch.nn.Module) -> None:
-    """Refuse ZeRO-3 for a model whose stateful mixers run once per sequence where the processes' batches hold
-    different numbers of pairs (token budgets, balanced batches)."""
-    plugin = trainer.accelerator.state.deepspeed_plugin
+def _refuse_what_cannot_pack(trainer, settings: Settings, collator, policy: torch.nn.Module) -> None:
+    """Refuse, before any forward (TRL's reference precompute runs one inside its __init__), what the trainer's
+    set-up cannot pack: MoE auxiliary loss without rows padded alike, or with prefix sharing; under ZeRO-3, a model
+    that runs a module once per image or crop (modeling/vision.py) where the processes can run different numbers of
+    images (holding different rows under data parallelism, or sharing a row whose images they deal under sequence and
+    context parallelism with `deal_images`), and a model whose stateful mixers run once per sequence where the
+    processes' batches hold different numbers of pairs (token budgets, balanced batches). The trainer and the policy
+    are read here, once."""
+    images = trainer.is_vision_dataset
+    aux_loss = trainer.aux_loss_enabled
+    pad_to_multiple_of = collator.pad_to_multiple_of
+    accelerator = trainer.accelerator
+    plugin = accelerator.state.deepspeed_plugin
+    zero_stage = None if plugin is None else plugin.zero_stage
+    model_name = type(policy).__name__
+    loop = per_image_loop(policy) if images else None
+    mixers_per_segment = mixers_run_per_segment(policy, accelerator.device)
+    tied_lm_head = lm_head_tied(policy) if images else None
+    check_moe_aux_loss_without_row_padding(aux_loss, pad_to_multiple_of)
+    check_prefix_sharing_without_moe_aux_loss(settings.prefix_sharing.value, aux_loss)
+    if images:
+        ranks_per_row = settings.ranks_per_row
+        check_zero3_per_image_loop(
+            model_name,
+            loop,
+            zero_stage=zero_stage,
+            row_groups=accelerator.num_processes // ranks_per_row,
+            dealt_over=ranks_per_row if settings.deal_images else 1,
+            tied_lm_head=tied_lm_head,
+        )
     check_zero3_mixer_calls(
-        mixers_run_per_segment(policy, trainer.accelerator.device),
-        zero_stage=None if plugin is None else plugin.zero_stage,
-        processes=trainer.accelerator.num_processes,
-        uneven=settings.uneven_batches,
+        mixers_per_segment, zero_stage=zero_stage, processes=accelerator.num_processes, uneven=settings.uneven_batches
     )
 
 

@@ -36,7 +36,7 @@ import torch
 
 from ..integrations.transformers import kernelized_functions
 from ..packing.layout import host_to_device, segment_ids_from_lengths
-from ..refusals import check_mixer_conv_width, check_mixer_inputs, check_mixer_segments
+from ..refusals.forward import check_mixer_conv_width, check_mixer_inputs, check_mixer_segments
 from .kernels import MixerKernels, branch_key, conv_kernel_refusing, log_once, mixer_kernels, takes_cuda_branch
 
 # The keyword argument the packed forward adds for models with stateful mixers; transformers passes it down to them
@@ -140,10 +140,11 @@ def _kernels_of(mixer_class: type, kernels_in_force: object) -> MixerKernels:
     return mixer_kernels(mixer_class)
 
 
-def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
-    """Give every stateful mixer of `model` a forward that honours `MixerSegments` (idempotent); returns their class
-    names. Outside packed forwards (no `padfree_mixer_segments` keyword) the mixers run as before."""
-    for mixer in stateful_mixers(model):
+def add_segmented_mixers(mixers: list[torch.nn.Module]) -> list[str]:
+    """Give every stateful mixer of a model (`stateful_mixers`) a forward that honours `MixerSegments` (idempotent);
+    returns their class names. Outside packed forwards (no `padfree_mixer_segments` keyword) the mixers run as
+    before."""
+    for mixer in mixers:
         width = next(child.kernel_size[0] for child in mixer.children() if _is_causal_depthwise_conv(child))
         refusing = conv_kernel_refusing(type(mixer), width)
         check_mixer_conv_width(
@@ -153,17 +154,18 @@ def add_segmented_mixers(model: torch.nn.Module) -> list[str]:
             mixer.forward = _segmented_forward(mixer, mixer.forward)
             mixer._padfree_segmented = True
             mixer._padfree_calls = mixer._padfree_segmented_calls = mixer._padfree_whole_row_calls = 0
-    return mixer_classes(model)
+    return sorted({type(mixer).__name__ for mixer in mixers})
 
 
 def mixers_run_per_segment(model: torch.nn.Module, device: torch.device) -> list[str]:
     """The classes of `model`'s stateful mixers whose packed forward will run once per sequence on `device` (so as
     many times as the row holds sequences): every one on CPU, on CUDA those whose kernels cannot take a whole row."""
+    mixers = stateful_mixers(model)
     on_cuda_branch = takes_cuda_branch(torch.empty(0, device=device))
     return sorted(
         {
             type(mixer).__name__
-            for mixer in stateful_mixers(model)
+            for mixer in mixers
             if not (on_cuda_branch and _kernels_of(type(mixer), branch_key()).whole_row) or kernelized_functions(mixer)
         }
     )

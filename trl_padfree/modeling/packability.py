@@ -37,11 +37,7 @@ from ..integrations.transformers import (
 from ..integrations.transformers import attn_implementation as running_attention
 from ..packing.collator import concatenated_inputs
 from ..packing.vision import ImageUnits, pack_vision_batch
-from ..refusals import (
-    check_attn_implementation,
-    check_prefix_sharing_attention,
-    refuse_architecture,
-)
+from ..refusals.models import check_attn_implementation, check_prefix_sharing_attention, refuse_architecture
 from .backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU, FLASH_VARLEN, PACKING_AWARE, checked_backend
 from .families import image_family, image_refusal, twin_image_inputs, unchecked_verdict
 from .kernels import cpu_twin_kernels
@@ -56,7 +52,6 @@ logger = logging.getLogger(__name__)
 # rejected), so one sequence of a single token and others longer than the shrunk windows (3) and chunks (4); the row
 # is padded to a multiple of 8, as sequence and context parallelism pad it, so a padding segment ends it
 CHECK_PAIRS = ((4, 5, 9), (1, 0, 4))
-CHECK_LENGTHS = tuple(pair[0] + pair[side] for side in (1, 2) for pair in CHECK_PAIRS)  # (9, 1, 13, 5)
 CHECK_ROW_MULTIPLE = 8
 # The prefix-sharing check's pairs
 CHECK_SHARED_PAIRS = ((6, 3, 4), (3, 5, 2))
@@ -88,12 +83,6 @@ class PackingErrors:
     @property
     def exact(self) -> bool:
         return self.log_probs <= LOG_PROB_TOLERANCE and self.gradients <= GRADIENT_TOLERANCE
-
-
-def _loss_and_log_probs(logits: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # A fixed random weighting of every log-prob: its gradient reaches every parameter the log-probs depend on
-    log_probs = logits.double().log_softmax(-1)
-    return (log_probs * weights).sum(), log_probs.detach()
 
 
 def _gradients(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -439,6 +428,26 @@ def resolve_attn_implementation(requested: str, current: str | None, prefix_shar
     return resolved
 
 
+@dataclass(frozen=True)
+class CheckedModel:
+    """What the check reads of a model, once, at its entry points: its class (under `torch.compile`'s wrapper), its
+    config, the attention it runs now, and whether it trains on images."""
+
+    model_class: type
+    config: PretrainedConfig
+    attention: str | None
+    images: bool = False
+
+    def verdict(self, attn_implementation: str, prefix_sharing: bool = False) -> Verdict:
+        backend = checked_backend(attn_implementation)
+        return check_architecture(self.model_class, self.config, backend, prefix_sharing, self.images)
+
+
+def _read_model(model: torch.nn.Module, images: bool) -> CheckedModel:
+    model = uncompiled(model)
+    return CheckedModel(type(model), model.config, running_attention(model), images)
+
+
 def architecture_verdict(
     model: torch.nn.Module,
     attn_implementation: str | None = None,
@@ -448,10 +457,26 @@ def architecture_verdict(
     """Whether `model`'s architecture packs exactly on `attn_implementation` (default: the model's own), with
     `images` on image data, measured on its tiny twin and cached per architecture: the model's weights, dtype and
     partitioning play no part. A model compiled with `torch.compile` is judged on the class under the wrapper."""
-    model = uncompiled(model)
-    attn_implementation = attn_implementation or running_attention(model)
-    backend = checked_backend(attn_implementation)
-    return check_architecture(type(model), model.config, backend, prefix_sharing, images)
+    checked = _read_model(model, images)
+    return checked.verdict(attn_implementation or checked.attention, prefix_sharing)
+
+
+def verify_packable(
+    model: torch.nn.Module,
+    requested: str,
+    prefix_sharing: bool = False,
+    needs_padfree_varlen: bool = False,
+    images: bool = False,
+) -> str:
+    """The attention backend `model` packs its rows with, decided before training: `requested` resolved
+    (`choose_packed_attention`), then the architecture checked on it, with `prefix_sharing` and with `images` on image
+    data (`check_packable`: an architecture that does not pack exactly is refused). `needs_padfree_varlen`: the
+    training reads the row in `padfree_varlen` (prefix sharing, context parallelism), which `auto` picks for it. The
+    model is read once, here (`CheckedModel`)."""
+    checked = _read_model(model, images)
+    backend = _choose(checked, requested, needs_padfree_varlen)
+    _refuse_unless_packable(checked, backend, prefix_sharing)
+    return backend
 
 
 def choose_packed_attention(
@@ -461,20 +486,7 @@ def choose_packed_attention(
     `sdpa`, then `eager`, for an architecture the check finds exact on those but not on `padfree_varlen` (classes
     that keep their own attention code, such as GPT-Neo). The choice is logged; nothing inexact is chosen:
     `check_packable` still decides."""
-    resolved = resolve_attn_implementation(requested, running_attention(model), prefix_sharing)
-    if requested != "auto" or prefix_sharing or resolved != ATTN_IMPLEMENTATION:
-        return resolved
-    if architecture_verdict(model, resolved, images=images).exact:
-        return resolved
-    for backend in CHECKED_ON_CPU[1:]:
-        if architecture_verdict(model, backend, images=images).exact:
-            logger.info(
-                f"packed_attn_implementation='auto': {type(model).__name__} does not pack on `{resolved}` "
-                f"({architecture_verdict(model, resolved, images=images).reason}); it packs exactly on `{backend}`, "
-                "which it will use."
-            )
-            return backend
-    return resolved
+    return _choose(_read_model(model, images), requested, prefix_sharing)
 
 
 def check_packable(
@@ -486,19 +498,39 @@ def check_packable(
     """Refuse a model whose packed forward on `attn_implementation` (default: the model's own), with `images` on
     image data, would differ from its per-sequence forward, as measured on a tiny twin of its architecture, naming the
     backends that would work."""
-    attn_implementation = attn_implementation or running_attention(model)
+    checked = _read_model(model, images)
+    _refuse_unless_packable(checked, attn_implementation or checked.attention, prefix_sharing)
+
+
+def _choose(checked: CheckedModel, requested: str, prefix_sharing: bool) -> str:
+    resolved = resolve_attn_implementation(requested, checked.attention, prefix_sharing)
+    if requested != "auto" or prefix_sharing or resolved != ATTN_IMPLEMENTATION:
+        return resolved
+    if checked.verdict(resolved).exact:
+        return resolved
+    for backend in CHECKED_ON_CPU[1:]:
+        if checked.verdict(backend).exact:
+            logger.info(
+                f"packed_attn_implementation='auto': {checked.model_class.__name__} does not pack on `{resolved}` "
+                f"({checked.verdict(resolved).reason}); it packs exactly on `{backend}`, which it will use."
+            )
+            return backend
+    return resolved
+
+
+def _refuse_unless_packable(checked: CheckedModel, attn_implementation: str, prefix_sharing: bool) -> None:
     check_attn_implementation(attn_implementation, PACKING_AWARE)
-    verdict = architecture_verdict(model, attn_implementation, prefix_sharing, images)
+    verdict = checked.verdict(attn_implementation, prefix_sharing)
     if verdict.exact:
         return
     # Refused only because of sharing when the same architecture packs without it
-    sharing_alone = prefix_sharing and architecture_verdict(model, attn_implementation, images=images).exact
+    sharing_alone = prefix_sharing and checked.verdict(attn_implementation).exact
     working = [
         backend
         for backend in CHECKED_ON_CPU
         if backend != verdict.attn_implementation
         and not (prefix_sharing and backend != ATTN_IMPLEMENTATION)
-        and architecture_verdict(model, backend, prefix_sharing, images).exact
+        and checked.verdict(backend, prefix_sharing).exact
     ]
     what = "prefix_sharing" if sharing_alone else "padding_free"
     refuse_architecture(what, verdict.model_class, verdict.model_type, attn_implementation, verdict.reason, working)

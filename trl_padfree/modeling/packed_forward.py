@@ -24,12 +24,14 @@ from typing import Any
 import torch
 
 from ..integrations.transformers import attn_implementation, mask_creation_skipped
-from ..refusals import check_image_within_window, check_no_cache, check_packed_row_length
+from ..refusals.forward import check_no_cache
+from ..refusals.models import check_packed_row_length
+from ..refusals.vision import check_image_within_window
 from .attention.rows import PACKED_ROW_KWARG, PackedRow, row_in_flight
 from .backends import ATTN_IMPLEMENTATION
-from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers
+from .mixers import CACHE_KWARGS, SEGMENTS_KWARG, MixerSegments, add_segmented_mixers, stateful_mixers
 from .packed_batch import PackedBatch
-from .vision import bidirectional_image_marks, image_family, image_spans_on_sliding_layers_only, packed_position_ids
+from .vision import image_family, image_marks_of_config, packed_position_ids, spans_on_sliding_layers_only_of_config
 
 PACKED_BATCH_KWARG = "packed_batch"
 
@@ -66,21 +68,23 @@ class ForwardPlan:
 
     @classmethod
     def of_model(cls, module: torch.nn.Module | None) -> ForwardPlan:
+        # What it reads of the module, read here once: its config and the attention it runs
         config = getattr(module, "config", None)
         if config is None:  # a bare forward function: nothing to decide
             return cls(None, None, None, None, False, None)
+        attention = attn_implementation(module)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        image_marks = bidirectional_image_marks(module)
+        image_marks = image_marks_of_config(config)
         family = image_family(getattr(config, "model_type", None))
         image_window = None
         if image_marks is not None and family is not None and family.images_past_window:
             image_window = getattr(text_config, "sliding_window", None)
         return cls(
-            attention=attn_implementation(module),
+            attention=attention,
             model_type=getattr(text_config, "model_type", None),
             row_limit=packed_row_limit(config),
             image_marks=image_marks,
-            image_spans_on_sliding_layers_only=image_spans_on_sliding_layers_only(module),
+            image_spans_on_sliding_layers_only=spans_on_sliding_layers_only_of_config(config),
             image_window=image_window,
         )
 
@@ -150,7 +154,8 @@ def add_packed_forward(model: torch.nn.Module) -> None:
     model._padfree_forward_plan = ForwardPlan.of_model(model)  # again at each set-up: its attention may have changed
     if getattr(model, "_padfree_packed_forward", False):
         return
-    model._padfree_stateful_mixers = tuple(add_segmented_mixers(model))
+    mixers = stateful_mixers(model)
+    model._padfree_stateful_mixers = tuple(add_segmented_mixers(mixers))
     inner_forward = model.forward
 
     @functools.wraps(inner_forward)

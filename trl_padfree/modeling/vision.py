@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 def per_image_loop(model: torch.nn.Module) -> tuple[str, str] | None:
     """(the module, the unit) of a model whose forward runs a module's layers once per image or crop
     (`VisionFamily.per_image_loop`); None for the others."""
-    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    family = image_family(model_type)
     if family is None or family.per_image_loop is None:
         return None
     return family.per_image_loop, family.per_image_unit
@@ -53,7 +54,11 @@ def cross_attention_refusal(config) -> str | None:
 def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
     """For a model whose image tokens attend to the whole image (Gemma 3; Gemma 4 where its config says so), the
     per-token input that marks them."""
-    config = getattr(model, "config", None)
+    return image_marks_of_config(getattr(model, "config", None))
+
+
+def image_marks_of_config(config) -> str | None:
+    """`bidirectional_image_marks`, read from a model's config."""
     family = image_family(getattr(config, "model_type", None))
     if family is None:
         return None
@@ -64,7 +69,12 @@ def bidirectional_image_marks(model: torch.nn.Module | None) -> str | None:
 
 def image_spans_on_sliding_layers_only(model: torch.nn.Module | None) -> bool:
     """Whether a model's image spans (`bidirectional_image_marks`) hold on its sliding-window layers alone (Gemma 4)."""
-    family = image_family(getattr(getattr(model, "config", None), "model_type", None))
+    return spans_on_sliding_layers_only_of_config(getattr(model, "config", None))
+
+
+def spans_on_sliding_layers_only_of_config(config) -> bool:
+    """`image_spans_on_sliding_layers_only`, read from a model's config."""
+    family = image_family(getattr(config, "model_type", None))
     return family is not None and family.bidirectional_on_vision_config
 
 
