@@ -10,10 +10,12 @@ import pytest
 
 from tools.measure.package_structure import measure
 
-IN_PROGRESS = pytest.mark.xfail(strict=False, reason="issue 60 refactor in progress")
-
 WALK_STOPS = 25
 WALK_CLIMBS = 4
+# The issue's measure: the trainer and what `enable` derives from it (the models, the collator) followed into the
+# calls that receive them. The tool's stricter figure also follows the model through the architecture check's own
+# helpers (`verify_packable` and below, about 30 functions that read its config); it prints every rule's figure
+ISSUE_WALK = "trainer-start-functions"
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,8 @@ def test_no_import_running_up(report):
     assert not running_up, running_up
 
 
-@IN_PROGRESS
 def test_set_up_walk_is_short(report):
-    walk = report.walk
+    walk = report.walks[ISSUE_WALK]
     assert len(walk.stops) <= WALK_STOPS, "\n".join(map(str, walk.stops))
     assert len(walk.climbs()) <= WALK_CLIMBS, "\n".join(map(str, walk.climbs()))
 

@@ -36,7 +36,7 @@ from trl_padfree.costs.flops import (
     padded_batch_work,
     training_step_flops,
 )
-from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import HOST_ROW, HostRow
 

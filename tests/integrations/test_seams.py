@@ -429,7 +429,7 @@ TRANSFORMERS_VISION = [
             f"transformers.models.{family}Model.get_image_features",
             "called by the architecture check on a twin's images of different sizes, by keyword; `pooler_output` "
             "holds each image's features, whose lengths are the image tokens the twin's sequences get",
-            "modeling/families/twin.py",
+            "modeling/check/family_twins.py",
             keywords=("pixel_values", *size_inputs),
         )
         for family, size_inputs in (
@@ -520,7 +520,7 @@ TRANSFORMERS_VISION = [
                 "the position function called on the packed row's padded view, by keyword and without marks (it "
                 "finds each image by the vision-start token before it); the forward calls it only given an attention "
                 "mask, which the architecture check hands each sequence alone",
-                "modeling/vision.py, modeling/packability.py",
+                "modeling/vision.py, modeling/check/packability.py",
                 keywords=("input_ids", "image_grid_thw", "attention_mask"),
                 source={
                     f"transformers.models.{family}ThinkerModel.compute_3d_position_ids": (
@@ -613,7 +613,7 @@ TRANSFORMERS = [
         "function module it returns where `kernels` is installed (its class's `forward` closure `func`, "
         "`kernel_layer_name`) and the model module's own helpers; `_PACKAGE_SUPPORTED_DEVICES` (>= 5.25), left out "
         "when the stand-ins rebuild them with it; a layer's `_kernel_funcs`, where `kernelize` puts hub kernels",
-        "integrations/transformers.py, modeling/kernels.py", parameters=("func_name", "package"),
+        "integrations/transformers.py, modeling/kernels/mixers.py", parameters=("func_name", "package"),
     ),
     Seam(
         "transformers", "transformers.Trainer.get_train_dataloader", "overridden (token-budget and split-row loaders)",
@@ -683,13 +683,13 @@ TRANSFORMERS = [
     Seam(
         "transformers", "transformers.masking_utils.find_packed_sequence_indices",
         "sdpa and eager keep packed sequences apart from `position_ids` when no attention mask is passed",
-        "modeling/packability.py, modeling/packed_forward.py", parameters=("position_ids",),
+        "modeling/check/packability.py, modeling/packed_forward.py", parameters=("position_ids",),
     ),
     Seam(
         "transformers", "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS",
         "the registry the modeling code looks attention up in, holding the backends checks.py names; the "
         "architecture check swaps an entry to count calls",
-        "integrations/transformers.py, modeling/packability.py",
+        "integrations/transformers.py, modeling/check/packability.py",
         check=Check(
             f"an AttentionInterface holding {[*FLASH_VARLEN, 'sdpa']}",
             lambda registry: isinstance(registry, resolve("transformers.AttentionInterface"))
@@ -779,7 +779,7 @@ TRANSFORMERS = [
     Seam(
         "transformers", "transformers.models.auto.modeling_auto.MODEL_MAPPING_NAMES",
         "a vision-language type's inner model class, whose `get_rope_index` says whether its twin gets mRoPE sections",
-        "integrations/transformers.py, modeling/families/twin.py", check=instance_of("collections.abc.Mapping"),
+        "integrations/transformers.py, modeling/check/family_twins.py", check=instance_of("collections.abc.Mapping"),
     ),
 ]  # fmt: skip
 
@@ -944,33 +944,33 @@ TORCH = [
         "torch", "torch._dynamo.eval_frame.OptimizedModule",
         "the wrapper `torch.compile(module)` returns, which accelerate puts around the models it prepares under "
         "`torch_compile=True`: the architecture check judges the class under it",
-        "integrations/torch.py, modeling/packability.py", check=instance_of(type),
+        "integrations/torch.py, modeling/check/packability.py", check=instance_of(type),
     ),
     Seam(
         "torch", "torch._dynamo.eval_frame.OptimizedModule._orig_mod",
         "the module under the compiled wrapper, an instance attribute",
-        "integrations/torch.py, modeling/packability.py", where="torch._dynamo.eval_frame.OptimizedModule.__init__",
+        "integrations/torch.py, modeling/check/packability.py", where="torch._dynamo.eval_frame.OptimizedModule.__init__",
         source={"torch._dynamo.eval_frame.OptimizedModule.__init__": ("self._orig_mod = mod",)},
     ),
     Seam(
         "torch", "torch.nn.attention.varlen.varlen_attn",
         "PyTorch's varlen flash attention: its seven leading arguments passed by position; the keywords after them "
         "are read from its signature at run time (attention.varlen_kernel_plan)",
-        "modeling/kernels.py, modeling/attention/varlen.py",
+        "modeling/kernels/attention.py, modeling/attention/varlen.py",
         parameters=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"),
     ),
     Seam(
         "torch", "torch.nn.attention.sdpa_kernel",
         "chooses varlen_attn's Flash backend around each call (torch >= 2.15 reads these flags, picking cuDNN first)",
-        "modeling/kernels.py", parameters=("backends",),
+        "modeling/kernels/attention.py", parameters=("backends",),
     ),
     Seam(
-        "torch", "torch.nn.attention.SDPBackend.FLASH_ATTENTION", "the backend chosen for varlen_attn", "modeling/kernels.py",
+        "torch", "torch.nn.attention.SDPBackend.FLASH_ATTENTION", "the backend chosen for varlen_attn", "modeling/kernels/attention.py",
     ),
     Seam(
         "torch", "torch.nn.attention.flex_attention.BlockMask.from_kv_blocks",
         "the softcap layers' block mask from the row's host tiles, no T x T mask (attention/fused.py DocumentTiles)",
-        "modeling/kernels.py, modeling/attention/fused.py",
+        "modeling/kernels/attention.py, modeling/attention/fused.py",
         parameters=("cls", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"),
         keywords=("BLOCK_SIZE", "mask_mod", "seq_lengths"),
     ),
@@ -1246,13 +1246,15 @@ def test_mixer_kernel_names_are_transformers_kernel_hub_names():
 
     import transformers
 
-    from trl_padfree.modeling.kernels import BOUNDARY_ARGUMENTS, DECODE_ONLY_KERNELS
+    from trl_padfree.modeling.kernels.mixers import BOUNDARY_ARGUMENTS, DECODE_ONLY_KERNELS
 
     named = set()
     for path in (pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"):
         named.update(re.findall(r'use_kernel_func_from_hub_with_fallback\("(\w+)"', path.read_text()))
     missing = sorted((set(BOUNDARY_ARGUMENTS) | DECODE_ONLY_KERNELS) - named)
-    assert not missing, f"no transformers model uses the kernels {missing} any more (trl_padfree/modeling/kernels.py)"
+    assert not missing, (
+        f"no transformers model uses the kernels {missing} any more (trl_padfree/modeling/kernels/mixers.py)"
+    )
 
 
 def test_transformers_kernel_wrappers_hold_what_they_resolved():

@@ -32,10 +32,9 @@ from trl_padfree.cli.models import (
     model_class_for,
     vision_language_types,
 )
-from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU
-from trl_padfree.modeling.families import VISION_FAMILIES, catalog, unchecked_verdict
-from trl_padfree.modeling.packability import (
+from trl_padfree.modeling.check import packability as architecture
+from trl_padfree.modeling.check.packability import (
     GRADIENT_TOLERANCE,
     LOG_PROB_TOLERANCE,
     architecture_verdict,
@@ -43,8 +42,9 @@ from trl_padfree.modeling.packability import (
     check_packable,
     packing_errors,
 )
+from trl_padfree.modeling.check.twin import build_twin, twin_config
+from trl_padfree.modeling.families import VISION_FAMILIES, catalog, unchecked_verdict
 from trl_padfree.modeling.packed_forward import packed_row_limit
-from trl_padfree.modeling.twin import build_twin, twin_config
 from trl_padfree.modeling.vision import cross_attention_refusal
 from trl_padfree.refusals.models import check_packed_row_length
 
@@ -252,7 +252,7 @@ def legacy_model(seed: int):
 def test_auto_picks_the_backend_the_check_finds_exact(caplog):
     # A class that keeps its own attention code (it ignores padfree_varlen) but packs exactly on eager
     padded = make_trainer(False, attn_implementation="eager", model_factory=legacy_model)
-    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.packability"):
+    with caplog.at_level(logging.INFO, logger="trl_padfree.modeling.check.packability"):
         packed = make_trainer(True, attn_implementation="eager", model_factory=legacy_model)
 
     assert packed.model.config._attn_implementation == "eager"

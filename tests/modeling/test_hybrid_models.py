@@ -24,7 +24,9 @@ from transformers import AutoConfig
 
 from trl_padfree.cli.models import model_class_for
 from trl_padfree.modeling import kernels
-from trl_padfree.modeling.kernels import mixer_kernels, stand_in_kernels
+from trl_padfree.modeling.check.packability import check_architecture
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.kernels.mixers import mixer_kernels
 from trl_padfree.modeling.mixers import (
     MixerSegments,
     mixer_calls,
@@ -32,7 +34,6 @@ from trl_padfree.modeling.mixers import (
     mixers_run_per_segment,
     stateful_mixers,
 )
-from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths, position_ids_from_lengths

@@ -29,10 +29,11 @@ from trl_padfree.cli.models import decoder_model_types, model_class_for
 from trl_padfree.modeling.attention import varlen
 from trl_padfree.modeling.attention.plan import SOFTCAP_WAY_OUT
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
-from trl_padfree.modeling.kernel_coverage import COVERAGE_AUTOCAST, kernel_coverage, planned_forward
-from trl_padfree.modeling.kernels import FusedKernels, stand_in_kernels
-from trl_padfree.modeling.packability import CHECK_PAIRS, check_architecture, check_row
-from trl_padfree.modeling.twin import build_twin
+from trl_padfree.modeling.check.kernel_coverage import COVERAGE_AUTOCAST, kernel_coverage, planned_forward
+from trl_padfree.modeling.check.packability import CHECK_PAIRS, check_architecture, check_row
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.check.twin import build_twin
+from trl_padfree.modeling.kernels.attention import FusedKernels
 
 VOCAB_SIZE = len(make_tokenizer())
 TRL_DEFAULT = PRECISIONS["trl_default"]
@@ -238,7 +239,8 @@ def test_the_planned_forward_runs_on_the_cpu_path():
     # The coverage's forward is planning only: it never calls a kernel, so it runs on any machine
     model_class, config = model_class_for(AutoConfig.for_model("llama"))
     with stand_in_kernels(varlen=varlen_stand_in("2.15")):
-        from trl_padfree.modeling.kernels import cpu_twin_kernels, torch_varlen_kernel
+        from trl_padfree.modeling.check.stand_ins import cpu_twin_kernels
+        from trl_padfree.modeling.kernels.attention import torch_varlen_kernel
 
         with cpu_twin_kernels():
             plans = planned_forward(model_class, config, torch_varlen_kernel())
@@ -248,7 +250,7 @@ def test_the_planned_forward_runs_on_the_cpu_path():
 
 def test_varlen_calls_are_counted_for_reports():
     from trl_padfree.integrations.transformers import attention_calls_counted
-    from trl_padfree.modeling.kernels import varlen_calls_counted
+    from trl_padfree.modeling.kernels.attention import varlen_calls_counted
 
     make_trainer(True)
     with stand_in_kernels(varlen=varlen_stand_in("2.15")):

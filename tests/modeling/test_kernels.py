@@ -1,4 +1,4 @@
-"""The packed forward's CUDA branches, run on the CPU with stand-in kernels (trl_padfree/modeling/kernels.py,
+"""The packed forward's CUDA branches, run on the CPU with stand-in kernels (trl_padfree/modeling/check/stand_ins.py,
 tests/support/stand_in_kernels.py): what a GPU runs, checked where CI runs.
 
     varlen_attn        every signature torch has shipped (2.10, 2.11, 2.13-2.15): the call each gets (int32
@@ -54,9 +54,11 @@ from trl_padfree.integrations.transformers import kernel_wrapper, rewrapped
 from trl_padfree.modeling import kernels
 from trl_padfree.modeling.attention import interface as attention
 from trl_padfree.modeling.attention import varlen
-from trl_padfree.modeling.kernels import mixer_kernels, stand_in_kernels
+from trl_padfree.modeling.check.packability import check_architecture
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.kernels.attention import flash_backend
+from trl_padfree.modeling.kernels.mixers import mixer_kernels
 from trl_padfree.modeling.mixers import mixer_calls, stateful_mixers
-from trl_padfree.modeling.packability import check_architecture
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
 VOCAB_SIZE = len(make_tokenizer())
@@ -350,7 +352,7 @@ def test_the_backward_op_computes_d_from_the_out_it_is_given():
 
     query, key, value, cu_seq_lens = packed_inputs()
     kernel = varlen_stand_in("2.15")
-    with kernels.flash_backend():  # as the sink correction calls it: the backward op's default backend
+    with flash_backend():  # as the sink correction calls it: the backward op's default backend
         output, lse = kernel.function(
             query, key, value, cu_seq_lens, cu_seq_lens, LONGEST, LONGEST,
             return_aux=AuxRequest(lse=True), window_size=(-1, 0), enable_gqa=True,

@@ -18,7 +18,7 @@ from tolerances import BF16_LOG_PROB_ATOL, LOG_PROB_ATOL
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
 from trl_padfree.modeling.backends import PACKING_AWARE as PACKING_AWARE_ATTENTION
-from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
+from trl_padfree.modeling.check.packability import check_packable, resolve_attn_implementation
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.refusals.models import check_attn_implementation
 from trl_padfree.tiny import TINY_CONFIGS
@@ -170,7 +170,7 @@ def test_a_vision_language_config_without_its_vision_tower_gets_the_verdict_of_i
     from transformers import Gemma4Config
 
     from trl_padfree.cli.models import check_pretrained
-    from trl_padfree.modeling.packability import check_architecture
+    from trl_padfree.modeling.check.packability import check_architecture
 
     Gemma4Config().save_pretrained(tmp_path)
     answer = check_pretrained(str(tmp_path), backends=(ATTN_IMPLEMENTATION,))

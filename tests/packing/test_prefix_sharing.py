@@ -53,12 +53,12 @@ from trainer_utils import (
 
 from trl_padfree import ATTN_IMPLEMENTATION, DPOConfig, DPOTrainer, PaddingFreePreferenceCollator
 from trl_padfree.costs.flops import DecoderShape
-from trl_padfree.modeling import packability as architecture
 from trl_padfree.modeling.attention.gathered import GatheredKeys
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.rows import row_in_flight
 from trl_padfree.modeling.attention.segments import per_segment_attention
-from trl_padfree.modeling.packability import check_packable, resolve_attn_implementation
+from trl_padfree.modeling.check import packability as architecture
+from trl_padfree.modeling.check.packability import check_packable, resolve_attn_implementation
 from trl_padfree.modeling.packed_forward import PackedBatch, run_packed
 from trl_padfree.packing import prefix_sharing
 from trl_padfree.packing.collator import concatenated_inputs

@@ -11,7 +11,8 @@ from trainer_utils import first_batch, make_trainer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
-from trl_padfree.modeling.kernels import FlexKernel, FusedKernels, VarlenKernel, stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.kernels.attention import FlexKernel, FusedKernels, VarlenKernel
 
 FUSED_KERNELS = ("varlen_attn", "efficient_attention", "flash_attn_varlen_func", "flex_attention")
 

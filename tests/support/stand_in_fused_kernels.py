@@ -1,5 +1,5 @@
 """Stand-ins for the fused CUDA kernels of the layers torch's varlen kernel cannot compute (`FusedKernels`,
-trl_padfree/modeling/kernels.py), and for sdpa's choice of backend on a segment: each with the real function's
+trl_padfree/modeling/check/stand_ins.py), and for sdpa's choice of backend on a segment: each with the real function's
 signature, the checks the real one makes (source named beside each), the result it computes and its half-precision
 rounding, recording what it was given in `stand_in_kernels.CALLS`:
 
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from stand_in_kernels import CALLS, PLAYED_CAPABILITY, KernelCall
 
 from trl_padfree.integrations.torch import wide_head_attention_op
-from trl_padfree.modeling.kernels import FlexKernel, FusedKernels
+from trl_padfree.modeling.kernels.attention import FlexKernel, FusedKernels
 
 HALF = (torch.float16, torch.bfloat16)
 

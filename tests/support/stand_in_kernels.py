@@ -1,5 +1,5 @@
 """Stand-ins for the CUDA kernels behind packed rows, with the real functions' signatures, for `stand_in_kernels`
-(trl_padfree/modeling/kernels.py): the packed forward takes its CUDA branches on the CPU and calls these instead.
+(trl_padfree/modeling/check/stand_ins.py): the packed forward takes its CUDA branches on the CPU and calls these instead.
 
 Each stand-in computes the result per segment (one sequence at a time, from its boundary argument) and records what
 it was given (`CALLS`): the boundary tensors and their dtype, the window, grouped heads, the backend a torch release
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trl_padfree.modeling.kernels import VarlenKernel
+from trl_padfree.modeling.kernels.attention import VarlenKernel
 
 # What the stand-ins were given, in call order (tests clear it)
 CALLS: list[KernelCall] = []

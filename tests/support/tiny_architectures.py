@@ -1,7 +1,7 @@
 """Tiny models of today's architectures, from their default configs: MoE routers, sliding, full and chunked layers,
 attention sinks and per-layer inputs kept, every width shrunk.
 
-`trl_padfree.modeling.twin.twin_config` shrinks a config the way the packability check does (widths, heads, experts,
+`trl_padfree.modeling.check.twin.twin_config` shrinks a config the way the packability check does (widths, heads, experts,
 windows of 3 tokens and chunks of 4); here the layer count is cut to one period of the model's layer pattern and the
 vocabulary set to the tokenizer's:
 
@@ -28,7 +28,7 @@ import torch
 from tiny_fixtures import VOCAB_SIZE
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from trl_padfree.modeling.twin import twin_config
+from trl_padfree.modeling.check.twin import twin_config
 
 INITIALIZER_RANGE = 0.02
 TINY_LAYERS = {

@@ -33,7 +33,7 @@ from stand_in_kernels import varlen_stand_in  # noqa: E402
 
 from trl_padfree.cli.bench.report import run_provenance
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention  # noqa: E402
-from trl_padfree.modeling.kernels import stand_in_kernels  # noqa: E402
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths  # noqa: E402
 
 LENGTHS = (2048, 2048)

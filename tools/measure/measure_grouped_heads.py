@@ -11,7 +11,7 @@ from stand_in_kernels import varlen_stand_in
 from test_grouped_heads import saved_while
 
 from trl_padfree.modeling.attention.varlen import KernelSession, varlen_attention
-from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 
 GEOMETRIES = {"Llama-3-8B": (32, 8, 128), "Llama-3-70B": (64, 8, 128)}  # query heads, key/value heads, head dim
 BOUNDS = (0, 300, 301, 700, 1024)  # 1,024 tokens in four sequences

@@ -24,7 +24,7 @@ from tiny_architectures import HYBRID_MODEL_TYPES, make_tiny_model  # noqa: E402
 from tiny_fixtures import make_tokenizer  # noqa: E402
 from trainer_utils import HALF, PRECISIONS, make_trainer, one_step  # noqa: E402
 
-from trl_padfree.modeling.kernels import stand_in_kernels  # noqa: E402
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 
 
 def differences(reference, other, exempt_metrics=HALF.exempt_metrics) -> tuple[float, float, float]:

@@ -28,7 +28,7 @@ from test_sink_correction import TensorTraffic  # noqa: E402
 
 from trl_padfree.cli.bench.report import run_provenance  # noqa: E402
 from trl_padfree.modeling.attention.sinks import varlen_with_sinks  # noqa: E402
-from trl_padfree.modeling.kernels import VarlenKernel, flash_backend  # noqa: E402
+from trl_padfree.modeling.kernels.attention import VarlenKernel, flash_backend
 
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
 # (name, segment lengths, sliding window): GPT-OSS alternates full layers with 128-token windows

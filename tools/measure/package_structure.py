@@ -56,7 +56,7 @@ passed one (`checked = _read_model(model)` is the model read on; a public functi
 is a new object). Each function is a stop the first time the walk reaches it and is expanded then only. A stop's floor
 is its module's floor; a climb is a stop on a higher floor than the stop just before it in visit order (the walk starts
 on `enable`'s floor). On the tree the count was first made on (57 stops in 18 files, 14 climbs, 7 at
-modeling/packability.py), this rule gives 61, 19, 15 and 9; climbs on room floors are printed beside (9 there). Every
+modeling/check/packability.py), this rule gives 61, 19, 15 and 9; climbs on room floors are printed beside (9 there). Every
 rule tried is printed; all but the first two follow only calls that pass the trainer on:
 
     sites / functions    every resolved call
@@ -977,7 +977,7 @@ def format_report(report: Report, package: str = PACKAGE) -> str:
         marker = "  <- the figure" if variant == MAIN_WALK else ""
         lines.append(
             f"  {variant:28} {len(walk.stops):3} stops in {len(walk.files):2} files, {len(walk.climbs('module')):2} "
-            f"climbs ({len(walk.climbs('room')):2}), {packability:2} at modeling/packability.py{marker}"
+            f"climbs ({len(walk.climbs('room')):2}), {packability:2} at modeling/check/packability.py{marker}"
         )
     per_file = defaultdict(int)
     for stop in report.walk.stops:

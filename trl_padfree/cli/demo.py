@@ -20,7 +20,7 @@ from transformers import ProgressCallback, TrainerCallback
 
 from ..config import DPOConfig
 from ..data import load_demo_dataset, load_demo_tokenizer
-from ..modeling.packability import resolve_attn_implementation
+from ..modeling.check.packability import resolve_attn_implementation
 from ..tiny import DEMO_MODEL_SIZES, TINY_CONFIGS, make_demo_model
 from ..trainer import DPOTrainer
 

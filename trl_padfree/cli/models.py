@@ -6,7 +6,7 @@ is refused, and how long the check took. `--markdown` prints the table of docs/r
 `trl-padfree models --check MODEL` reads only the `config.json` of a hub id or local folder and says whether and how
 that model will pack: the same check the trainer runs at start-up.
 
-For `padfree_varlen`, each exact type also gets its kernel coverage (modeling/kernel_coverage.py): how many of its
+For `padfree_varlen`, each exact type also gets its kernel coverage (modeling/check/kernel_coverage.py): how many of its
 attention layers run one fused kernel call on a GPU in TRL's default precision, planned at the default config's real
 head dims, which kernel beyond torch's varlen kernel (the sink correction, flash-attn or FlexAttention for softcapping,
 the memory-efficient kernel for head dims above 256), and why any other runs per segment.
@@ -39,9 +39,9 @@ from ..integrations.transformers import (
 from ..modeling.attention.plan import VARLEN
 from ..modeling.backends import ATTN_IMPLEMENTATION
 from ..modeling.backends import CHECKED_ON_CPU as CHECKED_ATTENTION
+from ..modeling.check.kernel_coverage import KernelCoverage, kernel_coverage
+from ..modeling.check.packability import Verdict, check_architecture
 from ..modeling.families import UNCHECKED, image_family, image_refusal, unchecked_verdict
-from ..modeling.kernel_coverage import KernelCoverage, kernel_coverage
-from ..modeling.packability import Verdict, check_architecture
 from ..modeling.vision import cross_attention_refusal, vision_tower_left_out
 from ..sources import load_model_config
 
@@ -80,7 +80,7 @@ def model_class_for(config: PretrainedConfig) -> tuple[type, PretrainedConfig]:
     if name is None:
         raise ValueError(
             f"Model type {config.model_type!r} is not a causal LM of transformers {transformers.__version__} "
-            "(models with custom code: load the model and call `trl_padfree.modeling.packability.architecture_verdict(model)`)."
+            "(models with custom code: load the model and call `trl_padfree.modeling.check.packability.architecture_verdict(model)`)."
         )
     model_class = getattr(transformers, name)
     config_class = getattr(model_class, "config_class", None)

@@ -27,8 +27,8 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ..integrations.transformers import attn_implementation, modeling_modules_imported, set_language_model_attention
 from ..integrations.trl import padding_free_hidden
+from ..modeling.check.packability import verify_packable
 from ..modeling.mixers import mixers_run_per_segment
-from ..modeling.packability import verify_packable
 from ..modeling.packed_forward import PACKED_BATCH_KWARG, PackedBatch, add_packed_forward
 from ..modeling.vision import image_token_id, per_image_loop
 from ..packing.collator import PaddingFreePreferenceCollator

@@ -1,3 +1,4 @@
-"""How a model runs a packed row: its attention (attention/, backends.py, kernels.py), its stateful mixers
-(mixers.py), the packed forward (packed_forward.py), TRL's fused LM head (fused_lm_head.py), and whether an
-architecture packs exactly (packability.py)."""
+"""How a model runs a packed row, in a step: its attention (attention/, backends.py, kernels/attention.py), its
+stateful mixers (mixers.py, kernels/mixers.py), the packed forward (packed_forward.py, packed_batch.py), images
+(vision.py, families/) and TRL's fused LM head (fused_lm_head.py). What decides before training whether a model packs
+is check/ (`check.packability.verify_packable`)."""

@@ -13,7 +13,7 @@ Each such mixer (a module owning a depthwise causal `Conv1d`) gets a forward tha
 
 - **whole row** (CUDA): one call on the whole row with the boundaries its kernels take, `seq_idx` (segment index per
   token) and `cu_seqlens`; transformers hands its mixers' keyword arguments on to their kernels. Only when every
-  kernel function the mixer's forward calls, as transformers resolved it, names its boundary argument (kernels.py):
+  kernel function the mixer's forward calls, as transformers resolved it, names its boundary argument (kernels/mixers.py):
   transformers' PyTorch fallbacks, or a function that swallows keywords, run per segment instead.
 - **per segment** (CPU, and CUDA without such kernels): the mixer runs once per sequence, its state starting fresh.
 
@@ -37,7 +37,9 @@ import torch
 from ..integrations.transformers import kernelized_functions
 from ..packing.layout import host_to_device, segment_ids_from_lengths
 from ..refusals.forward import check_mixer_conv_width, check_mixer_inputs, check_mixer_segments
-from .kernels import MixerKernels, branch_key, conv_kernel_refusing, log_once, mixer_kernels, takes_cuda_branch
+from .kernels import log_once
+from .kernels.attention import branch_key, takes_cuda_branch
+from .kernels.mixers import MixerKernels, conv_kernel_refusing, mixer_kernels
 
 # The keyword argument the packed forward adds for models with stateful mixers; transformers passes it down to them
 SEGMENTS_KWARG = "padfree_mixer_segments"

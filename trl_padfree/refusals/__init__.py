@@ -12,6 +12,6 @@ forward and the engines call these where the information is first known. The rul
 
 This package imports nothing else of trl-padfree, so a rule cannot grow a second copy elsewhere; docs/reference/errors.md
 is generated from it (tools/generate_docs.py). Whether a model's architecture packs is measured on a tiny twin of it
-(modeling/packability.py), which turns that measurement into a refusal here. Callers import each rule from
+(modeling/check/packability.py), which turns that measurement into a refusal here. Callers import each rule from
 its module (`from trl_padfree.refusals.config import check_at_least_one`).
 """

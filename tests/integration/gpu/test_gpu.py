@@ -102,17 +102,17 @@ def test_varlen_runs_on_flash_whatever_the_user_disabled(user_disabled, monkeypa
     # keep working when the user has disabled a backend (torch 2.15 raises "No viable backend" otherwise)
     import functools
 
-    from trl_padfree.modeling import kernels
+    from trl_padfree.modeling.kernels import attention as kernels
 
     flags = []
-    real = kernels._torch_varlen_kernel()
+    real = kernels.torch_varlen_kernel()
 
     @functools.wraps(real.function)
     def recording(*args, **kwargs):
         flags.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()))
         return real.function(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "_torch_varlen_kernel", lambda: kernels.VarlenKernel(recording))
+    monkeypatch.setattr(kernels, "torch_varlen_kernel", lambda: kernels.VarlenKernel(recording))
     before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())
     try:
         if user_disabled == "flash":

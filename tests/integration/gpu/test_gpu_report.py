@@ -23,7 +23,7 @@ from tools import gpu_report
 from trl_padfree.cli.bench import harness
 from trl_padfree.cli.bench.harness import make_bench_model
 from trl_padfree.cli.bench.rows import PREFIX_SHARING, PREFIX_SHARING_AUTO, measure_steps
-from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 from trl_padfree.tiny import DEMO_MODEL_SIZES
 
 PRECISIONS = {"both": ("trl_default", "bf16"), "trl_default": ("trl_default",)}

@@ -16,7 +16,7 @@ from trainer_utils import StepResult, assert_same_step, make_trainer
 
 from trl_padfree.integrations.torch import uncompiled
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
-from trl_padfree.modeling.packability import architecture_verdict, check_packable
+from trl_padfree.modeling.check.packability import architecture_verdict, check_packable
 
 
 def is_compiled(model: torch.nn.Module) -> bool:

@@ -21,7 +21,7 @@ from trainer_utils import SGD_STEPS_WITH_ACCUMULATION, assert_same_step, one_ste
 from transformers import AutoConfig, FuyuForCausalLM, Molmo2ForConditionalGeneration
 
 from trl_padfree.integrations.transformers import image_text_to_text_class_names
-from trl_padfree.modeling.packability import check_architecture
+from trl_padfree.modeling.check.packability import check_architecture
 from trl_padfree.modeling.vision import image_token_id, is_vision_language
 from trl_padfree.packing.vision import IMAGE_INPUTS, pack_vision_batch
 

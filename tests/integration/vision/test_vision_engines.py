@@ -44,7 +44,7 @@ from tolerances import FIRST_LOSS_ATOL  # noqa: E402
 from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: E402
 
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION  # noqa: E402
-from trl_padfree.modeling.packability import architecture_verdict  # noqa: E402
+from trl_padfree.modeling.check.packability import architecture_verdict  # noqa: E402
 
 VERDICT_UNDER_ZERO3_INIT = ROOT / "tests" / "support" / "distributed" / "verdict_under_zero3_init.py"
 

@@ -41,8 +41,8 @@ from transformers import AutoConfig
 
 from trl_padfree.integrations.transformers import kernel_wrapper
 from trl_padfree.modeling.attention import varlen
-from trl_padfree.modeling.kernels import stand_in_kernels
-from trl_padfree.modeling.twin import HEAD_DIM_FIELDS, real_head_dim
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.check.twin import HEAD_DIM_FIELDS, real_head_dim
 
 TRL_DEFAULT = PRECISIONS["trl_default"]
 # By default two of the families added in 2026 (patches of each kind); with -m slow one of each earlier layout too,

@@ -45,7 +45,7 @@ from trl_padfree.modeling.attention import varlen as attention
 from trl_padfree.modeling.attention.interface import attention_chunk_size, padfree_varlen_attention
 from trl_padfree.modeling.attention.plan import KernelTarget, LayerCall, varlen_kernel_plan
 from trl_padfree.modeling.backends import ATTN_IMPLEMENTATION
-from trl_padfree.modeling.kernels import FlexKernel, FusedKernels, varlen_kernel
+from trl_padfree.modeling.kernels.attention import FlexKernel, FusedKernels, varlen_kernel
 from trl_padfree.modeling.packed_forward import PackedBatch, add_packed_forward
 from trl_padfree.packing.collator import concatenated_inputs
 from trl_padfree.packing.layout import (
@@ -727,7 +727,7 @@ def test_a_layer_call_is_read_from_shapes_and_dtypes_alone_and_keys_its_plan():
 def test_the_strict_kernel_gets_padded_inputs_and_the_output_is_cropped(head_dim, value_head_dim):
     from stand_in_kernels import CALLS, calls_of, varlen_stand_in
 
-    from trl_padfree.modeling.kernels import stand_in_kernels
+    from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 
     lengths = [5, 1, 9]
     generator = torch.Generator().manual_seed(0)

@@ -42,7 +42,7 @@ from torch.profiler import ProfilerActivity, profile
 from trl_padfree.integrations.torch import compiled_flex_attention, efficient_attention_op
 from trl_padfree.modeling.attention import fused
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
-from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
 

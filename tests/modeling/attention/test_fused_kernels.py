@@ -26,7 +26,8 @@ from trainer_utils import PRECISIONS, assert_same_step, make_trainer, one_step
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.segments import per_segment_attention
 from trl_padfree.modeling.attention.sinks import varlen_with_sinks
-from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.kernels.attention import VarlenKernel
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
 TRL_DEFAULT = PRECISIONS["trl_default"]
@@ -247,7 +248,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def real_kernels(layer: str):
     """The real fused kernel a layer takes, alone (so FlexAttention runs even where flash-attn is installed)."""
-    from trl_padfree.modeling.kernels import FusedKernels, installed_fused_kernels
+    from trl_padfree.modeling.kernels.attention import FusedKernels, installed_fused_kernels
 
     installed = installed_fused_kernels()
     kernel = LAYERS[layer][-1]

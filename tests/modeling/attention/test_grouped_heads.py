@@ -8,7 +8,7 @@ import torch
 from stand_in_kernels import calls_of, varlen_stand_in
 
 from trl_padfree.modeling.attention.varlen import KernelSession, varlen_attention
-from trl_padfree.modeling.kernels import stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 BOUNDS = (0, 5, 6, 17, 19)  # odd lengths, a one-token sequence

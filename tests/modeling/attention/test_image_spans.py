@@ -22,7 +22,8 @@ from trainer_utils import PRECISIONS, assert_same_step, first_batch, one_step
 
 from trl_padfree.modeling.attention.bidirectional import SpanAttention
 from trl_padfree.modeling.attention.rows import PackedRow
-from trl_padfree.modeling.kernels import VarlenKernel, stand_in_kernels
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.kernels.attention import VarlenKernel
 from trl_padfree.packing.layout import HOST_ROW, HostRow, cu_seq_lens_from_lengths, token_runs
 from trl_padfree.packing.prefix_sharing import segment_keys
 from trl_padfree.packing.vision import IMAGE_INPUTS

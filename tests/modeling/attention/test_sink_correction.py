@@ -27,7 +27,8 @@ from trl_padfree.integrations.torch import (
 )
 from trl_padfree.modeling.attention.interface import padfree_varlen_attention
 from trl_padfree.modeling.attention.sinks import varlen_with_sinks
-from trl_padfree.modeling.kernels import VarlenKernel, flash_backend, stand_in_kernels, torch_varlen_kernel
+from trl_padfree.modeling.check.stand_ins import stand_in_kernels
+from trl_padfree.modeling.kernels.attention import VarlenKernel, flash_backend, torch_varlen_kernel
 from trl_padfree.packing.layout import cu_seq_lens_from_lengths
 
 # GPT-OSS's attention (64 query heads over 8 key/value heads, head dim 64), on a short row: awkward lengths, one token

@@ -32,7 +32,7 @@ def main() -> None:
     from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
 
     from trl_padfree.integrations.transformers import modeling_modules_imported
-    from trl_padfree.modeling.packability import architecture_verdict
+    from trl_padfree.modeling.check.packability import architecture_verdict
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})

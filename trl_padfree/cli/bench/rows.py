@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ...costs.flops import DecoderShape, training_step_flops
 from ...data import load_demo_tokenizer
 from ...integrations.transformers import attention_calls_counted
-from ...modeling.kernels import varlen_calls_counted
+from ...modeling.kernels.attention import varlen_calls_counted
 from ...modeling.packed_forward import PackedBatch
 from ...trainer import DPOTrainer
 from .harness import (

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import FLASH_LIMITS, FlashLimits, FusedKernels, VarlenKernel
+from ..kernels.attention import FLASH_LIMITS, FlashLimits, FusedKernels, VarlenKernel
 
 # What a user changes for a float32 layer to reach the kernel
 FLOAT32_WAY_OUT = "set bf16=True (TRL's default) or load the model with dtype=bfloat16"

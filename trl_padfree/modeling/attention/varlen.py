@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from ..backends import ATTN_IMPLEMENTATION
-from ..kernels import (
+from ..kernels import log_once
+from ..kernels.attention import (
     FusedKernels,
     VarlenKernel,
     flash_backend,
     fused_kernels,
-    log_once,
     log_varlen_backend,
     sdpa_function,
     takes_cuda_branch,

@@ -12,7 +12,6 @@ from .catalog import (
     vision_family,
 )
 from .record import VisionFamily
-from .twin import remap_special_tokens, twin_geometry, twin_image_inputs
 
 __all__ = [
     "IMAGE_FAMILIES",
@@ -21,9 +20,6 @@ __all__ = [
     "VisionFamily",
     "image_family",
     "image_refusal",
-    "remap_special_tokens",
-    "twin_geometry",
-    "twin_image_inputs",
     "unchecked_verdict",
     "vision_family",
 ]

@@ -8,7 +8,7 @@ and plans every attention call as training plans it (`attention.plan.varlen_kern
 (float32 weights under bf16 autocast) for the installed torch's `varlen_attn` and this machine's fused kernels on an
 SM80+ GPU. The forward itself runs the CPU path in float32 (bf16 matmuls are slow on most CPUs); the plan is what a GPU
 runs. The test suite runs the same twins under bf16 autocast through strict stand-ins of the kernels
-(tests/test_kernel_coverage.py, tests/test_fused_kernels.py), so a layer planned onto a kernel is one it takes.
+(tests/modeling/test_kernel_coverage.py, tests/modeling/attention/test_fused_kernels.py), so a layer planned onto a kernel is one it takes.
 
     Gemma 4 (30 layers)   30 of 30 attention layers on a fused kernel in bf16 (25 torch's varlen kernel;
                           5 torch's memory-efficient kernel)
@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 
-from ..integrations.transformers import attention_calls_observed
-from .attention.interface import padfree_varlen_attention
-from .attention.plan import KERNEL_NAMES, KernelTarget, LayerCall, VarlenKernelPlan, varlen_kernel_plan
-from .backends import ATTN_IMPLEMENTATION
-from .kernels import FusedKernels, VarlenKernel, cpu_twin_kernels, installed_fused_kernels, torch_varlen_kernel
+from ...integrations.transformers import attention_calls_observed
+from ..attention.interface import padfree_varlen_attention
+from ..attention.plan import KERNEL_NAMES, KernelTarget, LayerCall, VarlenKernelPlan, varlen_kernel_plan
+from ..backends import ATTN_IMPLEMENTATION
+from ..kernels.attention import FusedKernels, VarlenKernel, installed_fused_kernels, torch_varlen_kernel
 from .packability import CHECK_PAIRS, check_row
+from .stand_ins import cpu_twin_kernels
 from .twin import architecture_signature, build_twin, one_thread
 
 # TRL's default precision: float32 weights (its model loading default) under its `bf16=True` autocast

@@ -17,14 +17,15 @@ import json
 import torch
 from transformers import CONFIG_MAPPING, PretrainedConfig, PreTrainedModel
 
-from ..integrations.transformers import attn_implementation as running_attention
-from ..integrations.transformers import (
+from ...integrations.transformers import attn_implementation as running_attention
+from ...integrations.transformers import (
     set_config_implementations,
     set_language_model_attention,
     without_deepspeed_zero3,
 )
-from .families import image_family, remap_special_tokens, twin_geometry
-from .packed_forward import add_packed_forward
+from ..families import image_family
+from ..packed_forward import add_packed_forward
+from .family_twins import remap_special_tokens, twin_geometry
 
 TWIN_SLIDING_WINDOW = 3
 TWIN_CHUNK_SIZE = 4
@@ -283,7 +284,7 @@ def _check_twin_size(model_class: type, config: PretrainedConfig, most: int) -> 
     if parameters > most:
         raise TwinError(
             f"the twin would have {parameters:,} parameters (at most {most:,}): some width of this config is not "
-            "shrunk by trl_padfree.modeling.twin"
+            "shrunk by trl_padfree.modeling.check.twin"
         )
 
 

@@ -1,6 +1,6 @@
-"""What the architecture check needs to give a vision-language twin images (modeling/packability.py).
+"""What the architecture check needs to give a vision-language twin images (modeling/check/packability.py).
 
-A twin of a vision-language model is shrunk as a text model's is, vision tower included (modeling/twin.py); then its
+A twin of a vision-language model is shrunk as a text model's is, vision tower included (modeling/check/twin.py); then its
 family's record shrinks its images to a few tokens and widens its image features to its language model
 (`twin_geometry`), and makes random pixels of the shapes its processor makes (`twin_image_inputs`), placed in a padded
 batch laid out as TRL's vision collator lays one out, which the check then packs as training packs it
@@ -18,8 +18,8 @@ import torch
 import transformers
 
 from ...integrations.transformers import base_model_class_names
-from .catalog import image_family
-from .record import VisionFamily
+from ..families.catalog import image_family
+from ..families.record import VisionFamily
 
 # The twin's special tokens (image placeholders, begin and end of image...) move below its vocabulary's end
 SPECIAL_TOKEN_SUFFIXES = ("_token_id", "_token_index")

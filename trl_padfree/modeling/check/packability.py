@@ -29,22 +29,23 @@ import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..integrations.torch import uncompiled
-from ..integrations.transformers import (
+from ...integrations.torch import uncompiled
+from ...integrations.transformers import (
     attention_calls_counted,
     set_language_model_attention,
 )
-from ..integrations.transformers import attn_implementation as running_attention
-from ..packing.collator import concatenated_inputs
-from ..packing.vision import ImageUnits, pack_vision_batch
-from ..refusals.models import check_attn_implementation, check_prefix_sharing_attention, refuse_architecture
-from .backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU, FLASH_VARLEN, PACKING_AWARE, checked_backend
-from .families import image_family, image_refusal, twin_image_inputs, unchecked_verdict
-from .kernels import cpu_twin_kernels
-from .mixers import mixer_calls, mixer_classes
-from .packed_forward import PackedBatch
+from ...integrations.transformers import attn_implementation as running_attention
+from ...packing.collator import concatenated_inputs
+from ...packing.vision import ImageUnits, pack_vision_batch
+from ...refusals.models import check_attn_implementation, check_prefix_sharing_attention, refuse_architecture
+from ..backends import ATTN_IMPLEMENTATION, CHECKED_ON_CPU, FLASH_VARLEN, PACKING_AWARE, checked_backend
+from ..families import image_family, image_refusal, unchecked_verdict
+from ..mixers import mixer_calls, mixer_classes
+from ..packed_forward import PackedBatch
+from ..vision import cross_attention_refusal, image_token_id, vision_tower_left_out
+from .family_twins import twin_image_inputs
+from .stand_ins import cpu_twin_kernels
 from .twin import TWIN_DTYPE, TwinError, architecture_signature, build_twin, one_thread, private_rng
-from .vision import cross_attention_refusal, image_token_id, vision_tower_left_out
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ CHECK_SHARED_PAIRS = ((6, 3, 4), (3, 5, 2))
 CHECK_IMAGE_PAIRS = ((2, 1, 2, 3, 5), (1, 2, 1, 1, 4))
 CHECK_SHARED_IMAGE_PAIRS = ((3, 1, 2, 2, 4), (2, 2, 2, 3, 1))
 CHECK_SPECIAL_TOKENS = (
-    8  # the twin's last token ids, where its special tokens are (families/twin.py's remap_special_tokens)
+    8  # the twin's last token ids, where its special tokens are (check/family_twins.py's remap_special_tokens)
 )
 # Largest max-abs difference the check accepts: of log-probs, and of gradients relative to the largest gradient.
 # Measured on exact twins: log-probs at most 2e-6 (Gemma 4, whose norms compute in float32; 1e-7 for most), gradients
@@ -406,7 +407,7 @@ def check_architecture(
             0.0,
         )
     if key not in _VERDICTS:
-        # The twin is on the CPU, as on a GPU machine: PyTorch fallbacks, no CUDA branch (kernels.py)
+        # The twin is on the CPU, as on a GPU machine: PyTorch fallbacks, no CUDA branch (stand_ins.py)
         with one_thread(), cpu_twin_kernels():
             _VERDICTS[key] = _measure(model_class, config, attn_implementation, prefix_sharing, images)
     return _VERDICTS[key]
