@@ -70,7 +70,7 @@ class BatchPlan:
         if settings.max_tokens_per_batch is None and not balanced:
             check_prompt_groups_setup(hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset))
             sampler = PromptGroupBatchSampler(
-                PairUnits.by_group_id(units.group_ids()),
+                PairUnits.by_group_id(units.group_ids),
                 args.per_device_train_batch_size,
                 seed=seed,
                 drop_last=args.dataloader_drop_last,
@@ -126,11 +126,9 @@ class _Units:
         self.dataset, self.images = trainer.train_dataset, trainer.is_vision_dataset
 
     @functools.cached_property
-    def _ids(self) -> list[bytes]:
-        return dataset_group_ids(self.dataset, self.images)
-
     def group_ids(self) -> list[bytes]:
-        return self._ids
+        """Each pair's prompt group id, read once."""
+        return dataset_group_ids(self.dataset, self.images)
 
     @functools.cached_property
     def _pair_sizes(self):
@@ -171,7 +169,7 @@ class _Units:
         _check_pairs_fit(lengths, settings.max_tokens_per_batch, pad_to_multiple_of, args.max_length, self.images)
         sized = PairUnits(lengths)
         if settings.group_by_prompt:
-            sized = PairUnits.by_group_id(self._ids, lengths, self._group_tokens(lengths))
+            sized = PairUnits.by_group_id(self.group_ids, lengths, self._group_tokens(lengths))
         return TokenBudgetBatchSampler(
             sized,
             settings.max_tokens_per_batch,
@@ -206,7 +204,7 @@ class _Units:
         if minimum is None:
             return PairUnits(costs)
         if self.images:
-            return PairUnits.by_group_id(self._ids, costs)
+            return PairUnits.by_group_id(self.group_ids, costs)
         args = self.trainer.args
         cost = functools.partial(
             grouped_pairs_cost,
@@ -216,7 +214,9 @@ class _Units:
             min_prompt_tokens=minimum,
             reference_forward=reference_forward,
         )
-        return PairUnits.by_group_id(self._ids, costs, lambda pairs: cost([self._columns[index] for index in pairs]))
+        return PairUnits.by_group_id(
+            self.group_ids, costs, lambda pairs: cost([self._columns[index] for index in pairs])
+        )
 
 
 def _check_pairs_fit(
