@@ -380,7 +380,7 @@ def test_decoder_shape_from_a_config_dense_and_mixture_of_experts():
     attention = 8 * 4 * (2 + 2 * 1 + 2)  # q and o: 2 heads; k and v: 1 head; of 4 x 8 each
     assert DecoderShape.from_config(dense) == DecoderShape(
         linear_params=2 * (attention + 3 * 8 * 16), hidden_size=8, vocab_size=10, attention_layers=2,
-        num_attention_heads=2, head_dim=4,
+        num_attention_heads=2, head_dim=4, num_key_value_heads=1,
     )  # fmt: skip
     # Layer 0 dense (Qwen-MoE's mlp_only_layers); layer 1: router over 4 experts, 2 routed experts of 6, 1 shared
     moe = SimpleNamespace(**vars(dense), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)

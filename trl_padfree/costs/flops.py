@@ -53,6 +53,7 @@ class DecoderShape:
             linear in tokens: their parameters are in `linear_params`, they have no pairs).
         num_attention_heads: query heads (grouped-query attention shares keys but computes one score per query head).
         head_dim: width of one head.
+        num_key_value_heads: key and value heads (grouped-query attention); None: one per query head.
     """
 
     linear_params: int
@@ -61,6 +62,11 @@ class DecoderShape:
     attention_layers: int
     num_attention_heads: int
     head_dim: int
+    num_key_value_heads: int | None = None
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
 
     @property
     def lm_head_params(self) -> int:
@@ -91,7 +97,8 @@ class DecoderShape:
                 _attention_projection_params(config, head_dim) + _mlp_params(config, index)
                 for index in range(num_layers)
             )
-        return cls(linear_params, hidden_size, config.vocab_size, attention_layers, num_heads, head_dim)
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        return cls(linear_params, hidden_size, config.vocab_size, attention_layers, num_heads, head_dim, num_kv_heads)
 
     @classmethod
     def of_model(cls, model) -> DecoderShape:
