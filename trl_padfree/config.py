@@ -11,6 +11,7 @@ from .modeling.backends import PACKING_AWARE
 from .refusals.config import (
     check_at_least_one,
     check_context_parallel_config,
+    check_dynamic_context_parallel_config,
     check_fp32_log_probs_value,
     check_prefix_sharing_config,
     check_prefix_sharing_value,
@@ -121,6 +122,14 @@ class DPOConfig(trl.DPOConfig):
             `padfree_varlen` attention, and a number of processes it divides; groups are consecutive ranks. With
             `sequence_parallel_size=S` too, S x N consecutive ranks share a row: Ulysses splits the heads S ways,
             context parallelism the rest. docs/guides/long-sequences.md.
+
+        dynamic_context_parallel (`bool`, *optional*, defaults to `False`):
+            With `context_parallel_size=C` (a power of two) and `max_tokens_per_batch`: split each micro-step's rows
+            over as many of the group's ranks as their length needs (1, 2, 4 ... C) instead of every row over all C,
+            no rank holding more than `max_tokens_per_batch / C` tokens. Short rows then run alone on one rank and
+            gather nothing; the step trains the same pairs and the same loss. Logged per step:
+            `padfree/ranks_per_row`, `padfree/rank_tokens_max`, `padfree/rank_tokens_mean`. Not with Ulysses
+            (`sequence_parallel_size`) or vision-language rows. docs/guides/long-sequences.md.
 
         deal_images (`bool`, *optional*, defaults to `True`):
             With rows split over processes (`sequence_parallel_size` or `context_parallel_size` above 1) on a
@@ -266,6 +275,13 @@ class DPOConfig(trl.DPOConfig):
             "attention head on every process (needs padding_free=True and the padfree_varlen attention)."
         },
     )
+    dynamic_context_parallel: bool = field(
+        default=False,
+        metadata={
+            "help": "With context_parallel_size and max_tokens_per_batch: split each row over as many of the group's "
+            "ranks as its length needs (1, 2, 4 ... context_parallel_size), not always all of them."
+        },
+    )
     deal_images: bool = field(
         default=True,
         metadata={
@@ -286,6 +302,9 @@ class DPOConfig(trl.DPOConfig):
         self.fp32_log_probs = fp32_log_probs_setting(self.fp32_log_probs)
         check_at_least_one("sequence_parallel_size", self.sequence_parallel_size)
         check_context_parallel_config(self.context_parallel_size, self.padding_free)
+        check_dynamic_context_parallel_config(
+            self.dynamic_context_parallel, self.context_parallel_size, self.max_tokens_per_batch
+        )
         if self.max_tokens_per_batch is not None:
             check_at_least_one("max_tokens_per_batch", self.max_tokens_per_batch)
         check_prefix_sharing_config(self.prefix_sharing, self.padding_free, self.prefix_sharing_min_prompt_tokens)

@@ -38,6 +38,9 @@ class Settings:
     fp32_log_probs: bool = False  # resolved: unset means on exactly when the trainer packs
     cast_lm_head_to_fp32: bool = False
     context_parallel_size: int = 1
+    dynamic_context_parallel: bool = (
+        False  # rows over 1, 2, 4 ... context_parallel_size ranks (packing/rank_shares.py)
+    )
     deal_images: bool = True
     sequence_parallel_size: int = 1  # DeepSpeed Ulysses ranks per row, as accelerate will set them up
     fsdp_version: int | None = None  # the FSDP version the run asks for; None without FSDP

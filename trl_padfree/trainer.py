@@ -117,9 +117,8 @@ class DPOTrainer(TRLSeams):
         batch_sampler = self._batches.sampler
         if batch_sampler is not None:
             dataset = self.columns_the_model_takes(self.train_dataset, description="Training")
-            dataloader = batch_sampler_dataloader(
-                batch_sampler, dataset, self.data_collator, self.args, self.accelerator
-            )
+            dataset, collator = self._batches.loader_parts(dataset, self.data_collator)
+            dataloader = batch_sampler_dataloader(batch_sampler, dataset, collator, self.args, self.accelerator)
         else:
             dataloader = super().get_train_dataloader()
         return dataloader if self._row_split is None else self._row_split.train_dataloader(dataloader)
@@ -129,15 +128,20 @@ class DPOTrainer(TRLSeams):
             self._padding_free.throughput.step_starting()
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._batches.pair_weights is not None:
-            self._batches.pair_weights.count_step(batch_samples)
+            self._batches.pair_weights.count_step(batch_samples, self._ranks_of)
         return batch_samples, num_items_in_batch
+
+    def _ranks_of(self, batch: dict) -> int:
+        """Over how many ranks a training micro-batch's row is split."""
+        return 1 if self._row_split is None else self._row_split.ranks_of(batch)
 
     def _packed(self, inputs: dict, training: bool) -> dict:
         """A packed batch as TRL's loss code reads it, its packing metrics logged; a training row split over ranks is
         marked so."""
+        ranks = self._ranks_of(inputs) if training else 1
         inputs = self._padding_free.padded_inputs(self, inputs)
         if training and self._row_split is not None:
-            self._row_split.mark(inputs[PACKED_BATCH_KWARG])
+            self._row_split.mark(inputs[PACKED_BATCH_KWARG], ranks)
         self._padding_free.log_metrics(self, inputs[PACKED_BATCH_KWARG], self._batches.budget)
         return inputs
 
@@ -153,14 +157,17 @@ class DPOTrainer(TRLSeams):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ranks = self._ranks_of(inputs) if model.training and is_packed_batch(inputs) else 1
         if is_packed_batch(inputs):
             inputs = self._packed(inputs, training=model.training)
         if self._batches.pair_weights is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        packed_batch = inputs[PACKED_BATCH_KWARG]
         return self._batches.pair_weights.weighted_loss(
             lambda: super(DPOTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch),
-            pairs=len(inputs[PACKED_BATCH_KWARG].seq_lens) // 2,
+            pairs=len(packed_batch.seq_lens) // 2 / ranks,  # this rank's share of its row's pairs
             accumulation_steps=self.current_gradient_accumulation_steps,
+            counted=self._row_split is None or self._row_split.counts_metrics(packed_batch),
         )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

@@ -113,4 +113,3 @@ def split_row_cost(
     gathered = gathered_bytes(shape, row_tokens, ranks, link.element_bytes)
     gathered = gathered * exchanges // (EXCHANGES_PER_LAYER * shape.attention_layers)
     return compute + gathered * link.byte_flops + exchanges * link.exchange_flops
-

@@ -12,7 +12,9 @@ Grouping (`train_sampling_strategy="group_by_prompt"`), sizing (`max_tokens_per_
                                              kept whole under prefix sharing)
     batch_rebalance   set                    BalancedBudgetBins: the budget's bins, balanced    counted, priced
 
-`batch_rebalance` on padded batches is transformers' own sampler, as in TRL. Every sampler yields the micro-batches of
+With `dynamic_context_parallel=True` the budget's micro-batches are shared out over each context-parallel group's
+ranks (`RowsOnRanksSampler`, packing/rank_shares.py). `batch_rebalance` on padded batches is transformers' own
+sampler, as in TRL. Every sampler yields the micro-batches of
 every process (`batch_sampler_dataloader` deals them); micro-batches of uneven pair counts train as one batch of the
 step's pairs (`PairWeightedSteps`, features/pair_weighted_steps.py).
 """
@@ -26,11 +28,20 @@ from dataclasses import dataclass
 
 from torch.utils.data import IterableDataset
 
+from ..costs.context_parallel import link_of_group, split_row_cost
 from ..costs.flops import DecoderShape
 from ..packing.balanced_batches import BalancedBatchSampler, BalancedBudgetBins, grouped_pairs_cost, pair_costs
+from ..packing.layout import row_multiple
 from ..packing.pair_sizes import costs_of, lengths_of, training_set_pair_sizes
 from ..packing.prompt_groups import PromptGroupBatchSampler, dataset_group_ids, extra_prompt_computations
-from ..packing.token_budget import TokenBudgetBatchSampler, grouped_row_tokens, pair_lengths, usable_budget
+from ..packing.rank_shares import RowRanksCollator, RowRanksDataset, RowsOnRanksSampler, UnitWork
+from ..packing.token_budget import (
+    TokenBudgetBatchSampler,
+    grouped_row,
+    grouped_row_tokens,
+    pair_lengths,
+    usable_budget,
+)
 from ..packing.units import PairUnits
 from ..refusals.token_budget import (
     check_balanced_batches_setup,
@@ -83,8 +94,19 @@ class BatchPlan:
             plan.sampler = plan.budget_sampler = units.token_budget_sampler(seed)
         if balanced:
             plan._balance(trainer, settings, units, seed)
-        plan.pair_weights = PairWeightedSteps(trainer.accelerator, plan.shape, plan.reference_forward)
+        if settings.dynamic_context_parallel:
+            plan.sampler = units.rows_on_ranks(plan.budget_sampler)
+        plan.pair_weights = PairWeightedSteps(
+            trainer.accelerator, plan.shape, plan.reference_forward, rank_shares=settings.dynamic_context_parallel
+        )
         return plan
+
+    def loader_parts(self, dataset, collator):
+        """The dataset and collator the training dataloader runs `sampler` with: with rows shared out over ranks,
+        each index list's marker read as its row's ranks (`ROW_RANKS` in the batch)."""
+        if isinstance(self.sampler, RowsOnRanksSampler):
+            return RowRanksDataset(dataset), RowRanksCollator(collator)
+        return dataset, collator
 
     def _balance(self, trainer, settings: Settings, units: _Units, seed: int) -> None:
         """Price every pair and balance: the token budget's bins, or micro-batches of `per_device_train_batch_size`."""
@@ -170,6 +192,7 @@ class _Units:
         sized = PairUnits(lengths)
         if settings.group_by_prompt:
             sized = PairUnits.by_group_id(self.group_ids, lengths, self._group_tokens(lengths))
+        self.sized = sized
         return TokenBudgetBatchSampler(
             sized,
             settings.max_tokens_per_batch,
@@ -178,6 +201,52 @@ class _Units:
             window=settings.token_budget_window,
             pad_to_multiple_of=pad_to_multiple_of,
         )
+
+    def rows_on_ranks(self, bins: TokenBudgetBatchSampler) -> RowsOnRanksSampler:
+        """The budget's `bins`, each group's rows shared out over its ranks by the cost model of the trainer's model
+        (costs/context_parallel.py): no rank holds more than max_tokens_per_batch / context_parallel_size tokens."""
+        settings, trainer = self.settings, self.trainer
+        ranks, budget = settings.context_parallel_size, settings.max_tokens_per_batch
+        multiple = row_multiple(trainer.data_collator.pad_to_multiple_of, ranks) or 1
+        shape = DecoderShape.of_model(trainer.accelerator.unwrap_model(trainer.model))
+        reference_forward = not trainer.args.precompute_ref_log_probs
+        link = link_of_group(ranks)
+
+        def padded(tokens: int) -> int:
+            return -(-tokens // multiple) * multiple
+
+        def fits(tokens: int, share: int) -> bool:
+            return padded(tokens) * ranks <= share * budget
+
+        def row_cost(units: Sequence[UnitWork], share: int) -> float:
+            segments = [segment for unit in units for segment in unit.segments]
+            scored, tokens = sum(unit.scored_tokens for unit in units), padded(sum(unit.tokens for unit in units))
+            return split_row_cost(shape, segments, scored, tokens, share, link, reference_forward)
+
+        sized = self.sized
+        return RowsOnRanksSampler(
+            bins,
+            pairs=len(self.dataset),
+            processes=trainer.accelerator.num_processes,
+            ranks=ranks,
+            unit_work=lambda pairs: UnitWork(int(sized.size(pairs)), *self._layout(pairs)),
+            group_numbers=sized.group_numbers(),
+            fits=fits,
+            row_cost=row_cost,
+        )
+
+    def _layout(self, pairs: Sequence[int]) -> tuple[tuple, int]:
+        """The attention spans and scored tokens of these pairs laid out together (a pair, or a piece of one prompt
+        group): shared as the collator shares them, else each sequence whole."""
+        args, minimum = self.trainer.args, self.settings.sized_min_prompt_tokens
+        no_sharing = 1 << 62  # a prompt no sequence has: every sequence laid out alone
+        segments, scored = grouped_row(
+            [self._columns[index] for index in pairs],
+            args.max_length,
+            args.truncation_mode,
+            no_sharing if minimum is None else minimum,
+        )
+        return tuple(segments), scored
 
     def _group_tokens(self, lengths: Sequence[int]):
         """What sizes a set of one prompt's pairs: its grouped row under prefix_sharing=True on text, else the sum of

@@ -351,14 +351,14 @@ def _counts(packed_batch: PackedBatch, plan: PackingPlan) -> dict[str, float]:
 
 
 def _summed_over_processes(accelerator, counts: dict[str, float], packed_batch: PackedBatch):
-    """`counts` summed over processes, by name, and how many processes (rows) they came from. Every rank of a split
-    row holds the same row: counted once."""
+    """`counts` summed over processes, by name, and how many rows they came from. Every rank of a split row holds the
+    same row: counted once, by the row's first rank."""
     names = sorted(counts)
-    values = torch.tensor([counts[name] for name in names], dtype=torch.float64, device=accelerator.device)
-    gathered = accelerator.gather(values).view(-1, len(names))
-    if packed_batch.split is not None:
-        gathered = gathered[:: packed_batch.split.size]
-    return dict(zip(names, gathered.sum(0).tolist(), strict=True)), len(gathered)
+    counted = packed_batch.split is None or packed_batch.split.row.rank == 0
+    values = [counts[name] * counted for name in names] + [float(counted)]
+    gathered = accelerator.gather(torch.tensor(values, dtype=torch.float64, device=accelerator.device))
+    totals = gathered.view(-1, len(names) + 1).sum(0).tolist()
+    return dict(zip(names, totals[:-1], strict=True)), round(totals[-1])
 
 
 def _model_config(model, args):

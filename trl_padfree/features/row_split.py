@@ -6,6 +6,10 @@ parallel/context.py), alone or together, in one object:
     batches     every rank of a row gets the same micro-batches (Ulysses: accelerate's dataloader hook; else wrapped)
     forward     each training micro-batch's PackedBatch gets a `SplitRowRun` (parallel/row_split.py), which the
                 packed forward hands the run: this rank's chunk in, the whole row's per-token outputs back
+
+With `dynamic_context_parallel=True` a row takes 1, 2, 4 ... C ranks of its group, as the batch plan decided
+(packing/rank_shares.py): each rank collates its own block's row, which says over how many ranks it is split
+(`ROW_RANKS`), and runs it on that block, or alone.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from ..modeling.backends import EXACT_UNDER_ULYSSES
 from ..modeling.mixers import mixer_classes
 from ..modeling.packed_forward import PackedBatch
 from ..modeling.vision import bidirectional_image_marks
+from ..packing.rank_shares import ROW_RANKS
 from ..parallel.batch_hand_out import SameBatchOnEveryRank
-from ..parallel.groups import RowGroup, context_parallel_groups
+from ..parallel.groups import RowGroup, context_parallel_blocks, context_parallel_groups
 from ..parallel.row_split import SplitRowRun
 from ..parallel.ulysses import active_group, check_groups_not_created, check_ulysses_model
 from ..refusals.parallel import (
     check_context_parallel_attention,
+    check_dynamic_context_parallel_setup,
     check_no_context_parallelism,
     check_prefix_sharing_without_sequence_parallel,
     check_processes_share_rows,
@@ -49,6 +55,8 @@ class RowSplit:
     deal_images: bool = True
     # Training rows with images this rank ran, by how their vision tower ran: dealt over the row's ranks, or whole
     image_rows: dict[str, int] = field(default_factory=lambda: {"dealt": 0, "whole": 0})
+    # Dynamic context parallelism: this rank's block of each size 2 ... C (None: every row on the whole group)
+    blocks: dict[int, RowGroup] | None = None
 
     @property
     def ranks_per_row(self) -> int:
@@ -76,6 +84,8 @@ class RowSplit:
             check_split_rows_without_moe_aux_loss(
                 "Context parallelism", "context_parallel_size=1", trainer.aux_loss_enabled
             )
+            if settings.dynamic_context_parallel:
+                check_dynamic_context_parallel_setup(ulysses_size, trainer.is_vision_dataset)
         check_split_rows_without_stateful_mixers(mixer_classes(policy))
         # Under ZeRO-3, per-image loops refuse `deal_images` (padding_free.py)
         split = cls(accelerator, ulysses_size, None, None, deal_images=settings.deal_images)
@@ -86,8 +96,10 @@ class RowSplit:
             split._set_up_ulysses(attention)
         if context_size > 1:
             split.context, split.row = context_parallel_groups(context_size, ulysses_size)
-        # Every rank of a row computes the whole batch's metrics: count its tokens once
-        trainer.count_tokens_once_per(split.ranks_per_row)
+        if settings.dynamic_context_parallel:
+            split.blocks = context_parallel_blocks(context_size)
+        else:  # every rank of a row computes the whole batch's metrics: count its tokens once
+            trainer.count_tokens_once_per(split.ranks_per_row)
         return split
 
     def _set_up_ulysses(self, attention: str) -> None:
@@ -114,14 +126,45 @@ class RowSplit:
 
     def train_dataloader(self, dataloader):
         """The trainer's training dataloader, made to hand every rank of a row the same micro-batches."""
-        if self.ulysses_size > 1:
-            return dataloader  # accelerate's dataloader hook did it (same_batch_on_every_rank)
+        if self.ulysses_size > 1 or self.blocks is not None:
+            # Ulysses: accelerate's dataloader hook did it (same_batch_on_every_rank). Dynamic: the batch plan deals
+            # each rank its block's row, which every rank of the block collates alike
+            return dataloader
         return self.same_batch_on_every_rank(dataloader)
 
-    def mark(self, packed_batch: PackedBatch) -> None:
-        """Tell a training micro-batch's row how it is split (the packed forward hands the run to it)."""
+    def ranks_of(self, batch: dict) -> int:
+        """Over how many ranks a collated training micro-batch's row is split."""
+        if self.blocks is None:
+            return self.ranks_per_row
+        if ROW_RANKS not in batch:
+            raise ValueError(
+                "dynamic_context_parallel=True: this training micro-batch does not say over how many ranks its row "
+                "is split. Its batches come from the trainer's own batch plan (max_tokens_per_batch); a dataloader "
+                "built another way (an overridden get_train_dataloader) cannot say it. Set "
+                "dynamic_context_parallel=False to split every row over the whole group."
+            )
+        return batch[ROW_RANKS]
+
+    def mark(self, packed_batch: PackedBatch, row_ranks: int) -> None:
+        """Tell a training micro-batch's row how it is split (the packed forward hands the run to it); `row_ranks`:
+        `ranks_of` its batch."""
+        if self.blocks is not None:  # its block's ranks, or this rank alone
+            if row_ranks == 1:
+                packed_batch.split = None
+            else:
+                block = self.blocks[row_ranks]
+                packed_batch.split = SplitRowRun(block, None, block, self.deal_images, self.image_rows)
+            return
         ulysses = active_group(self.accelerator)
         packed_batch.split = SplitRowRun(self.row or ulysses, ulysses, self.context, self.deal_images, self.image_rows)
+
+    def counts_metrics(self, packed_batch: PackedBatch) -> bool:
+        """Whether TRL's metric gathers take this rank's copy of its training row. Under the static split every rank
+        of a group holds the group's row, so every copy counts: TRL's means are unchanged, and its token count is
+        divided by the ranks per row (`count_tokens_once_per`). Rows of different rank counts (dynamic) would weigh
+        a row by its ranks: only a row's first rank counts it."""
+        split = packed_batch.split
+        return self.blocks is None or split is None or split.row.rank == 0
 
 
 def _check_ulysses(trainer, settings: Settings, policy, attention: str) -> None:

@@ -237,9 +237,11 @@ class RowRanksDataset:
 
     def __getitems__(self, indices: list[int]) -> list:
         *pairs, marker = indices
-        examples = self.dataset.__getitems__(pairs) if hasattr(self.dataset, "__getitems__") else [
-            self.dataset[index] for index in pairs
-        ]
+        examples = (
+            self.dataset.__getitems__(pairs)
+            if hasattr(self.dataset, "__getitems__")
+            else [self.dataset[index] for index in pairs]
+        )
         return [*examples, self[marker]]
 
 

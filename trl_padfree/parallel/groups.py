@@ -143,3 +143,29 @@ def context_parallel_groups(size: int, ulysses_size: int = 1) -> tuple[RowGroup,
                 mine["row"] = RowGroup(row_group, rank - first, row_size) if row_group else mine["context"]
     _GROUPS[size, ulysses_size] = mine["context"], mine["row"]
     return _GROUPS[size, ulysses_size]
+
+
+# The nested blocks of dynamic context parallelism, by context-parallel size: this rank's block of each size
+_BLOCKS: dict[int, dict[int, RowGroup]] = {}
+
+
+def context_parallel_blocks(size: int) -> dict[int, RowGroup]:
+    """This rank's block of each size 2, 4 ... `size` (a power of two) inside its context-parallel group of `size`
+    consecutive ranks: the ranks a row split over that many shares (packing/rank_shares.py). Blocks are aligned: the
+    block of size s holding rank r is ranks s x (r // s) to s x (r // s) + s - 1. Made once per process, every rank
+    creating every block (`torch.distributed.new_group`); the block of `size` is the context-parallel group."""
+    if size in _BLOCKS:
+        return _BLOCKS[size]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    check_processes_share_rows(size, world)
+    mine = {size: context_parallel_groups(size)[0]}
+    block = 2
+    while block < size:
+        for first in range(0, world, block):
+            ranks = list(range(first, first + block))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[block] = RowGroup(group, rank - first, block)
+        block *= 2
+    _BLOCKS[size] = mine
+    return mine

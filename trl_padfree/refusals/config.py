@@ -60,3 +60,21 @@ def check_context_parallel_config(size: int, padding_free: bool) -> None:
             f"context_parallel_size={size} needs padding_free=True: it splits one packed row over the group. Set "
             "padding_free=True."
         )
+
+
+def check_dynamic_context_parallel_config(dynamic: bool, size: int, max_tokens_per_batch: int | None) -> None:
+    """`dynamic_context_parallel` (packing/rank_shares.py): what the config must say."""
+    if not dynamic:
+        return
+    if size < 2 or size & (size - 1):
+        raise ValueError(
+            f"dynamic_context_parallel=True needs context_parallel_size to be a power of two of at least 2 (the most "
+            f"ranks a row may take; a row is split over 1, 2, 4 ... of them), got {size}. Set context_parallel_size "
+            "to 2, 4, 8 ..., or dynamic_context_parallel=False."
+        )
+    if max_tokens_per_batch is None:
+        raise ValueError(
+            "dynamic_context_parallel=True needs max_tokens_per_batch: the tokens a group's ranks hold together at "
+            f"each micro-step (each rank at most max_tokens_per_batch / {size}), from which it decides how many ranks "
+            "each row needs. Set max_tokens_per_batch."
+        )

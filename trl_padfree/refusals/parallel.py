@@ -248,3 +248,19 @@ def check_no_context_parallelism(cp_size: int) -> None:
             "or, on DeepSpeed ZeRO-3 with attention heads that divide by it, sequence_parallel_size "
             "(`trl-padfree dpo --accelerate_config zero3_sp2`)."
         )
+
+
+def check_dynamic_context_parallel_setup(ulysses_size: int, vision_dataset: bool) -> None:
+    """`dynamic_context_parallel` shares a group's ranks out among rows of different rank counts each micro-step."""
+    if ulysses_size > 1:
+        raise ValueError(
+            f"dynamic_context_parallel=True cannot run with Ulysses (sequence_parallel_size={ulysses_size}): Ulysses "
+            "splits every row's heads over the same fixed group, so rows cannot take fewer ranks. Set "
+            "sequence_parallel_size=1 (context parallelism alone), or dynamic_context_parallel=False."
+        )
+    if vision_dataset:
+        raise ValueError(
+            "dynamic_context_parallel=True splits text rows only: a vision-language row's images are dealt over the "
+            "ranks of a fixed group. Set dynamic_context_parallel=False (static context parallelism splits image "
+            "rows)."
+        )

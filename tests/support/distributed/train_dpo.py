@@ -81,6 +81,7 @@ RUN_OPTIONS = (
     "balanced",
     "sgd",
     "whole_images",
+    "dynamic",
 )
 # The 'aux' option's router_aux_loss_coef: large enough that the load-balancing term moves the loss visibly
 AUX_LOSS_COEF = 0.05
@@ -151,6 +152,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "micro-batch the N grouped batches of --batch-size pairs they run in one step",
     )
     parser.add_argument(
+        "--given-batches",
+        help="for TRL's trainer ('trl' runs): a JSON file of index lists, the pairs of each optimizer step in order",
+    )
+    parser.add_argument(
         "--count-collectives",
         action="store_true",
         help="report each step's torch.distributed calls and split-row host reads (step_collectives.py)",
@@ -198,6 +203,10 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
         extra["sequence_parallel_size"] = options.sp_size
     if "cp" in flags:
         extra["context_parallel_size"] = options.cp_size
+    if "dynamic" in flags:  # rows over 1, 2 ... cp_size ranks (packing/rank_shares.py)
+        extra["dynamic_context_parallel"] = True
+    if options.given_batches and "trl" in flags:
+        trainer_class = TRLOnGivenBatches
     if "lora" in flags:
         from peft import LoraConfig
 
@@ -276,6 +285,10 @@ def build_trainer(run: str, options: argparse.Namespace, output_dir: str):
     )
     if trainer_class is TRLOnPromptGroups:
         trainer.joined_processes = options.joined_processes
+    if trainer_class is TRLOnGivenBatches:
+        trainer.given_batches = json.loads(Path(options.given_batches).read_text())
+    if getattr(trainer, "_row_split", None) is not None and trainer._row_split.blocks is not None:
+        trainer._row_split.mark = RanksRecorder(trainer._row_split.mark)
     collator = PairRecorder(trainer.data_collator) if options.prompt_groups else trainer.data_collator
     trainer.data_collator = RowRecorder(collator)
     if options.save_grads:
@@ -356,6 +369,47 @@ class TRLOnPromptGroups(trl.DPOTrainer):
         batches = JoinedBatches(self.prompt_group_sampler, self.joined_processes)
         dataset = self._remove_unused_columns(self.train_dataset, description="Training")
         return batch_sampler_dataloader(batches, dataset, self.data_collator, args, self.accelerator)
+
+
+class TRLOnGivenBatches(trl.DPOTrainer):
+    """TRL's padded trainer fed `given_batches` (lists of dataset indices), one per optimizer step, in order: one
+    process standing in for every process of a run whose steps trained those pairs."""
+
+    given_batches: list[list[int]] = []
+
+    def get_train_dataloader(self):
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        return batch_sampler_dataloader(self.given_batches, dataset, self.data_collator, self.args, self.accelerator)
+
+
+class RanksRecorder:
+    """`RowSplit.mark` under dynamic context parallelism, recording over how many ranks each training row this
+    process ran was split, and the row's boundaries and length."""
+
+    def __init__(self, mark):
+        self.mark, self.rows = mark, []
+
+    def __call__(self, packed_batch, row_ranks: int) -> None:
+        self.rows.append((packed_batch.host.cu_seq_lens, packed_batch.row_length, row_ranks))
+        self.mark(packed_batch, row_ranks)
+
+    def sequences_split(self) -> int:
+        """How many sequences of this process's rows straddle a boundary between two ranks' chunks."""
+        split = 0
+        for boundaries, row_length, ranks in self.rows:
+            cuts = [row_length // ranks * rank for rank in range(1, ranks)]
+            split += sum(any(start < cut < end for cut in cuts) for start, end in pairwise(boundaries))
+        return split
+
+
+def dynamic_plan(sampler) -> list[list[list[tuple[list[int], int, int]]]]:
+    """Dynamic context parallelism's first epoch: per micro-step, per group, each row's pairs, first rank and ranks."""
+    sampler.set_epoch(0)
+    return [
+        [[(pairs, share.first_rank, share.ranks) for pairs, share in rows] for rows in groups]
+        for micro_steps in sampler.rounds()
+        for groups in micro_steps
+    ]
 
 
 def pair_digest(*token_lists) -> str:
@@ -700,6 +754,20 @@ def describe(trainer) -> dict:
         "train_pairs": len(trainer.train_dataset),
         "micro_batches": epoch_micro_batches(budget, 0) if budget is not None else None,
         "balanced": balanced_steps(trainer),
+        "dynamic": dynamic_report(trainer),
+    }
+
+
+def dynamic_report(trainer) -> dict | None:
+    """Under dynamic context parallelism: the epoch's plan (`dynamic_plan`), and this process's rows: the ranks each
+    was split over, and how many sequences crossed a chunk boundary."""
+    row_split = getattr(trainer, "_row_split", None)
+    if row_split is None or row_split.blocks is None:
+        return None
+    return {
+        "plan": dynamic_plan(trainer._batches.sampler),
+        "row_ranks": [ranks for _, _, ranks in row_split.mark.rows],
+        "sequences_split": row_split.mark.sequences_split(),
     }
 
 
