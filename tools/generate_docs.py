@@ -311,6 +311,19 @@ SOURCES = {
             "wall time, is what carries over to one GPU per process."
         ],
     ),
+    "dynamic_context_parallel_simulated.json": dict(
+        setup="no model, no GPU: Llama 3.1 8B's shape in the cost model of a split row "
+        "([`costs/context_parallel.py`](../trl_padfree/costs/context_parallel.py)); pairs drawn from the length models "
+        "and packed into token-budget bins of C x the rank budget; a step is one round of bins, each group of C ranks "
+        "training its C bins one after the other, every micro-step as long as its slowest rank anywhere (ZeRO-3 "
+        "keeps forwards in lockstep); **static**: each bin one row over its group's C ranks; **dynamic**: the same "
+        "bin shared out by the planner ([`packing/rank_shares.py`](../trl_padfree/packing/rank_shares.py)); "
+        "**best static C'**: static on bins of C' x the rank budget for every C' that holds the longest pair drawn, "
+        "the most real tokens per second",
+        measured="**Simulated**, not measured: step time (the slowest rank's FLOPs and its communication, at the "
+        "assumed rate), real tokens per second per GPU, tokens per rank per step (its chunks summed over the step's "
+        "micro-steps, padding included; slowest rank over the mean) and the bytes one rank gathers per step.",
+    ),
     "vision_split_cpu.json": dict(
         setup="a Qwen2.5-VL of text width 512 and vision width 256, 4 layers each; one row split over processes "
         "(gloo), forward and backward",
@@ -644,6 +657,64 @@ def balanced_ranks_section() -> str:
     return "\n".join(out)
 
 
+def dynamic_context_parallel_section() -> str:
+    name = "dynamic_context_parallel_simulated.json"
+    data = load(name)
+    flags = data["provenance"]["flags"]
+    assumed = data["assumptions"]
+    rate = assumed["flops_per_second"]
+    run = (
+        f"groups of {flags['context_parallel']} GPUs, {number(flags['rank_budget'])} tokens a rank "
+        f"(`max_tokens_per_batch` {number(flags['context_parallel'] * flags['rank_budget'])}), `max_length` "
+        f"{number(flags['max_length'])}; {flags['steps']} steps per row, their bins drawn from {flags['pool_bins']} "
+        "bins packed and priced once per budget"
+    )
+    header = [
+        "distribution",
+        "GPUs",
+        "step s: static -> dynamic",
+        "static / dynamic",
+        "best static C': tokens/s/GPU",
+        "dynamic: tokens/s/GPU",
+        "tokens/rank max/mean: static, dynamic, best",
+        "GB gathered/rank: static, dynamic, best",
+    ]
+    table = []
+    for row in data["rows"]:
+        best = row["static_by_ranks"][str(row["best_static_ranks"])]
+        static, dynamic = row["static"], row["dynamic"]
+        table.append(
+            [
+                row["distribution"],
+                str(row["processes"]),
+                f"{static['step_seconds']:.2f} -> {dynamic['step_seconds']:.2f}",
+                f"**{row['step_time_ratio']:.3f}x**",
+                f"{row['best_static_ranks']}: {number(best['tokens_per_second_per_gpu'])}",
+                f"{number(dynamic['tokens_per_second_per_gpu'])} ({times(row['over_best_static'])})",
+                ", ".join(f"{layout['rank_tokens_max_over_mean']:.2f}" for layout in (static, dynamic, best)),
+                ", ".join(f"{layout['gathered_gb_per_rank']:.0f}" for layout in (static, dynamic, best)),
+            ]
+        )
+    links = assumed["links"]
+    nvlink, infiniband = links["nvlink"], links["infiniband"]
+    notes = [
+        f"Assumed: {rate / 1e12:.0f} TFLOP/s achieved per GPU; all-gathers at "
+        f"{rate / nvlink['byte_flops'] / 1e9:.0f} GB/s per GPU over NVLink (a group within {links['gpus_per_node']} "
+        f"GPUs) and {rate / infiniband['byte_flops'] / 1e9:.0f} GB/s over InfiniBand, "
+        f"{nvlink['exchange_flops'] / rate * 1e6:.0f} and {infiniband['exchange_flops'] / rate * 1e6:.0f} us per "
+        "collective; compute and communication do not overlap, every FLOP runs at the same rate, norms, activations "
+        "and the loss are free. In brackets: dynamic's tokens per second over the best static C'.",
+    ]
+    return "\n".join(
+        [
+            "### Dynamic context parallelism, simulated at 8-512 GPUs\n",
+            provenance(name, run),
+            markdown_table(header, table) + "\n",
+            *[wrap(note) + "\n" for note in notes],
+        ]
+    )
+
+
 def vision_split_section() -> str:
     names = ["vision_split_cpu.json", "vision_split_cpu_few_images.json"]
     header = [
@@ -941,6 +1012,7 @@ def benchmarks_page() -> str:
     out.append(prompt_groups_section())
     out.append(batching_section())
     out.append(balanced_ranks_section())
+    out.append(dynamic_context_parallel_section())
     out.append(vision_split_section())
     out.append(batch_hand_out_section())
     out.append("## Attention memory\n")

@@ -13,6 +13,9 @@ and their ratio, the step-time gain balancing would bring if a step's time is it
 Pairs come from the bench's length models (`--distribution`, drawn as `trl-padfree bench` draws them: a pool of
 `POOL_PAIRS` pairs per distribution, then each step's pairs drawn from the pool) or from a dataset (`--dataset`), its
 pairs truncated to `--max-length` as TRL truncates them. See docs/concepts/balancing.md.
+
+`--context-parallel C` simulates context-parallel groups instead: every row split over C ranks against rows on the
+ranks their length needs (`context_parallel_balance`).
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..costs.flops import DecoderShape
 from ..data import load_demo_tokenizer
-from ..data.length_models import MULTI_TURN, SINGLE_TURN
+from ..data.length_models import MULTI_TURN, REASONING, SINGLE_TURN
 from ..packing.balance import best_split, bin_costs, imbalance, pair_cost, row_cost_lower_bound
 from ..packing.layout import kept_prompt_and_completion
 from ..packing.prefix_sharing import DEFAULT_MIN_PROMPT_TOKENS, shared_prefix_length
 from ..sources import load_preference_dataset
+from . import context_parallel_balance
 from .bench.harness import MODEL_SHAPES, decoder_shape, markdown_table, sample_lengths, truncated_pair_lengths
 
-LENGTH_MODELS = {"ultrafeedback": SINGLE_TURN, "capybara": MULTI_TURN}
+LENGTH_MODELS = {"ultrafeedback": SINGLE_TURN, "capybara": MULTI_TURN, "reasoning": REASONING}
+SHIPPED_DISTRIBUTIONS = ["ultrafeedback", "capybara"]  # without --context-parallel
 # The issue's cost model: an 8B Llama (Llama 3.1 8B's config, one of the bench's shapes)
 DEFAULT_MODEL = "llama3.1-8b"
 # Pairs drawn once per distribution; every simulated step then draws its pairs from them. 2^17 pairs keep the pool's
@@ -196,6 +201,19 @@ def simulate(
     return float(np.mean(unbalanced)), float(np.mean(balanced)), float(np.mean(bound))
 
 
+def run_context_parallel(options: argparse.Namespace) -> int:
+    shape = load_decoder_shape(options.model_config)
+    if options.dataset:
+        pairs = dataset_pairs(options.dataset, options.tokenizer, options.max_length, options.split)
+        sources = {Path(options.dataset).name: (pairs, None)}
+    else:
+        sources = {
+            name: (None, lambda count, name=name: sampled_pairs(name, count, options.max_length, options.seed))
+            for name in options.distribution
+        }
+    return context_parallel_balance.run(options, shape, sources)
+
+
 def run_balance(options: argparse.Namespace) -> list[BalanceRow]:
     """One row per source, pairs per process and process count."""
     shape = load_decoder_shape(options.model_config)
@@ -254,7 +272,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--distribution",
         nargs="+",
         choices=tuple(LENGTH_MODELS),
-        help="the bench's length models to draw pairs from (default: both); or --dataset",
+        help="length models to draw pairs from (default: ultrafeedback capybara; with --context-parallel all three); "
+        "or --dataset",
     )
     parser.add_argument(
         "--dataset",
@@ -278,23 +297,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--processes",
         nargs="+",
         type=int,
-        default=[8, 64, 512],
         metavar="N",
-        help="data-parallel processes (default: 8 64 512)",
+        help="data-parallel processes (default: 8 64 512; with --context-parallel 8 16 32 ... 512)",
     )
-    parser.add_argument(
-        "--pairs-per-process", nargs="+", type=int, default=[4, 8], metavar="N", help="per micro-step (default: 4 8)"
-    )
-    parser.add_argument("--micro-steps", type=int, default=1, metavar="N", help="gradient accumulation (default: 1)")
+    parser.add_argument("--pairs-per-process", nargs="+", type=int, metavar="N", help="per micro-step (default: 4 8)")
+    parser.add_argument("--micro-steps", type=int, metavar="N", help="gradient accumulation (default: 1)")
     parser.add_argument(
         "--steps", type=int, default=200, metavar="N", help="optimizer steps simulated per row (default: 200)"
     )
     parser.add_argument(
         "--max-length",
         type=int,
-        default=1024,
         metavar="N",
-        help="per-sequence truncation, as TRL's max_length (default: 1024, TRL's)",
+        help="per-sequence truncation, as TRL's max_length (default: 1024, TRL's; with --context-parallel "
+        f"{context_parallel_balance.DEFAULT_MAX_LENGTH})",
     )
     parser.add_argument(
         "--prefix-sharing", action="store_true", help="cost pairs laid out with prefix_sharing=True (default: not)"
@@ -302,7 +318,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="the pairs drawn and the order they are dealt in (default: 0)"
     )
-    parser.add_argument("--output", metavar="FILE.json", help="write the rows as a JSON list")
+    parser.add_argument(
+        "--context-parallel",
+        type=int,
+        metavar="C",
+        help="simulate context-parallel groups of C ranks instead: each token-budget bin split over all C (static) "
+        "against its rows on the ranks their length needs (dynamic); no --pairs-per-process, --micro-steps, "
+        "--prefix-sharing",
+    )
+    parser.add_argument(
+        "--rank-budget",
+        type=int,
+        default=context_parallel_balance.DEFAULT_RANK_BUDGET,
+        metavar="T",
+        help="with --context-parallel: tokens a rank holds, max_tokens_per_batch / C "
+        f"(default: {context_parallel_balance.DEFAULT_RANK_BUDGET})",
+    )
+    parser.add_argument(
+        "--pool-bins",
+        type=int,
+        default=context_parallel_balance.DEFAULT_POOL_BINS,
+        metavar="N",
+        help="with --context-parallel: bins packed and priced per budget, each step drawing its bins from them "
+        f"(default: {context_parallel_balance.DEFAULT_POOL_BINS})",
+    )
+    parser.add_argument("--output", metavar="FILE.json", help="write the rows as JSON")
     parser.set_defaults(run=run)
 
 
@@ -311,7 +351,14 @@ def check_options(options: argparse.Namespace) -> None:
         raise ValueError("--distribution and --dataset are alternatives: pass one.")
     if options.tokenizer and not options.dataset:
         raise ValueError("--tokenizer tokenizes --dataset's strings: pass --dataset too.")
-    options.distribution = options.distribution or list(LENGTH_MODELS)
+    if options.context_parallel is not None:
+        check_context_parallel_options(options)
+        return
+    options.distribution = options.distribution or SHIPPED_DISTRIBUTIONS
+    options.processes = options.processes or [8, 64, 512]
+    options.pairs_per_process = options.pairs_per_process or [4, 8]
+    options.micro_steps = options.micro_steps or 1
+    options.max_length = options.max_length or 1024
     counts = [*options.processes, *options.pairs_per_process, options.micro_steps, options.steps]
     if min(counts) < 1 or options.max_length < 3:
         raise ValueError(
@@ -319,8 +366,31 @@ def check_options(options: argparse.Namespace) -> None:
         )
 
 
+def check_context_parallel_options(options: argparse.Namespace) -> None:
+    ranks = options.context_parallel
+    if ranks < 1 or ranks & (ranks - 1):
+        raise ValueError(f"--context-parallel must be a power of two (1, 2, 4 ...), not {ranks}.")
+    given = [name for name in ("pairs_per_process", "micro_steps") if getattr(options, name) is not None]
+    if options.prefix_sharing:
+        given.append("prefix_sharing")
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(
+            f"{flags}: not with --context-parallel, whose micro-steps are token-budget bins of C x --rank-budget."
+        )
+    options.distribution = options.distribution or context_parallel_balance.DEFAULT_DISTRIBUTIONS
+    options.processes = options.processes or context_parallel_balance.DEFAULT_PROCESSES
+    options.max_length = options.max_length or context_parallel_balance.DEFAULT_MAX_LENGTH
+    if min(options.rank_budget, options.pool_bins, options.steps) < 1 or options.max_length < 3:
+        raise ValueError("--rank-budget, --pool-bins and --steps must be at least 1, --max-length at least 3.")
+    if [count for count in options.processes if count < 1 or count % ranks]:
+        raise ValueError(f"--processes must be multiples of --context-parallel {ranks}, not {options.processes}.")
+
+
 def run(options: argparse.Namespace) -> int:
     check_options(options)
+    if options.context_parallel is not None:
+        return run_context_parallel(options)
     start = time.perf_counter()
     rows = run_balance(options)
     print(format_table(rows))
