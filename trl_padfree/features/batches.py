@@ -90,12 +90,12 @@ class BatchPlan:
                 _log_grouping(sampler, settings.padding_free and bool(settings.prefix_sharing))
             return cls(sampler)
         plan = cls(budget=settings.max_tokens_per_batch)
-        if settings.max_tokens_per_batch is not None:
+        if settings.dynamic_context_parallel:  # a rank's share of the budget: its fill is logged per rank
+            plan.budget, plan.sampler = None, units.rows_on_ranks(seed)
+        elif settings.max_tokens_per_batch is not None:
             plan.sampler = plan.budget_sampler = units.token_budget_sampler(seed)
         if balanced:
             plan._balance(trainer, settings, units, seed)
-        if settings.dynamic_context_parallel:
-            plan.sampler = units.rows_on_ranks(plan.budget_sampler)
         plan.pair_weights = PairWeightedSteps(
             trainer.accelerator, plan.shape, plan.reference_forward, rank_shares=settings.dynamic_context_parallel
         )
@@ -182,6 +182,51 @@ class _Units:
 
     def token_budget_sampler(self, seed: int) -> TokenBudgetBatchSampler:
         """Micro-batches of whole pairs, or whole prompt groups (cut into pieces that fit), up to the budget."""
+        settings, trainer = self.settings, self.trainer
+        return TokenBudgetBatchSampler(
+            self._sized(),
+            settings.max_tokens_per_batch,
+            seed=seed,
+            num_processes=trainer.accelerator.num_processes,
+            window=settings.token_budget_window,
+            pad_to_multiple_of=trainer.data_collator.pad_to_multiple_of,
+        )
+
+    def rows_on_ranks(self, seed: int) -> RowsOnRanksSampler:
+        """Micro-steps of each context-parallel group packed as rows on 1, 2 ... C of its ranks, no rank holding more
+        than max_tokens_per_batch / C tokens; free ranks given out by the cost model of the trainer's model
+        (costs/context_parallel.py)."""
+        settings, trainer = self.settings, self.trainer
+        ranks, budget = settings.context_parallel_size, settings.max_tokens_per_batch
+        multiple = row_multiple(trainer.data_collator.pad_to_multiple_of, ranks)
+        shape = DecoderShape.of_model(trainer.accelerator.unwrap_model(trainer.model))
+        reference_forward = not trainer.args.precompute_ref_log_probs
+        link = link_of_group(ranks)
+
+        def capacity(share: int) -> int:
+            return usable_budget(share * budget // ranks, multiple)
+
+        def row_cost(units: Sequence[UnitWork], share: int) -> float:
+            segments = [segment for unit in units for segment in unit.segments]
+            tokens = -(-sum(unit.tokens for unit in units) // multiple) * multiple
+            scored = sum(unit.scored_tokens for unit in units)
+            return split_row_cost(shape, segments, scored, tokens, share, link, reference_forward)
+
+        sized = self._sized()
+        return RowsOnRanksSampler(
+            sized,
+            lambda pairs: UnitWork(int(sized.size(pairs)), *self._layout(pairs)),
+            pairs=len(self.dataset),
+            processes=trainer.accelerator.num_processes,
+            ranks=ranks,
+            capacity=capacity,
+            row_cost=row_cost,
+            seed=seed,
+            window=settings.token_budget_window,
+        )
+
+    def _sized(self) -> PairUnits:
+        """The pairs (or prompt groups) sized in row tokens, each checked to fit the budget."""
         settings, trainer, args = self.settings, self.trainer, self.trainer.args
         check_token_budget_setup(
             settings.padding_free, settings.sequence_parallel_size, isinstance(self.dataset, IterableDataset)
@@ -189,51 +234,9 @@ class _Units:
         lengths = self.pair_lengths()
         pad_to_multiple_of = trainer.data_collator.pad_to_multiple_of
         _check_pairs_fit(lengths, settings.max_tokens_per_batch, pad_to_multiple_of, args.max_length, self.images)
-        sized = PairUnits(lengths)
         if settings.group_by_prompt:
-            sized = PairUnits.by_group_id(self.group_ids, lengths, self._group_tokens(lengths))
-        self.sized = sized
-        return TokenBudgetBatchSampler(
-            sized,
-            settings.max_tokens_per_batch,
-            seed=seed,
-            num_processes=trainer.accelerator.num_processes,
-            window=settings.token_budget_window,
-            pad_to_multiple_of=pad_to_multiple_of,
-        )
-
-    def rows_on_ranks(self, bins: TokenBudgetBatchSampler) -> RowsOnRanksSampler:
-        """The budget's `bins`, each group's rows shared out over its ranks by the cost model of the trainer's model
-        (costs/context_parallel.py): no rank holds more than max_tokens_per_batch / context_parallel_size tokens."""
-        settings, trainer = self.settings, self.trainer
-        ranks, budget = settings.context_parallel_size, settings.max_tokens_per_batch
-        multiple = row_multiple(trainer.data_collator.pad_to_multiple_of, ranks) or 1
-        shape = DecoderShape.of_model(trainer.accelerator.unwrap_model(trainer.model))
-        reference_forward = not trainer.args.precompute_ref_log_probs
-        link = link_of_group(ranks)
-
-        def padded(tokens: int) -> int:
-            return -(-tokens // multiple) * multiple
-
-        def fits(tokens: int, share: int) -> bool:
-            return padded(tokens) * ranks <= share * budget
-
-        def row_cost(units: Sequence[UnitWork], share: int) -> float:
-            segments = [segment for unit in units for segment in unit.segments]
-            scored, tokens = sum(unit.scored_tokens for unit in units), padded(sum(unit.tokens for unit in units))
-            return split_row_cost(shape, segments, scored, tokens, share, link, reference_forward)
-
-        sized = self.sized
-        return RowsOnRanksSampler(
-            bins,
-            pairs=len(self.dataset),
-            processes=trainer.accelerator.num_processes,
-            ranks=ranks,
-            unit_work=lambda pairs: UnitWork(int(sized.size(pairs)), *self._layout(pairs)),
-            group_numbers=sized.group_numbers(),
-            fits=fits,
-            row_cost=row_cost,
-        )
+            return PairUnits.by_group_id(self.group_ids, lengths, self._group_tokens(lengths))
+        return PairUnits(lengths)
 
     def _layout(self, pairs: Sequence[int]) -> tuple[tuple, int]:
         """The attention spans and scored tokens of these pairs laid out together (a pair, or a piece of one prompt

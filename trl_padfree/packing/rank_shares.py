@@ -1,27 +1,25 @@
-"""Dynamic context parallelism: each micro-step, which rows a context-parallel group trains and over how many of its
-ranks each is split.
+"""Dynamic context parallelism: micro-batches packed for a context-parallel group's ranks, each row over as many of
+them as its length needs.
 
-Static context parallelism (`context_parallel_size=C`) splits every row over all C ranks of its group. With
-`dynamic_context_parallel=True` the token budget's micro-batch that the group would have split over its C ranks
-(`max_tokens_per_batch` tokens, at most `max_tokens_per_batch / C` a rank) is cut into rows instead, each on an
-aligned block of 1, 2, 4 ... C ranks, so that no rank holds more than its share of the budget and the slowest rank
-is as fast as the cost model (costs/context_parallel.py) can make it:
+Static context parallelism (`context_parallel_size=C`) packs micro-batches of `max_tokens_per_batch` tokens and splits
+every one over all C ranks of its group, however short its pairs. With `dynamic_context_parallel=True` each rank holds
+at most `max_tokens_per_batch / C` tokens, and a group's micro-step is packed as rows on aligned blocks of 1, 2, 4 ...
+C ranks: a pair that fits one rank runs there, packed with others, gathering nothing; a longer one takes the block it
+needs, which other pairs fill up:
 
     static     ranks 0-7   | A (long) ....... b c d e f g h |            one row, every rank gathers all keys
-    dynamic    ranks 0-3   | A (long) .... |                              A over 4 ranks, gathering over 4
-               ranks 4, 5  | b c |                                        b c d e f g h alone or in pairs, on
-               ranks 6, 7  | d e | ... f g h on whichever rank is least busy    single ranks: nothing gathered
+    dynamic    ranks 0-3   | A (long) .... b |                            A and b over 4 ranks, gathering over 4
+               rank 4, 5   | c d |  | e f |                               the rest alone on one rank each
+               rank 6, 7   | g |    | h |
 
-The same pairs train at the same step as under the static split (the loss is the same to rounding); only the layout
-changes. Every rank trains exactly one row (or chunk) at every micro-step, so engines that gather parameters per
-forward (ZeRO-3, FSDP2) stay in step: when a micro-step has fewer rows than ranks, rows are split over more ranks
-than they need. The blocks come from a fixed set (`rank_sizes`, groups made once at set-up: parallel/groups.py).
-
-How a micro-step is shared (`share_ranks`), deterministic and on plain numbers, so every process computes the same
-plan with no communication: units (a pair, or a prompt group's pairs under `group_by_prompt`) longest first, each on
-a new row of the fewest ranks that hold it while ranks are free, else added to the row that keeps the slowest rank
-fastest; leftover ranks double the dearest row that fits them. That is tried with every unit's ranks doubled 0, 1,
-... times (the last try is the static split), and the cheapest plan kept.
+How micro-steps are packed (`pack_micro_steps`), deterministic and on plain numbers, so every process computes the same
+plan with no communication: pairs (or a prompt group's pairs under `group_by_prompt`) longest first, each on a new row
+of the fewest ranks that hold it while a micro-step has those ranks free, else into the row of that many ranks with
+the least room left, else into a wider one, else on a new micro-step (best-fit decreasing, as the token budget packs,
+over rank blocks; no pair split over more ranks than it needs while ranks are free). Every rank trains
+exactly one row (or chunk) at every micro-step, so engines that gather parameters per forward (ZeRO-3, FSDP2) stay in
+step: a micro-step's free ranks go to its rows, the dearest by the cost model (costs/context_parallel.py) doubling its
+block first. The blocks come from a fixed set (`rank_sizes`; groups made once at set-up: parallel/groups.py).
 
 The plan reaches each rank through the batch sampler: every micro-step it yields one index list per process, the
 pairs of the row that process's block trains, then a marker index past the dataset (`RowRanksDataset` turns it into
@@ -31,12 +29,16 @@ the row's rank count, which the collator wrapper `RowRanksCollator` puts in the 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from torch.utils.data import Sampler
 
 from ..costs.flops import Segment
+from ..refusals.token_budget import check_budget_bins_share
+from .token_budget import fitting_pieces
+from .units import PairUnits
 
 ROW_RANKS = "row_ranks"  # the collated batch's entry: over how many ranks its row is split
 
@@ -69,88 +71,106 @@ def rank_sizes(ranks: int) -> tuple[int, ...]:
     return tuple(2**power for power in range(int(math.log2(ranks)) + 1))
 
 
-def share_ranks(
-    units: Sequence[UnitWork],
-    ranks: int,
-    fits: Callable[[int, int], bool],
-    row_cost: RowCost,
-) -> list[RowShare]:
-    """Rows on blocks of a group of `ranks` ranks for one micro-step's `units`, the cheapest plan of the module's
-    search; `fits(tokens, ranks)` says whether a row of `tokens` may be split over `ranks` (the budget), which all
-    units together must do on `ranks`. Rows come in rank order; every rank is in exactly one row."""
-    if not units:
-        raise ValueError("A micro-step's row needs at least one pair.")
-    order = sorted(range(len(units)), key=lambda unit: (-units[unit].tokens, unit))
-    needed = [next(size for size in rank_sizes(ranks) if fits(unit.tokens, size)) for unit in units]
-    best, best_cost = None, math.inf
-    for doubling in range(int(math.log2(ranks)) + 1):
-        least = [min(ranks, size << doubling) for size in needed]
-        rows = _greedy(units, order, least, ranks, fits, row_cost)
-        if rows is not None:
-            cost = max(row.cost for row in rows)
-            if cost < best_cost:
-                best, best_cost = rows, cost
-    if best is None:  # cannot happen when the units fit `ranks` together: the last try is one row
-        raise ValueError(f"{len(units)} units do not fit one row over {ranks} ranks.")
-    shares, first = [], 0
-    for row in sorted(best, key=lambda row: -row.ranks):  # largest first: every block starts aligned
-        shares.append(RowShare(tuple(row.units), first, row.ranks))
-        first += row.ranks
-    return shares
-
-
 @dataclass
 class _Row:
     units: list[int]
     ranks: int
     tokens: int
-    cost: float
 
 
-def _greedy(units, order, least, ranks, fits, row_cost) -> list[_Row] | None:
-    rows: list[_Row] = []
-    free = ranks
+def pack_micro_steps(
+    units: Sequence[UnitWork], ranks: int, capacity: Callable[[int], int], row_cost: RowCost
+) -> list[list[RowShare]]:
+    """`units` packed into micro-steps of a group of `ranks` ranks (best-fit decreasing over rank blocks, as the
+    module's docstring shows), each micro-step its rows in rank order, every rank in exactly one.
 
-    def priced(members: list[int], size: int) -> float:
-        return row_cost([units[unit] for unit in members], size)
-
-    for unit in order:
+    Args:
+        units: what each unit adds to a row.
+        ranks: the group's ranks, a power of two.
+        capacity: the tokens a row on that many ranks may hold (`capacity(ranks)`: the whole budget).
+        row_cost: the cost model, which decides which rows take a micro-step's free ranks.
+    """
+    micro_steps: list[list[_Row]] = []
+    free: list[int] = []
+    sizes = rank_sizes(ranks)
+    for unit in sorted(range(len(units)), key=lambda unit: (-units[unit].tokens, unit)):
         tokens = units[unit].tokens
-        options = []  # (slowest rank after, choice)
-        current = max((row.cost for row in rows), default=0.0)
-        if free >= least[unit]:
-            cost = priced([unit], least[unit])
-            options.append((max(current, cost), 0, None, cost))
-        for number, row in enumerate(rows):
-            if row.ranks >= least[unit] and fits(row.tokens + tokens, row.ranks):
-                cost = priced([*row.units, unit], row.ranks)
-                others = max((other.cost for other in rows if other is not row), default=0.0)
-                options.append((max(others, cost), 1 + number, row, cost))
-        if not options:  # grow a row onto free ranks until the unit fits in it
-            growable = [row for row in rows if row.ranks <= free and fits(row.tokens + tokens, 2 * row.ranks)]
-            if not growable:
-                return None
-            row = min(growable, key=lambda row: row.ranks)
-            free -= row.ranks
-            row.ranks *= 2
+        if tokens > capacity(ranks):
+            raise ValueError(f"A unit of {tokens} tokens does not fit {ranks} ranks ({capacity(ranks)} tokens).")
+        need = next(size for size in sizes if tokens <= capacity(size))
+        # A new row on free ranks of a micro-step (each rank trains at every micro-step: a free rank is room going
+        # spare), else the row of the fewest ranks that hold it with the least room left, else a wider one's
+        step = next((number for number, room in enumerate(free) if room >= need), None)
+        row = None
+        if step is None:
+            row = _best_fit(micro_steps, tokens, capacity, need, wider=False)
+            row = row or _best_fit(micro_steps, tokens, capacity, need, wider=True)
+        if row is not None:
             row.units.append(unit)
             row.tokens += tokens
-            row.cost = priced(row.units, row.ranks)
             continue
-        _, _, row, cost = min(options, key=lambda option: option[:2])
-        if row is None:
-            rows.append(_Row([unit], least[unit], tokens, cost))
-            free -= least[unit]
-        else:
-            row.units.append(unit)
-            row.tokens += tokens
-            row.cost = cost
-    while free:  # every rank trains: the dearest row that fits the free ranks doubles
-        row = max((row for row in rows if row.ranks <= free), key=lambda row: row.cost)
+        if step is None:
+            micro_steps.append([])
+            free.append(ranks)
+            step = len(micro_steps) - 1
+        # Longest first: blocks are taken in sizes that never grow within a micro-step, so each starts aligned
+        micro_steps[step].append(_Row([unit], need, tokens))
+        free[step] -= need
+    return [_shares(rows, room, units, row_cost) for rows, room in zip(micro_steps, free, strict=True)]
+
+
+def _best_fit(micro_steps: list[list[_Row]], tokens: int, capacity, need: int, wider: bool) -> _Row | None:
+    """The row on `need` ranks (`wider`: on more) with the least room left that holds `tokens` more."""
+    best, best_room = None, None
+    for rows in micro_steps:
+        for row in rows:
+            room = capacity(row.ranks) - row.tokens - tokens
+            if (
+                room >= 0
+                and (row.ranks > need if wider else row.ranks == need)
+                and (best_room is None or room < best_room)
+            ):
+                best, best_room = row, room
+    return best
+
+
+def _shares(rows: list[_Row], free: int, units: Sequence[UnitWork], row_cost: RowCost) -> list[RowShare]:
+    """A micro-step's rows in rank order, its `free` ranks given out first: the dearest row that fits them doubles."""
+
+    def cost(row: _Row) -> float:
+        return row_cost([units[unit] for unit in row.units], row.ranks)
+
+    while free:
+        row = max((row for row in rows if row.ranks <= free), key=cost)
         free -= row.ranks
         row.ranks *= 2
-        row.cost = priced(row.units, row.ranks)
-    return rows
+    shares, first = [], 0
+    for row in sorted(rows, key=lambda row: -row.ranks):  # largest first: every block starts aligned
+        shares.append(RowShare(tuple(row.units), first, row.ranks))
+        first += row.ranks
+    return shares
+
+
+def split_micro_steps_to_multiple(micro_steps: list[list[RowShare]], groups: int, ranks: int, units, row_cost):
+    """Split the micro-steps holding the most rows until their count is a multiple of `groups` (every group trains
+    at every micro-step): a micro-step's rows dealt alternately, longest first, into two, each given its free ranks
+    again; a micro-step of one row of several units splits that row's units. A part of a packed micro-step always
+    fits."""
+    micro_steps = [list(step) for step in micro_steps]
+    while len(micro_steps) % groups:
+        largest = max(range(len(micro_steps)), key=lambda n: (len(micro_steps[n]), len(micro_steps[n][0].units), -n))
+        rows = [_Row(list(share.units), share.ranks, 0) for share in micro_steps[largest]]
+        if len(rows) == 1 and len(rows[0].units) >= 2:
+            (row,) = rows
+            rows = [_Row(row.units[0::2], row.ranks, 0), _Row(row.units[1::2], row.ranks, 0)]
+        check_budget_bins_share(len(micro_steps), groups, splittable=len(rows) >= 2)
+        halves = rows[0::2], rows[1::2]
+        parts = []
+        for half in halves:  # each half keeps its rows' blocks and gives the other half's ranks out again
+            parts.append(_shares(half, ranks - sum(row.ranks for row in half), units, row_cost))
+        micro_steps[largest], extra = parts
+        micro_steps.append(extra)
+    return micro_steps
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -158,67 +178,69 @@ def _greedy(units, order, least, ranks, fits, row_cost) -> list[_Row] | None:
 
 
 class RowsOnRanksSampler(Sampler[list[int]]):
-    """The micro-batches of `bins` (a token-budget sampler, which yields every process's micro-batches in deal order)
-    trained as static context parallelism trains them, each group's rows shared out by `share_ranks`.
+    """Micro-batches for dynamic context parallelism: `units` packed into micro-steps of each group's ranks
+    (`pack_micro_steps`), in shuffled windows as the token budget packs (token_budget.py), once; each epoch the
+    micro-steps in a new order, `processes / ranks` groups training one each at every micro-step.
 
-    Static context parallelism runs, per round of `processes` bins, each group's `ranks` bins one after the other
-    (parallel/batch_hand_out.py). Here each of those micro-steps yields `processes` index lists, in process order:
-    for each process, the pairs of its block's row, and the marker `pairs + ranks of the row`.
+    Every micro-step it yields one index list per process, in process order (accelerate deals them round-robin): the
+    pairs of the row its block trains, then the marker `pairs + ranks of the row`.
 
     Args:
-        bins: yields lists of pair indices; `len(bins)` a multiple of `processes`.
+        units: the pairs, sized in row tokens; prompt groups (with `group_size`) are packed whole where they fit.
+        unit_work: what one unit's pairs add to a row (`UnitWork`).
         pairs: the dataset's pairs (markers are numbered from there).
         processes: every process of the run; groups are `ranks` consecutive processes.
         ranks: `context_parallel_size`, a power of two.
-        unit_work: the work of one unit's pairs (a pair, or a group's pairs).
-        group_numbers: each pair's prompt group (a bin's pairs of one group are one unit), or None: pairs alone.
-        fits: `fits(tokens, ranks)`, the budget; row_cost: the cost model.
+        capacity: the tokens a row on that many ranks may hold.
+        row_cost: the cost model.
+        seed, window: as `TokenBudgetBatchSampler`'s.
     """
 
-    def __init__(self, bins, pairs: int, processes: int, ranks: int, unit_work, group_numbers, fits, row_cost):
-        self.bins, self.pairs, self.processes, self.ranks = bins, pairs, processes, ranks
-        self.unit_work, self.group_numbers, self.fits, self.row_cost = unit_work, group_numbers, fits, row_cost
+    def __init__(self, units: PairUnits, unit_work, *, pairs, processes, ranks, capacity, row_cost, seed, window):
+        self.pairs, self.processes, self.ranks, self.seed, self.epoch = pairs, processes, ranks, seed, 0
+        order = list(range(len(units.units)))
+        random.Random(seed).shuffle(order)
+        capacity_of_group = capacity(ranks)
+        pieces = [
+            piece for number in order for piece in fitting_pieces(units.units[number], units.size, capacity_of_group)
+        ]
+        works = [unit_work(piece) for piece in pieces]
+        micro_steps = []
+        for start in range(0, len(pieces), window):
+            packed = pack_micro_steps(works[start : start + window], ranks, capacity, row_cost)
+            micro_steps += [
+                [
+                    RowShare(tuple(start + unit for unit in share.units), share.first_rank, share.ranks)
+                    for share in step
+                ]
+                for step in packed
+            ]
+        self.micro_steps = split_micro_steps_to_multiple(micro_steps, processes // ranks, ranks, works, row_cost)
+        # Each row's pairs (its units' pairs, in order) and its ranks
+        self.rows = [
+            [(tuple(pair for unit in share.units for pair in pieces[unit]), share) for share in step]
+            for step in self.micro_steps
+        ]
 
     def set_epoch(self, epoch: int) -> None:
-        self.bins.set_epoch(epoch)
+        self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.bins) * self.ranks
+        return len(self.micro_steps) // (self.processes // self.ranks) * self.processes
 
-    def units_of(self, pairs: Sequence[int]) -> list[list[int]]:
-        """A bin's units in bin order: its pairs, or its pairs of each prompt group together."""
-        if self.group_numbers is None:
-            return [[pair] for pair in pairs]
-        units: dict[int, list[int]] = {}
-        for pair in pairs:
-            units.setdefault(self.group_numbers[pair], []).append(pair)
-        return list(units.values())
-
-    def rows_of(self, pairs: Sequence[int]) -> list[tuple[list[int], RowShare]]:
-        """One micro-step of one group: each row's pairs and its ranks."""
-        units = self.units_of(pairs)
-        shares = share_ranks([self.unit_work(unit) for unit in units], self.ranks, self.fits, self.row_cost)
-        return [([pair for unit in share.units for pair in units[unit]], share) for share in shares]
-
-    def rounds(self) -> Iterator[list[list[list[tuple[list[int], RowShare]]]]]:
-        """Each round's micro-steps, each a list over groups of that group's rows."""
+    def epoch_micro_steps(self) -> Iterator[list[list[tuple[tuple[int, ...], RowShare]]]]:
+        """This epoch's micro-steps, each a list over groups of that group's rows (pairs, ranks)."""
         groups = self.processes // self.ranks
-        round_bins: list[list[int]] = []
-        for pairs in self.bins:
-            round_bins.append(pairs)
-            if len(round_bins) == self.processes:
-                yield [
-                    [self.rows_of(round_bins[group * self.ranks + step]) for group in range(groups)]
-                    for step in range(self.ranks)
-                ]
-                round_bins = []
+        order = list(range(len(self.micro_steps)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        for start in range(0, len(order), groups):
+            yield [self.rows[number] for number in order[start : start + groups]]
 
     def __iter__(self) -> Iterator[list[int]]:
-        for micro_steps in self.rounds():
-            for groups in micro_steps:
-                for rows in groups:
-                    for pairs, share in rows:
-                        yield from ([*pairs, self.pairs + share.ranks] for _ in range(share.ranks))
+        for groups in self.epoch_micro_steps():
+            for rows in groups:
+                for pairs, share in rows:
+                    yield from ([*pairs, self.pairs + share.ranks] for _ in range(share.ranks))
 
 
 class RowRanksDataset:

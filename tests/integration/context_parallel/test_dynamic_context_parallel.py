@@ -9,10 +9,10 @@ from tolerances import DISTRIBUTED_LOSS_ATOL, DISTRIBUTED_METRIC_ATOL, DISTRIBUT
 from trl_padfree import DPOConfig
 from trl_padfree.features.pair_weighted_steps import PER_PAIR_METRICS
 
-# The shipped pairs at max_length 384 run from about 230 to 768 tokens: with 1024 tokens over 2 ranks (512 a rank)
-# the short ones fit one rank and the long ones need two
+# The first 48 shipped pairs at max_length 384 run from 229 to 768 tokens: at 640 tokens a rank 28 of them fit one
+# rank and 20 need two
 MAX_LENGTH = 384
-RANK_TOKENS = 512
+RANK_TOKENS = 640
 STEPS = 4
 
 

@@ -406,9 +406,8 @@ def dynamic_plan(sampler) -> list[list[list[tuple[list[int], int, int]]]]:
     """Dynamic context parallelism's first epoch: per micro-step, per group, each row's pairs, first rank and ranks."""
     sampler.set_epoch(0)
     return [
-        [[(pairs, share.first_rank, share.ranks) for pairs, share in rows] for rows in groups]
-        for micro_steps in sampler.rounds()
-        for groups in micro_steps
+        [[(list(pairs), share.first_rank, share.ranks) for pairs, share in rows] for rows in groups]
+        for groups in sampler.epoch_micro_steps()
     ]
 
 
