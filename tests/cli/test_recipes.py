@@ -119,7 +119,7 @@ def named_gpus(name: str) -> tuple[int, int] | None:
 
 def planned_setup(name: str) -> Setup:
     """The planner's setup for a recipe under the accelerate config its command names: every field from the two
-    configs. A row holds at most pairs x 2 x max_length tokens; under Ulysses each GPU of a group runs 1/sp of them
+    configs. A row holds at most pairs x 2 x max_length tokens, or max_tokens_per_batch; under Ulysses each GPU of a group runs 1/sp of them
     (docs/concepts/memory-planning.md); a vision-language row is counted as if all its tokens were image tokens."""
     command = launch_command(name)
     recipe = yaml.safe_load(RECIPES[name].read_text())
@@ -131,7 +131,9 @@ def planned_setup(name: str) -> Setup:
     sp_size = recipe.get("sequence_parallel_size") or accelerate.get("parallelism_config", {}).get(
         "parallelism_config_sp_size", 1
     )
-    tokens = recipe["per_device_train_batch_size"] * 2 * recipe["max_length"] // sp_size
+    # A token budget bounds a row (under dynamic context parallelism: the widest row, over every GPU of the group)
+    tokens = recipe.get("max_tokens_per_batch") or recipe["per_device_train_batch_size"] * 2 * recipe["max_length"]
+    tokens //= sp_size
     vision_language = "vision_config" in HUB_CONFIGS[recipe["model_name_or_path"]]().to_dict()
     reference = "offload" if recipe.get("ref_offload") else "gpu"
     return Setup(
