@@ -155,6 +155,7 @@ def test_the_sampler_deals_each_process_its_blocks_row_then_the_marker():
             for pairs, share in rows:
                 for rank in range(share.first_rank, share.first_rank + share.ranks):
                     assert lists[2 * group + rank] == [*pairs, len(lengths) + share.ranks]
+    assert sum(sampler.rows_by_ranks().values()) == sum(len(rows) for groups in steps for rows in groups)
     sampler.set_epoch(4)
     assert list(sampler.epoch_micro_steps()) != steps  # a new order each epoch, the same micro-steps
     rows = sorted(str(rows) for groups in steps for rows in groups)

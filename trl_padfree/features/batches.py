@@ -92,6 +92,8 @@ class BatchPlan:
         plan = cls(budget=settings.max_tokens_per_batch)
         if settings.dynamic_context_parallel:  # a rank's share of the budget: its fill is logged per rank
             plan.budget, plan.sampler = None, units.rows_on_ranks(seed)
+            if trainer.accelerator.is_main_process and logger.isEnabledFor(logging.INFO):
+                _log_rank_shares(plan.sampler, settings)
         elif settings.max_tokens_per_batch is not None:
             plan.sampler = plan.budget_sampler = units.token_budget_sampler(seed)
         if balanced:
@@ -315,6 +317,22 @@ def _log_grouping(sampler: PromptGroupBatchSampler, computes_prompts_once: bool)
             "group_by_prompt only orders the batches here: a prompt's pairs are computed once per micro-batch with "
             "padding_free=True and prefix_sharing=True (or 'auto')."
         )
+
+
+def _log_rank_shares(sampler: RowsOnRanksSampler, settings: Settings) -> None:
+    rows = sampler.rows_by_ranks()
+    ranks = settings.context_parallel_size
+    logger.info(
+        "dynamic_context_parallel: %d micro-steps an epoch for each of %d groups of %d ranks, at most %d tokens a rank; "
+        "rows split over %s ranks: %s (static context parallelism splits every row over %d).",
+        len(sampler.micro_steps) // (sampler.processes // ranks),
+        sampler.processes // ranks,
+        ranks,
+        settings.max_tokens_per_batch // ranks,
+        ", ".join(map(str, rows)),
+        ", ".join(map(str, rows.values())),
+        ranks,
+    )
 
 
 def _log_expected_gain(sampler: BalancedBatchSampler) -> None:

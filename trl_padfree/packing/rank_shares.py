@@ -222,6 +222,14 @@ class RowsOnRanksSampler(Sampler[list[int]]):
             for step in self.micro_steps
         ]
 
+    def rows_by_ranks(self) -> dict[int, int]:
+        """How many of the epoch's rows are split over each number of ranks."""
+        counts = dict.fromkeys(rank_sizes(self.ranks), 0)
+        for step in self.micro_steps:
+            for share in step:
+                counts[share.ranks] += 1
+        return counts
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
