@@ -55,7 +55,7 @@ class UnitWork:
 
 @dataclass(frozen=True)
 class RowShare:
-    """A row of a micro-step: its units (numbers in the micro-step's list), on ranks `first_rank` to
+    """A row of a micro-step: its units (their numbers in the list packed), on ranks `first_rank` to
     `first_rank + ranks - 1` of the group."""
 
     units: tuple[int, ...]
@@ -93,6 +93,7 @@ def pack_micro_steps(
     micro_steps: list[list[_Row]] = []
     free: list[int] = []
     sizes = rank_sizes(ranks)
+    capacity = dict(zip(sizes, map(capacity, sizes), strict=True)).__getitem__  # asked once per size
     for unit in sorted(range(len(units)), key=lambda unit: (-units[unit].tokens, unit)):
         tokens = units[unit].tokens
         if tokens > capacity(ranks):
@@ -153,8 +154,8 @@ def _shares(rows: list[_Row], free: int, units: Sequence[UnitWork], row_cost: Ro
 
 def split_micro_steps_to_multiple(micro_steps: list[list[RowShare]], groups: int, ranks: int, units, row_cost):
     """Split the micro-steps holding the most rows until their count is a multiple of `groups` (every group trains
-    at every micro-step): a micro-step's rows dealt alternately, longest first, into two, each given its free ranks
-    again; a micro-step of one row of several units splits that row's units. A part of a packed micro-step always
+    at every micro-step): a micro-step's rows dealt alternately, widest first, into two, each giving its free ranks
+    out again; a micro-step of one row of several units splits that row's units. A part of a packed micro-step always
     fits."""
     micro_steps = [list(step) for step in micro_steps]
     while len(micro_steps) % groups:
