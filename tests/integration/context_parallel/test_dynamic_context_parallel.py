@@ -31,17 +31,19 @@ def six_head_model(tmp_path_factory):
     return directory
 
 
-def train_dynamic(model, tmp_path, config: str, run: str, processes: int, ranks: int, grad_accum: int = 1) -> dict:
+def train_dynamic(
+    model, tmp_path, config: str, run: str, processes: int, ranks: int, grad_accum: int = 1, data=("--num-pairs", "48")
+) -> dict:
     from distributed_runs import launch
 
     options = (
         "--runs", run, "--max-tokens-per-batch", str(RANK_TOKENS * ranks), "--max-length", str(MAX_LENGTH),
-        "--steps", str(STEPS), "--cp-size", str(ranks), "--grad-accum", str(grad_accum), "--num-pairs", "48",
+        "--steps", str(STEPS), "--cp-size", str(ranks), "--grad-accum", str(grad_accum), *data,
     )  # fmt: skip
     return launch(config, model, tmp_path / "dynamic.json", *options, processes=processes)[run]
 
 
-def padded_on_the_same_steps(model, tmp_path, report: dict, grad_accum: int = 1) -> dict:
+def padded_on_the_same_steps(model, tmp_path, report: dict, grad_accum: int = 1, data=("--num-pairs", "48")) -> dict:
     """TRL's padded trainer in this process, each step fed the pairs every process of `report`'s run trained then."""
     import json
 
@@ -52,7 +54,7 @@ def padded_on_the_same_steps(model, tmp_path, report: dict, grad_accum: int = 1)
     steps = [sum(micro_steps[start : start + grad_accum], []) for start in range(0, len(micro_steps), grad_accum)]
     given = tmp_path / "steps.json"
     given.write_text(json.dumps(steps[:STEPS]))
-    options = ("--runs", "trl", "--given-batches", str(given), "--steps", str(STEPS), "--num-pairs", "48")
+    options = ("--runs", "trl", "--given-batches", str(given), "--steps", str(STEPS), *data)
     return train_in_this_process(model, tmp_path / "padded.json", *options, "--max-length", str(MAX_LENGTH))["trl"]
 
 
@@ -78,8 +80,7 @@ def assert_rows_on_one_rank_and_on_several(report: dict) -> None:
     ranks = report["dynamic"]["row_ranks"]
     assert 1 in ranks and max(ranks) > 1, ranks
     assert report["dynamic"]["sequences_split"] > 0
-    plan = report["dynamic"]["plan"]
-    for groups in plan:  # every rank of every group trains exactly one row at every micro-step
+    for groups in report["dynamic"]["plan"]:  # every rank of every group trains exactly one row at every micro-step
         for rows in groups:
             assert sorted(rank for _, first, size in rows for rank in range(first, first + size)) == list(
                 range(report["context_parallel_size"])
@@ -109,6 +110,18 @@ def test_dynamic_context_parallel_equals_padded_trl_on_the_same_steps(six_head_m
     assert 1 <= step["padfree/ranks_per_row"] <= 2
     assert step["padfree/rank_tokens_max"] <= RANK_TOKENS
     assert step["padfree/real_tokens"] == step["num_tokens"]
+
+
+def test_prompt_groups_computed_once_inside_rows_of_one_and_two_ranks(six_head_model, tmp_path):
+    # 8 shipped prompts with 3 completions each, paired all ways: 3 pairs a prompt, grouped rows of 300-800 tokens
+    data = ("--prompt-groups", "3", "--num-pairs", "8")
+    run = "padding_free+cp+dynamic+prefix_sharing"
+    report = train_dynamic(six_head_model, tmp_path, "multi_gpu.yaml", run, processes=2, ranks=2, data=data)
+    assert_rows_on_one_rank_and_on_several(report)
+    for batches in report["prompt_groups"]["batches"]:  # every row a prompt's 3 pairs, whole
+        assert all(len(batch["pairs"]) == 3 * len(batch["prompts"]) for batch in batches), batches
+    assert_equal_to_padded(report, padded_on_the_same_steps(six_head_model, tmp_path, report, data=data))
+    assert all(metrics["padfree/shared_tokens"] > 0 for metrics in report["metrics"])
 
 
 @pytest.mark.slow  # 4 processes on 2 cores

@@ -402,13 +402,17 @@ class RanksRecorder:
         return split
 
 
-def dynamic_plan(sampler) -> list[list[list[tuple[list[int], int, int]]]]:
-    """Dynamic context parallelism's first epoch: per micro-step, per group, each row's pairs, first rank and ranks."""
-    sampler.set_epoch(0)
-    return [
-        [[(list(pairs), share.first_rank, share.ranks) for pairs, share in rows] for rows in groups]
-        for groups in sampler.epoch_micro_steps()
-    ]
+def dynamic_plan(sampler, epochs: int = 2) -> list[list[list[tuple[list[int], int, int]]]]:
+    """Dynamic context parallelism's first `epochs` epochs: per micro-step, per group, each row's pairs, first rank and
+    ranks."""
+    plan = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        plan += [
+            [[(list(pairs), share.first_rank, share.ranks) for pairs, share in rows] for rows in groups]
+            for groups in sampler.epoch_micro_steps()
+        ]
+    return plan
 
 
 def pair_digest(*token_lists) -> str:
@@ -451,13 +455,18 @@ def prompt_group_report(trainer) -> dict:
         torch.distributed.all_gather_object(gathered, recorded)
     else:
         gathered = [recorded]
-    sampler = getattr(trainer, "prompt_group_sampler", None) or trainer._batches.sampler
+    if isinstance(trainer, TRLOnGivenBatches):
+        grouped_batches = trainer.given_batches
+    else:
+        grouped_batches = epoch_micro_batches(
+            getattr(trainer, "prompt_group_sampler", None) or trainer._batches.sampler, 0
+        )
     dataset = trainer.train_dataset
     return {
         "batches": [batches for batches, _ in gathered],
         # padding-free: `rows[process][micro_batch]`, the packed row that process collated, [boundaries, length]
         "rows": [rows for _, rows in gathered],
-        "grouped_batches": epoch_micro_batches(sampler, 0),
+        "grouped_batches": grouped_batches,
         "pairs": [
             pair_digest(*tokens)
             for tokens in zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True)
@@ -758,8 +767,8 @@ def describe(trainer) -> dict:
 
 
 def dynamic_report(trainer) -> dict | None:
-    """Under dynamic context parallelism: the epoch's plan (`dynamic_plan`), and this process's rows: the ranks each
-    was split over, and how many sequences crossed a chunk boundary."""
+    """Under dynamic context parallelism: the first epochs' plan (`dynamic_plan`), and this process's rows: the ranks
+    each was split over, and how many sequences crossed a chunk boundary."""
     row_split = getattr(trainer, "_row_split", None)
     if row_split is None or row_split.blocks is None:
         return None
