@@ -324,6 +324,21 @@ SOURCES = {
         "assumed rate), real tokens per second per GPU, tokens per rank per step (its chunks summed over the step's "
         "micro-steps, padding included; slowest rank over the mean) and the bytes one rank gathers per step.",
     ),
+    "dynamic_context_parallel_cpu.json": dict(
+        setup="`accelerate launch` (DDP over gloo) of 4 CPU processes on 2 cores, one thread each, training "
+        "`trl_padfree.DPOTrainer` padding-free for one epoch over the same pairs, the same seed and the same tokens a "
+        "rank (`max_tokens_per_batch` = C x that): **static C**, every row over all C ranks; **dynamic C** "
+        "(`dynamic_context_parallel=True`), each row over 1, 2 ... C ranks; and static at each smaller C' whose bins "
+        "hold the longest pair (launched; the trainer's refusal is recorded where one does not fit)",
+        measured="**Measured, CPU**, over the steps after the warm-ups: the slowest process's step time, each "
+        "process's own CPU time over the step (thread), real tokens per second, the tokens a rank holds per step "
+        "(padding included, summed over micro-steps; slowest rank / mean), the bytes a rank received per step in "
+        "the row's key-value all-gathers and their backward's reduce-scatters (counted as they ran; `gathered_bytes` "
+        "of the rows in brackets), and each process's peak resident memory (`ru_maxrss`). **Predicted** by the "
+        "cost model on the very rows each run trained (`split_row_cost`, slowest rank per micro-step, summed), with "
+        "a link calibrated on the same processes (the model's matmul FLOP rate, gloo's all-gather time and "
+        "bandwidth).",
+    ),
     "vision_split_cpu.json": dict(
         setup="a Qwen2.5-VL of text width 512 and vision width 256, 4 layers each; one row split over processes "
         "(gloo), forward and backward",
@@ -715,6 +730,87 @@ def dynamic_context_parallel_section() -> str:
     )
 
 
+def dynamic_context_parallel_cpu_section() -> str:
+    name = "dynamic_context_parallel_cpu.json"
+    data = load(name)
+    model, pairs, link = data["model"], data["data"], data["link"]
+    drawn = pairs["drawn_pair_tokens"]
+    load_averages = [run["load_average_before"][0] for run in data["runs"].values()]
+    run = (
+        f"{pairs['pairs']} pairs drawn from the {pairs['length_model']} length model x {pairs['scale']:.3g} "
+        f"({pairs['how']}): median {number(drawn['median'])} tokens, 90th percentile {number(drawn['p90'])}, "
+        f"longest {number(drawn['max'])}, {drawn['over_one_rank']} over one rank's {number(data['rank_tokens'])} and "
+        f"{drawn['over_two_ranks']} over two ranks'; a Llama of hidden {model['hidden_size']}, "
+        f"{model['num_hidden_layers']} layers, {model['num_attention_heads']} heads ({model['num_key_value_heads']} "
+        f"key-value), float32; load average {min(load_averages):.1f}-{max(load_averages):.1f} before the runs"
+    )
+    header = [
+        "run",
+        "steps",
+        "s/step (cost model)",
+        "thread s/step max / mean",
+        "real tokens/s",
+        "tokens/rank/step max / mean",
+        "MB gathered/rank/step (rows)",
+        "peak RSS MB",
+    ]
+    table = []
+    for label, row in data["summary"].items():
+        table.append(
+            [
+                label,
+                str(row["steps"]),
+                f"{row['step_seconds']:.2f} ({row['predicted_step_seconds']:.2f})",
+                f"{row['thread_seconds_max']:.2f} / {row['thread_seconds_mean']:.2f}",
+                number(row["tokens_per_second"]),
+                f"{number(row['rank_tokens_max'])} / {number(row['rank_tokens_mean'])}",
+                f"{row['gathered_bytes_mean'] / 1e6:.1f} ({row['predicted_gathered_bytes_mean'] / 1e6:.1f})",
+                number(max(row["peak_rss_bytes"]) / 2**20),
+            ]
+        )
+    refused = {label: run["refused"] for label, run in data["runs"].items() if "refused" in run}
+    ratios, best = data["static_over_dynamic"], data["best_static_over_dynamic"]
+    links = ", ".join(
+        f"{size} ranks {fitted['exchange_seconds'] * 1e3:.2f} ms per all-gather and {fitted['bytes_per_second'] / 1e9:.2f} "
+        "GB/s"
+        for size, fitted in link["by_group_size"].items()
+    )
+    notes = [
+        f"Static over dynamic, time for the same real tokens: measured **{times(ratios['measured_time_ratio'])}** "
+        f"(own CPU time: {times(ratios['measured_thread_time_ratio'])}), the cost model "
+        f"{times(ratios['predicted_time_ratio'])}: its error on the ratio {ratios['ratio_error']:+.0%}. Per step "
+        f"(the runs take different numbers of steps): measured {times(ratios['measured_step_ratio'])}, predicted "
+        f"{times(ratios['predicted_step_ratio'])}. Best static C' for this data: {data['best_static']}"
+        + (f" (over dynamic: {times(best['measured_time_ratio'])})" if data["best_static"] in data["summary"] else "")
+        + ".",
+        "The cost model's error per step (predicted over measured step time, less 1): "
+        + ", ".join(f"{label} {row['predicted_step_error']:+.0%}" for label, row in data["summary"].items())
+        + f". Its link, calibrated on the same 4 processes: {link['flops_per_second_wall'] / 1e9:.1f} GFLOP/s a "
+        f"process in wall time ({link['flops_per_second_thread'] / 1e9:.1f} in its own CPU time) on the model's "
+        f"matmuls; {links}.",
+        *[f"{label}: refused, as the trainer says: {message}" for label, message in refused.items()],
+        "Gathered bytes counted over the rows' `gathered_bytes`: "
+        + ", ".join(
+            f"{label} {row['gathered_bytes_mean'] / row['predicted_gathered_bytes_mean']:.2f}"
+            for label, row in data["summary"].items()
+            if row["predicted_gathered_bytes_mean"]
+        )
+        + ": the cost model counts 3 exchanges a layer (policy forward and backward, reference forward); TRL's "
+        "default gradient checkpointing runs the policy's forward again in the backward, a fourth, and its "
+        "recomputed FLOPs are not in the model either.",
+        "With 4 processes on 2 cores a process's wall time also holds the time it waited for a core: the thread "
+        "figures are what a process on its own core (or GPU) takes; the link's rates are those of the shared cores.",
+    ]
+    return "\n".join(
+        [
+            "### Dynamic context parallelism, measured on CPU\n",
+            provenance(name, run),
+            markdown_table(header, table) + "\n",
+            *[wrap(note) + "\n" for note in notes],
+        ]
+    )
+
+
 def vision_split_section() -> str:
     names = ["vision_split_cpu.json", "vision_split_cpu_few_images.json"]
     header = [
@@ -1013,6 +1109,7 @@ def benchmarks_page() -> str:
     out.append(batching_section())
     out.append(balanced_ranks_section())
     out.append(dynamic_context_parallel_section())
+    out.append(dynamic_context_parallel_cpu_section())
     out.append(vision_split_section())
     out.append(batch_hand_out_section())
     out.append("## Attention memory\n")
