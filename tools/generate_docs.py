@@ -780,9 +780,12 @@ def dynamic_context_parallel_cpu_section() -> str:
         f"(own CPU time: {times(ratios['measured_thread_time_ratio'])}), the cost model "
         f"{times(ratios['predicted_time_ratio'])}: its error on the ratio {ratios['ratio_error']:+.0%}. Per step "
         f"(the runs take different numbers of steps): measured {times(ratios['measured_step_ratio'])}, predicted "
-        f"{times(ratios['predicted_step_ratio'])}. Best static C' for this data: {data['best_static']}"
-        + (f" (over dynamic: {times(best['measured_time_ratio'])})" if data["best_static"] in data["summary"] else "")
-        + ".",
+        f"{times(ratios['predicted_step_ratio'])}. "
+        + (
+            f"Best static C' for this data: {data['best_static']}, {times(best['measured_time_ratio'])} dynamic's time."
+            if len(data["summary"]) > 2
+            else "No static C' below C holds the longest pair (the refusals below): static C is the best static."
+        ),
         "The cost model's error per step (predicted over measured step time, less 1): "
         + ", ".join(f"{label} {row['predicted_step_error']:+.0%}" for label, row in data["summary"].items())
         + f". Its link, calibrated on the same 4 processes: {link['flops_per_second_wall'] / 1e9:.1f} GFLOP/s a "
