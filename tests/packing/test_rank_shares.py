@@ -15,7 +15,14 @@ from trl_padfree.costs.context_parallel import (
     gathered_bytes,
     split_row_cost,
 )
-from trl_padfree.costs.flops import BatchWork, DecoderShape, Segment, packed_row_work, training_step_flops
+from trl_padfree.costs.flops import (
+    BatchWork,
+    DecoderShape,
+    Segment,
+    forward_flops,
+    packed_row_work,
+    training_step_flops,
+)
 from trl_padfree.packing.rank_shares import (
     ROW_RANKS,
     RowRanksCollator,
@@ -128,6 +135,10 @@ def test_a_row_alone_gathers_nothing_and_a_split_row_pays_its_bytes_and_exchange
     compute = split_row_cost(SHAPE, segments, 0, 1024, 4, free)
     assert split_row_cost(SHAPE, segments, 0, 1024, 4, Link(1.0, 0.0)) == compute + gathered_bytes(SHAPE, 1024, 4)
     assert split_row_cost(SHAPE, segments, 0, 1024, 4, Link(0.0, 5.0)) == compute + 5.0 * 3 * 8
+    # Activation checkpointing: a fourth exchange a layer and the policy's forward again
+    recomputed = split_row_cost(SHAPE, segments, 0, 1024, 4, Link(0.0, 5.0), recompute=True)
+    forward = forward_flops(SHAPE, chunk_works(segments, 0, 1024, 4)[-1])
+    assert recomputed == pytest.approx(compute + forward + 5.0 * 4 * 8)
     # The reference precomputed: two exchanges a layer
     assert split_row_cost(SHAPE, segments, 0, 1024, 4, Link(0.0, 5.0), reference_forward=False) == pytest.approx(
         split_row_cost(SHAPE, segments, 0, 1024, 4, free, reference_forward=False) + 5.0 * 2 * 8

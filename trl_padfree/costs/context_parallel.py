@@ -9,7 +9,9 @@ rate (`Link`):
                 Causal attention makes later chunks dearer: the slowest chunk sets the row's time, not the mean.
     gathered    per attention layer and forward the rank receives the keys and values of the rest of the row,
                 (ranks - 1) / ranks x row tokens x key-value heads x (key + value dims) x bytes; the backward
-                reduce-scatters as many. Policy forward + backward and the reference forward: 3 exchanges a layer.
+                reduce-scatters as many. Policy forward + backward and the reference forward: 3 exchanges a layer;
+                with activation checkpointing (TRL's default) the backward runs the policy's forward again: 4, and
+                that forward's compute too.
     latency     each of those exchanges also costs a fixed time (a collective's launch and synchronisation),
                 whatever its size: what makes a short row on many ranks slower than on one.
 
@@ -23,10 +25,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .flops import BatchWork, DecoderShape, Segment, training_step_flops
+from .flops import BatchWork, DecoderShape, Segment, forward_flops, training_step_flops
 
 # Policy forward (gather), its backward (reduce-scatter of the gathered gradients), the reference's forward (gather)
 EXCHANGES_PER_LAYER = 3
+
+
+def exchanges_per_layer(reference_forward: bool = True, recompute: bool = False) -> int:
+    """Collectives an attention layer of a split row makes in a training step: the policy's forward and backward, the
+    reference's forward (unless precomputed), the policy's forward again under activation checkpointing."""
+    return 2 + reference_forward + recompute
 
 
 @dataclass(frozen=True)
@@ -84,12 +92,14 @@ def chunk_works(segments: Sequence[Segment], scored_tokens: int, row_tokens: int
     ]
 
 
-def gathered_bytes(shape: DecoderShape, row_tokens: int, ranks: int, element_bytes: int = 2) -> int:
+def gathered_bytes(
+    shape: DecoderShape, row_tokens: int, ranks: int, element_bytes: int = 2, exchanges: int = EXCHANGES_PER_LAYER
+) -> int:
     """Bytes one rank receives in a training step of a row split over `ranks` (0 on one rank): the keys and values of
-    the other ranks' chunks, every attention layer, `EXCHANGES_PER_LAYER` times."""
+    the other ranks' chunks, every attention layer, `exchanges` times (`exchanges_per_layer`)."""
     others = row_tokens - row_tokens // ranks
     per_layer = others * shape.key_value_heads * 2 * shape.head_dim * element_bytes
-    return EXCHANGES_PER_LAYER * shape.attention_layers * per_layer
+    return exchanges * shape.attention_layers * per_layer
 
 
 def split_row_cost(
@@ -100,16 +110,17 @@ def split_row_cost(
     ranks: int,
     link: Link,
     reference_forward: bool = True,
+    recompute: bool = False,
 ) -> float:
     """The training-step cost of the slowest rank of a row split over `ranks` (1: the row alone on one rank), in
-    FLOPs: its chunk's compute, and on more than one rank what it gathers and how many times."""
+    FLOPs: its chunk's compute (`recompute`: activation checkpointing's second policy forward too), and on more than
+    one rank what it gathers and how many times."""
     compute = max(
-        training_step_flops(shape, work, reference_forward)
+        training_step_flops(shape, work, reference_forward) + (forward_flops(shape, work) if recompute else 0)
         for work in chunk_works(segments, scored_tokens, row_tokens, ranks)
     )
     if ranks == 1:
         return float(compute)
-    exchanges = shape.attention_layers * (EXCHANGES_PER_LAYER if reference_forward else EXCHANGES_PER_LAYER - 1)
-    gathered = gathered_bytes(shape, row_tokens, ranks, link.element_bytes)
-    gathered = gathered * exchanges // (EXCHANGES_PER_LAYER * shape.attention_layers)
-    return compute + gathered * link.byte_flops + exchanges * link.exchange_flops
+    exchanges = exchanges_per_layer(reference_forward, recompute)
+    gathered = gathered_bytes(shape, row_tokens, ranks, link.element_bytes, exchanges)
+    return compute + gathered * link.byte_flops + exchanges * shape.attention_layers * link.exchange_flops
