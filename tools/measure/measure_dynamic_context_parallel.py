@@ -55,7 +55,12 @@ from distributed_runs import ACCELERATE_CONFIGS, ROOT, checkout_environment, fre
 
 from tools.measure.measure_balanced_ranks import machine, model_shape, save_model  # noqa: E402
 from trl_padfree.cli.bench.report import run_provenance  # noqa: E402
-from trl_padfree.costs.context_parallel import Link, gathered_bytes, split_row_cost  # noqa: E402
+from trl_padfree.costs.context_parallel import (  # noqa: E402
+    Link,
+    exchanges_per_layer,
+    gathered_bytes,
+    split_row_cost,
+)
 from trl_padfree.costs.flops import DecoderShape, Segment  # noqa: E402
 from trl_padfree.data import load_demo_dataset, load_demo_tokenizer  # noqa: E402
 from trl_padfree.data.length_models import REASONING, LengthModel  # noqa: E402
@@ -63,6 +68,9 @@ from trl_padfree.data.length_models import REASONING, LengthModel  # noqa: E402
 WORKER = ROOT / "tests" / "support" / "distributed" / "time_context_parallel.py"
 ELEMENT_BYTES = 4  # float32 keys and values on CPU
 BUDGET_SLACK = 64  # tokens a drawn pair leaves free of its group's budget: TRL's special tokens, the row's padding
+
+
+RECOMPUTED_EXCHANGES = exchanges_per_layer(reference_forward=True, recompute=True)  # activation checkpointing on
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,6 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one launch may take")
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="recompute the summary and the cost model's prediction of an existing --output from its recorded runs",
+    )
     return parser.parse_args(argv)
 
 
@@ -207,7 +220,10 @@ def row_prediction(shape: DecoderShape, micro: dict, links: dict) -> float:
     """The cost model's FLOPs for one process's micro-batch: its row's slowest rank (`split_row_cost`)."""
     segments = [Segment(length, prefix) for length, prefix in micro["segments"]]
     link = links[str(micro["ranks"])]["link"] if micro["ranks"] > 1 else next(iter(links.values()))["link"]
-    return split_row_cost(shape, segments, micro["scored_tokens"], micro["row_tokens"], micro["ranks"], link)
+    # TRL's default activation checkpointing, which the runs train with: the policy's forward again in its backward
+    return split_row_cost(
+        shape, segments, micro["scored_tokens"], micro["row_tokens"], micro["ranks"], link, recompute=True
+    )
 
 
 def summarize(run: dict, warmup: int, links: dict) -> dict:
@@ -230,8 +246,8 @@ def summarize(run: dict, warmup: int, links: dict) -> dict:
     ]
     gathered = [[process["gathered"]["keys_values"] for process in step] for step in steps]
     predicted_gathered = [
-        [sum(gathered_bytes(shape, m["row_tokens"], m["ranks"], ELEMENT_BYTES) for m in process["micro_batches"])
-         for process in step]
+        [sum(gathered_bytes(shape, m["row_tokens"], m["ranks"], ELEMENT_BYTES, RECOMPUTED_EXCHANGES)
+             for m in process["micro_batches"]) for process in step]
         for step in steps
     ]  # fmt: skip
     thread = [[process["thread_seconds"] for process in step] for step in steps]
@@ -295,8 +311,36 @@ def markdown_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def summarized(report: dict, options: argparse.Namespace) -> None:
+    """The report's calibrated link, summaries and comparisons, from its calibration and recorded runs (in place)."""
+    links = calibrated_links(report["calibration"])
+    report["link"] = {
+        "flops_per_second_wall": links["flops_per_second_wall"],
+        "flops_per_second_thread": links["flops_per_second_thread"],
+        "by_group_size": {
+            size: {key: value for key, value in link.items() if key != "link"}
+            for size, link in links["by_group_size"].items()
+        },
+    }
+    trained = {name: run for name, run in report["runs"].items() if "refused" not in run}
+    report["summary"] = {name: summarize(run, options.warmup, links) for name, run in trained.items()}
+    static, dynamic = (report["summary"][f"{kind} C={options.cp_size}"] for kind in ("static", "dynamic"))
+    report["static_over_dynamic"] = compare(static, dynamic)
+    fitting = [name for name in trained if name.startswith("static") and name != f"static C={options.cp_size}"]
+    report["best_static"] = max(
+        fitting or [f"static C={options.cp_size}"], key=lambda name: report["summary"][name]["tokens_per_second"]
+    )
+    report["best_static_over_dynamic"] = compare(report["summary"][report["best_static"]], dynamic)
+
+
 def main(argv=None) -> None:
     options = parse_args(argv)
+    if options.summarize:
+        report = json.loads(options.output.read_text())
+        summarized(report, argparse.Namespace(**report["provenance"]["flags"]))
+        options.output.write_text(json.dumps(report, indent=1))
+        print(markdown_table(report["summary"]))
+        return
     shape = model_shape(options.hidden_size, options.layers)
     group_budget = options.rank_tokens * options.cp_size
     lengths = draw_pair_lengths(REASONING, options.scale, options.pairs, group_budget - BUDGET_SLACK, options.seed)
@@ -353,24 +397,7 @@ def main(argv=None) -> None:
             }
             print(f"  {time.perf_counter() - start:.0f} s", flush=True)
     report["machine"]["load_average_at_end"] = os.getloadavg()
-    links = calibrated_links(report["calibration"])
-    report["link"] = {
-        "flops_per_second_wall": links["flops_per_second_wall"],
-        "flops_per_second_thread": links["flops_per_second_thread"],
-        "by_group_size": {
-            size: {key: value for key, value in link.items() if key != "link"}
-            for size, link in links["by_group_size"].items()
-        },
-    }
-    trained = {name: run for name, run in report["runs"].items() if "refused" not in run}
-    report["summary"] = {name: summarize(run, options.warmup, links) for name, run in trained.items()}
-    static, dynamic = (report["summary"][f"{kind} C={options.cp_size}"] for kind in ("static", "dynamic"))
-    report["static_over_dynamic"] = compare(static, dynamic)
-    fitting = [name for name in trained if name.startswith("static") and name != f"static C={options.cp_size}"]
-    report["best_static"] = max(
-        fitting or [f"static C={options.cp_size}"], key=lambda name: report["summary"][name]["tokens_per_second"]
-    )
-    report["best_static_over_dynamic"] = compare(report["summary"][report["best_static"]], dynamic)
+    summarized(report, options)
     options.output.parent.mkdir(parents=True, exist_ok=True)
     options.output.write_text(json.dumps(report, indent=1))
     print(markdown_table(report["summary"]))
