@@ -313,16 +313,18 @@ SOURCES = {
     ),
     "dynamic_context_parallel_simulated.json": dict(
         setup="no model, no GPU: Llama 3.1 8B's shape in the cost model of a split row "
-        "([`costs/context_parallel.py`](../trl_padfree/costs/context_parallel.py)); pairs drawn from the length models "
-        "and packed into token-budget bins of C x the rank budget; a step is one round of bins, each group of C ranks "
-        "training its C bins one after the other, every micro-step as long as its slowest rank anywhere (ZeRO-3 "
-        "keeps forwards in lockstep); **static**: each bin one row over its group's C ranks; **dynamic**: the same "
-        "bin shared out by the planner ([`packing/rank_shares.py`](../trl_padfree/packing/rank_shares.py)); "
-        "**best static C'**: static on bins of C' x the rank budget for every C' that holds the longest pair drawn, "
-        "the most real tokens per second",
-        measured="**Simulated**, not measured: step time (the slowest rank's FLOPs and its communication, at the "
-        "assumed rate), real tokens per second per GPU, tokens per rank per step (its chunks summed over the step's "
-        "micro-steps, padding included; slowest rank over the mean) and the bytes one rank gathers per step.",
+        "([`costs/context_parallel.py`](../trl_padfree/costs/context_parallel.py)); a pool of pairs drawn from each "
+        "length model, trained whole epochs by each layout, in a new order each epoch, every micro-step as long as its "
+        "slowest rank in any group (ZeRO-3 keeps forwards in lockstep); **static**: the token budget's bins of C x "
+        "the rank budget, each one row over its group's C ranks, a round of the sampler giving each group its ranks' "
+        "C bins one after the other; **dynamic**: the same pairs packed into each group's micro-steps as rows on 1, "
+        "2 ... C ranks ([`packing/rank_shares.py`](../trl_padfree/packing/rank_shares.py)'s `pack_micro_steps`, "
+        "windows of pairs as the sampler packs them); **best static C'**: the same pairs in bins of C' x the rank "
+        "budget, the fastest C' that holds the longest pair",
+        measured="**Simulated**, not measured: the time to train the pool's pairs once (the slowest rank's FLOPs and "
+        "its communication at the assumed rate, each micro-step's slowest group), so static / dynamic is also the "
+        "ratio of tokens per second; per micro-step the fill (real tokens over C x the rank budget), the fullest "
+        "rank's tokens over the mean rank's across all groups (padding included), and the MB a rank gathers.",
     ),
     "dynamic_context_parallel_cpu.json": dict(
         setup="`accelerate launch` (DDP over gloo) of 4 CPU processes on 2 cores, one thread each, training "
@@ -678,47 +680,78 @@ def dynamic_context_parallel_section() -> str:
     flags = data["provenance"]["flags"]
     assumed = data["assumptions"]
     rate = assumed["flops_per_second"]
+    rows = data["rows"]
+    group_sizes = sorted({row["ranks"] for row in rows})
     run = (
-        f"groups of {flags['context_parallel']} GPUs, {number(flags['rank_budget'])} tokens a rank "
-        f"(`max_tokens_per_batch` {number(flags['context_parallel'] * flags['rank_budget'])}), `max_length` "
-        f"{number(flags['max_length'])}; {flags['steps']} steps per row, their bins drawn from {flags['pool_bins']} "
-        "bins packed and priced once per budget"
+        f"groups of {' and '.join(map(str, group_sizes))} GPUs, {number(flags['rank_budget'])} tokens a rank "
+        "(`max_tokens_per_batch` C x that), `max_length` C x the rank budget / 2 (a pair that fills the group); "
+        f"pools of about {flags['pool_bins']} bins' worth of pairs, packed in windows of "
+        f"{number(assumed['packing_window'])} pairs; each row whole epochs of its pool, at least {flags['steps']} "
+        "lockstep micro-steps"
     )
     header = [
         "distribution",
+        "C (link)",
         "GPUs",
-        "step s: static -> dynamic",
+        "epoch s: static -> dynamic",
         "static / dynamic",
-        "best static C': tokens/s/GPU",
-        "dynamic: tokens/s/GPU",
-        "tokens/rank max/mean: static, dynamic, best",
-        "GB gathered/rank: static, dynamic, best",
+        "best static C': its time / dynamic",
+        "fill: static, dynamic",
+        "tokens/rank max/mean: static, dynamic",
+        "MB gathered/rank: static, dynamic",
     ]
     table = []
-    for row in data["rows"]:
-        best = row["static_by_ranks"][str(row["best_static_ranks"])]
+    for row in rows:
         static, dynamic = row["static"], row["dynamic"]
         table.append(
             [
                 row["distribution"],
+                f"{row['ranks']} ({'NVLink' if row['link'] == 'nvlink' else 'InfiniBand'})",
                 str(row["processes"]),
-                f"{static['step_seconds']:.2f} -> {dynamic['step_seconds']:.2f}",
-                f"**{row['step_time_ratio']:.3f}x**",
-                f"{row['best_static_ranks']}: {number(best['tokens_per_second_per_gpu'])}",
-                f"{number(dynamic['tokens_per_second_per_gpu'])} ({times(row['over_best_static'])})",
-                ", ".join(f"{layout['rank_tokens_max_over_mean']:.2f}" for layout in (static, dynamic, best)),
-                ", ".join(f"{layout['gathered_gb_per_rank']:.0f}" for layout in (static, dynamic, best)),
+                f"{number(static['epoch_seconds'])} -> {number(dynamic['epoch_seconds'])}",
+                f"**{row['time_ratio']:.3f}x**",
+                f"{row['best_static_ranks']}: {row['over_best_static']:.3f}x",
+                f"{static['fill']:.3f}, {dynamic['fill']:.3f}",
+                f"{static['rank_tokens_max_over_mean']:.2f}, {dynamic['rank_tokens_max_over_mean']:.2f}",
+                f"{number(static['gathered_mb_per_rank'])}, {number(dynamic['gathered_mb_per_rank'])}",
             ]
         )
+    ranges = []
+    for ranks in group_sizes:
+        ratios = [row["time_ratio"] for row in rows if row["ranks"] == ranks]
+        link = "NVLink" if rows[[row["ranks"] for row in rows].index(ranks)]["link"] == "nvlink" else "InfiniBand"
+        ranges.append(f"{min(ratios):.2f}-{max(ratios):.2f}x over {link} (C = {ranks})")
+    samples = []
+    for row in rows:
+        if row["distribution"] == "reasoning" and row["processes"] == 64:
+            shares = "; ".join(
+                f"ranks {first}-{first + share - 1}" if share > 1 else f"rank {first}"
+                for _, _, first, share, _ in row["sample_micro_step"]
+            )
+            spread = ", ".join(
+                f"{percent(part)} on {size}" for size, part in row["dynamic_pairs_by_ranks"].items() if part >= 0.005
+            )
+            samples.append(f"C = {row['ranks']}: pairs on rows of 1, 2 ... ranks: {spread}; a micro-step: {shares}.")
     links = assumed["links"]
     nvlink, infiniband = links["nvlink"], links["infiniband"]
     notes = [
+        f"Dynamic trains the same pairs {' and '.join(ranges)}. What it saves is mostly the all-gather: rows that fit "
+        "fewer ranks gather over fewer, or not at all. Over NVLink an 8B model's compute dwarfs that, so the gain is "
+        "small, and where one group's rows differ in cost its slowest row sets the micro-step (static splits a row "
+        "evenly); over InfiniBand the gather is a large share of a split row's time. On long-tailed pairs more groups "
+        "give less: every micro-step waits for the slowest group, most often one whose long pair needs the whole "
+        "group, whatever the layout. Where every pair fits one rank (UltraFeedback-like) plain data parallelism "
+        "(C' = 1) is faster still: micro-steps of C x the rank budget, packed from windows of pairs, are emptier "
+        "than bins of one rank's budget (the fill column; a larger `token_budget_window` fills them).",
+        "Dynamic's rows (reasoning-trace-like, 64 GPUs; the pool's first micro-step with the most different row "
+        "sizes): " + " ".join(samples),
         f"Assumed: {rate / 1e12:.0f} TFLOP/s achieved per GPU; all-gathers at "
-        f"{rate / nvlink['byte_flops'] / 1e9:.0f} GB/s per GPU over NVLink (a group within {links['gpus_per_node']} "
+        f"{rate / nvlink['byte_flops'] / 1e9:.0f} GB/s per GPU over NVLink (a block within {links['gpus_per_node']} "
         f"GPUs) and {rate / infiniband['byte_flops'] / 1e9:.0f} GB/s over InfiniBand, "
         f"{nvlink['exchange_flops'] / rate * 1e6:.0f} and {infiniband['exchange_flops'] / rate * 1e6:.0f} us per "
-        "collective; compute and communication do not overlap, every FLOP runs at the same rate, norms, activations "
-        "and the loss are free. In brackets: dynamic's tokens per second over the best static C'.",
+        f"collective; activation checkpointing on ({assumed['exchanges_per_layer']} exchanges a layer: the policy's "
+        "forward runs again in its backward); compute and communication do not overlap, every FLOP runs at the same "
+        f"rate, norms, activations and the loss are free. {assumed['not_modelled']}",
     ]
     return "\n".join(
         [

@@ -204,11 +204,16 @@ def simulate(
 def run_context_parallel(options: argparse.Namespace) -> int:
     shape = load_decoder_shape(options.model_config)
     if options.dataset:
-        pairs = dataset_pairs(options.dataset, options.tokenizer, options.max_length, options.split)
-        sources = {Path(options.dataset).name: (pairs, None)}
+
+        def picked(count: int, max_length: int) -> list[tuple[int, int, int]]:
+            pairs = dataset_pairs(options.dataset, options.tokenizer, max_length, options.split)
+            rng = random.Random(options.seed)
+            return [pairs[rng.randrange(len(pairs))] for _ in range(count)]
+
+        sources = {Path(options.dataset).name: picked}
     else:
         sources = {
-            name: (None, lambda count, name=name: sampled_pairs(name, count, options.max_length, options.seed))
+            name: lambda count, max_length, name=name: sampled_pairs(name, count, max_length, options.seed)
             for name in options.distribution
         }
     return context_parallel_balance.run(options, shape, sources)
@@ -298,7 +303,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=int,
         metavar="N",
-        help="data-parallel processes (default: 8 64 512; with --context-parallel 8 16 32 ... 512)",
+        help="data-parallel processes (default: 8 64 512; with --context-parallel 8 16 32 ... 512, each C at the "
+        "counts it divides)",
     )
     parser.add_argument("--pairs-per-process", nargs="+", type=int, metavar="N", help="per micro-step (default: 4 8)")
     parser.add_argument("--micro-steps", type=int, metavar="N", help="gradient accumulation (default: 1)")
@@ -310,7 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="per-sequence truncation, as TRL's max_length (default: 1024, TRL's; with --context-parallel "
-        f"{context_parallel_balance.DEFAULT_MAX_LENGTH})",
+        "C x --rank-budget / 2, a pair that fills the group)",
     )
     parser.add_argument(
         "--prefix-sharing", action="store_true", help="cost pairs laid out with prefix_sharing=True (default: not)"
@@ -321,9 +327,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--context-parallel",
         type=int,
+        nargs="+",
         metavar="C",
-        help="simulate context-parallel groups of C ranks instead: each token-budget bin split over all C (static) "
-        "against its rows on the ranks their length needs (dynamic); no --pairs-per-process, --micro-steps, "
+        help="simulate context-parallel groups of C ranks instead: the time to train the same pairs with every "
+        "token-budget bin split over all C (static) and with micro-steps packed as rows on the ranks their lengths "
+        "need (dynamic), --steps lockstep micro-steps at least; no --pairs-per-process, --micro-steps, "
         "--prefix-sharing",
     )
     parser.add_argument(
@@ -339,7 +347,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=context_parallel_balance.DEFAULT_POOL_BINS,
         metavar="N",
-        help="with --context-parallel: bins packed and priced per budget, each step drawing its bins from them "
+        help="with --context-parallel: the pairs drawn, about this many bins of C x --rank-budget tokens "
         f"(default: {context_parallel_balance.DEFAULT_POOL_BINS})",
     )
     parser.add_argument("--output", metavar="FILE.json", help="write the rows as JSON")
@@ -367,9 +375,9 @@ def check_options(options: argparse.Namespace) -> None:
 
 
 def check_context_parallel_options(options: argparse.Namespace) -> None:
-    ranks = options.context_parallel
-    if ranks < 1 or ranks & (ranks - 1):
-        raise ValueError(f"--context-parallel must be a power of two (1, 2, 4 ...), not {ranks}.")
+    for ranks in options.context_parallel:
+        if ranks < 1 or ranks & (ranks - 1):
+            raise ValueError(f"--context-parallel must be powers of two (1, 2, 4 ...), not {ranks}.")
     given = [name for name in ("pairs_per_process", "micro_steps") if getattr(options, name) is not None]
     if options.prefix_sharing:
         given.append("prefix_sharing")
@@ -380,11 +388,12 @@ def check_context_parallel_options(options: argparse.Namespace) -> None:
         )
     options.distribution = options.distribution or context_parallel_balance.DEFAULT_DISTRIBUTIONS
     options.processes = options.processes or context_parallel_balance.DEFAULT_PROCESSES
-    options.max_length = options.max_length or context_parallel_balance.DEFAULT_MAX_LENGTH
-    if min(options.rank_budget, options.pool_bins, options.steps) < 1 or options.max_length < 3:
+    if min(options.rank_budget, options.pool_bins, options.steps) < 1 or (options.max_length or 3) < 3:
         raise ValueError("--rank-budget, --pool-bins and --steps must be at least 1, --max-length at least 3.")
-    if [count for count in options.processes if count < 1 or count % ranks]:
-        raise ValueError(f"--processes must be multiples of --context-parallel {ranks}, not {options.processes}.")
+    if [count for count in options.processes if count < 1 or all(count % ranks for ranks in options.context_parallel)]:
+        raise ValueError(
+            f"--processes must be multiples of a --context-parallel {options.context_parallel}, not {options.processes}."
+        )
 
 
 def run(options: argparse.Namespace) -> int:
