@@ -2,6 +2,7 @@
 plain numbers: micro-steps tile every rank with rows on aligned blocks within the budget, packed about as tightly as
 whole rows, the sampler deals each process its block's row, and a chunk's work adds up to the row's."""
 
+import functools
 import itertools
 import random
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from trl_padfree.costs.context_parallel import (
+    INFINIBAND,
     NVLINK,
     Link,
     chunk_works,
@@ -33,6 +35,7 @@ from trl_padfree.packing.rank_shares import (
     rank_sizes,
     split_micro_steps_to_multiple,
 )
+from trl_padfree.packing.token_budget import pack_window
 from trl_padfree.packing.units import PairUnits
 
 SHAPE = DecoderShape(
@@ -74,14 +77,24 @@ def test_micro_steps_tile_every_rank_on_aligned_blocks_within_the_budget(seed):
         for share in step:
             assert share.ranks in rank_sizes(RANKS) and share.first_rank % share.ranks == 0
             assert sum(units[unit].tokens for unit in share.units) <= capacity(share.ranks)
-    # Packed about as tightly as the budget packs whole rows: no more micro-steps than 5% over the tokens' minimum
+    # Packed about as tightly as the budget packs whole rows: no more micro-steps than 5% over the tokens' minimum;
+    # never dearer than those whole rows by the cost model
+    whole_rows = pack_window(range(len(units)), [unit.tokens for unit in units], capacity(RANKS))
+    static = sum(row_cost([units[unit] for unit in row], RANKS) for row in whole_rows)
+    cost = sum(max(row_cost([units[u] for u in share.units], share.ranks) for share in step) for step in micro_steps)
+    assert cost <= static
     assert len(micro_steps) <= 1.05 * sum(unit.tokens for unit in units) / capacity(RANKS) + 1
     assert pack_micro_steps(units, RANKS, capacity, row_cost) == micro_steps  # deterministic
 
 
+def across_nodes(units, ranks: int) -> float:
+    """The cost over InfiniBand: gathering is dear, so the cost model prefers splitting less."""
+    return row_cost(units, ranks, INFINIBAND)
+
+
 def test_short_pairs_run_alone_and_a_long_one_takes_the_ranks_it_needs():
     units = [pair(1700, 1900), *[pair(150, 200) for _ in range(8)]]  # 3600 tokens: 4 ranks of 1024
-    (step,) = pack_micro_steps(units, RANKS, capacity, row_cost)
+    (step,) = pack_micro_steps(units, RANKS, capacity, across_nodes)
     (long,) = [share for share in step if 0 in share.units]
     assert long.ranks == 4 and long.first_rank == 0
     assert all(share.ranks == 1 for share in step if share is not long)
@@ -89,10 +102,25 @@ def test_short_pairs_run_alone_and_a_long_one_takes_the_ranks_it_needs():
     assert sorted(len(share.units) for share in step if share is not long) == [2, 2, 2, 2]
 
 
+def test_the_static_split_where_the_cost_model_finds_it_cheaper():
+    # Over NVLink this small model's micro-step, full to the budget, is cheapest split evenly over all ranks: fewer
+    # tokens on the slowest rank, and gathering costs little
+    units = [pair(1700, 1900), *[pair(150, 200) for _ in range(8)]]
+    assert [(share.first_rank, share.ranks) for step in pack_micro_steps(units, RANKS, capacity, row_cost) for share
+            in step] == [(0, RANKS)]  # fmt: skip
+    # Pairs a little over a rank's budget: blocks of 2 hold one each, while whole rows of 4 ranks hold 3
+    units = [pair(600, 600) for _ in range(12)]
+    micro_steps = pack_micro_steps(units, 4, lambda ranks: ranks * 1024, across_nodes)
+    assert [[(share.first_rank, share.ranks) for share in step] for step in micro_steps] == [[(0, 4)]] * 4
+
+
 def test_free_ranks_go_to_the_dearest_rows_and_a_single_pair_fills_the_group():
     (step,) = pack_micro_steps([pair(40, 30)], RANKS, capacity, row_cost)
     assert [(share.first_rank, share.ranks) for share in step] == [(0, RANKS)]
-    (step,) = pack_micro_steps([pair(400, 400), pair(50, 50), pair(60, 60)], RANKS, capacity, row_cost)
+    # Gathered bytes priced high: fewer are gathered doubling the dearest rows into the free ranks than splitting
+    # the three pairs' one row over all 8
+    bytes_dear = functools.partial(row_cost, link=Link(byte_flops=1e9, exchange_flops=0.0))
+    (step,) = pack_micro_steps([pair(400, 400), pair(50, 50), pair(60, 60)], RANKS, capacity, bytes_dear)
     assert [(share.units, share.ranks) for share in step] == [((0,), 4), ((2,), 2), ((1,), 2)]
     with pytest.raises(ValueError, match="A unit of 10000 tokens does not fit 8 ranks"):
         pack_micro_steps([pair(5000, 5000)], RANKS, capacity, row_cost)

@@ -204,7 +204,6 @@ class _Units:
         shape = DecoderShape.of_model(trainer.accelerator.unwrap_model(trainer.model))
         reference_forward = not trainer.args.precompute_ref_log_probs
         recompute = bool(trainer.args.activation_checkpointing)  # the policy's forward again in its backward
-        link = link_of_group(ranks)
 
         def capacity(share: int) -> int:
             return usable_budget(share * budget // ranks, multiple)
@@ -213,6 +212,7 @@ class _Units:
             segments = [segment for unit in units for segment in unit.segments]
             tokens = -(-sum(unit.tokens for unit in units) // multiple) * multiple
             scored = sum(unit.scored_tokens for unit in units)
+            link = link_of_group(share)  # a block inside a node gathers over NVLink
             return split_row_cost(shape, segments, scored, tokens, share, link, reference_forward, recompute)
 
         sized = self._sized()

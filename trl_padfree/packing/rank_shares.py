@@ -16,7 +16,8 @@ How micro-steps are packed (`pack_micro_steps`), deterministic and on plain numb
 plan with no communication: pairs (or a prompt group's pairs under `group_by_prompt`) longest first, each on a new row
 of the fewest ranks that hold it while a micro-step has those ranks free, else into the row of that many ranks with
 the least room left, else into a wider one, else on a new micro-step (best-fit decreasing, as the token budget packs,
-over rank blocks; no pair split over more ranks than it needs while ranks are free). Every rank trains
+over rank blocks; no pair split over more ranks than it needs while ranks are free), unless whole rows over all C
+ranks (the static split) cost less by the cost model. Every rank trains
 exactly one row (or chunk) at every micro-step, so engines that gather parameters per forward (ZeRO-3, FSDP2) stay in
 step: a micro-step's free ranks go to its rows, the dearest by the cost model (costs/context_parallel.py) doubling its
 block first. The blocks come from a fixed set (`rank_sizes`; groups made once at set-up: parallel/groups.py).
@@ -37,7 +38,7 @@ from torch.utils.data import Sampler
 
 from ..costs.flops import Segment
 from ..refusals.token_budget import check_budget_bins_share
-from .token_budget import fitting_pieces
+from .token_budget import fitting_pieces, pack_window
 from .units import PairUnits
 
 ROW_RANKS = "row_ranks"  # the collated batch's entry: over how many ranks its row is split
@@ -117,7 +118,17 @@ def pack_micro_steps(
         # Longest first: blocks are taken in sizes that never grow within a micro-step, so each starts aligned
         micro_steps[step].append(_Row([unit], need, tokens))
         free[step] -= need
-    return [_shares(rows, room, units, row_cost) for rows, room in zip(micro_steps, free, strict=True)]
+    packed = [_shares(rows, room, units, row_cost) for rows, room in zip(micro_steps, free, strict=True)]
+    # Never dearer, by the cost model, than whole rows over all C ranks (the static split of best-fit decreasing
+    # rows): pairs a little over a rank's budget fill blocks of 2 poorly where 3 would share 4 ranks
+    whole_rows = pack_window(range(len(units)), [unit.tokens for unit in units], capacity(ranks))
+    static = sum(row_cost([units[unit] for unit in row], ranks) for row in whole_rows)
+    dynamic = sum(
+        max(row_cost([units[unit] for unit in share.units], share.ranks) for share in step) for step in packed
+    )
+    if static < dynamic:
+        return [[RowShare(tuple(row), 0, ranks)] for row in whole_rows]
+    return packed
 
 
 def _best_fit(micro_steps: list[list[_Row]], tokens: int, capacity, need: int, wider: bool) -> _Row | None:
