@@ -8,6 +8,10 @@ Stages, in this order, each recorded as running when it starts, then passed, fai
 in DIR/errors.log) or skipped; a failed stage does not stop the next:
 
     device    the GPU: name, driver, SM (compute capability), memory
+    context parallel compute
+              each rank's chunk of a context-parallel step, static against dynamic (rows on 1, 2 ... C ranks), on
+              this one GPU, against the cost model's compute (tools/measure/gpu_context_parallel_compute.py; its own
+              `CONTEXT_PARALLEL_SLICE_S`, before the benches); communication is modelled, not measured
     build     per bench plan and precision, one trainer per mode over one copy of the weights
     bench     their steps on the same batches (`trl-padfree bench`'s rows: one allocator reset, warm-ups of every
               mode, then alternating measured steps timed by CUDA events), with varlen kernel calls per attention call
@@ -67,6 +71,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from tools.measure import gpu_context_parallel_compute
 from trl_padfree.cli import build_parser
 from trl_padfree.cli.bench.harness import (
     HOST_BOUND_FRACTION,
@@ -87,6 +92,7 @@ PYTEST_COMMAND = ("python", "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cachepr
 TIME_BUDGET_S = 400
 PYTEST_SLICE_S = 150
 TOP_KERNELS = 10
+CONTEXT_PARALLEL_SLICE_S = 90  # the context parallelism stage's at most (about 30 s on an H100), out of the benches'
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft", "flash-attn", "kernels", "trl-padfree")
 
 
@@ -193,6 +199,7 @@ class Report:
     padded_attention: dict[str, dict] = field(default_factory=dict)  # per model: padded TRL's attention, and why
     bench_commands: list[str] = field(default_factory=list)
     bench_rows: list[dict] = field(default_factory=list)  # the bench's own rows, every field
+    context_parallel: dict = field(default_factory=dict)  # each rank's compute, static against dynamic
 
     def run_stage(self, name: str, work: Callable[[], object], deadline: float):
         """`work()`'s result, or None when it failed, ran past `deadline` (time.monotonic) or would start after it;
@@ -301,6 +308,14 @@ def nvidia_driver_version(index: int) -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def measure_context_parallel(report: Report, dry_run: bool, device: torch.device) -> str:
+    """Each rank's compute of a context-parallel step, static against dynamic, recorded; the ratios as the detail."""
+    compute = gpu_context_parallel_compute
+    report.context_parallel = result = compute.measure(compute.DRY_RUN_PLAN if dry_run else compute.GPU_PLAN, device)
+    report.write()
+    return f"static / dynamic compute {result['measured_ratio']:.2f}x (cost model {result['predicted_ratio']:.2f}x)"
 
 
 def bench_plan(report: Report, plan: BenchPlan, device: torch.device) -> None:
@@ -574,6 +589,9 @@ def format_markdown(report: Report, wall_s: float) -> str:
     ]
     for summary in report.profiles:
         lines += ["", *profile_lines(summary)]
+    if report.context_parallel:
+        lines += ["", "## Context parallelism: each rank's compute, static against dynamic", ""]
+        lines += gpu_context_parallel_compute.markdown_lines(report.context_parallel)
     return "\n".join(lines) + "\n"
 
 
@@ -641,6 +659,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = report.run_stage(
         "device", functools.partial(open_device, report, args.dry_run), report.deadline("device")
     )
+    if device is not None:
+        slice_end = min(report.deadline("bench"), time.monotonic() + CONTEXT_PARALLEL_SLICE_S)
+        context_parallel = functools.partial(measure_context_parallel, report, args.dry_run, device)
+        report.run_stage("context parallel compute", context_parallel, slice_end)
+        release_memory(device)
     for plan in (DRY_RUN_PLANS if args.dry_run else GPU_PLANS) if device is not None else ():
         bench_plan(report, plan, device)
     if args.dry_run:

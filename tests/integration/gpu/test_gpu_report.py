@@ -81,7 +81,7 @@ def test_dry_run_benches_the_plans_in_order_with_checkpointing_on(tmp_path, dry_
         for stage in ("build", "bench", "profile")
     ]
     stages = report["stages"]
-    assert [stage["name"] for stage in stages] == [*expected, "pytest"]
+    assert [stage["name"] for stage in stages] == [expected[0], "context parallel compute", *expected[1:], "pytest"]
     assert all(stage["status"] == "passed" for stage in stages[:-1]), stages
     assert stages[-1]["status"] == "skipped" and "pytest -m gpu" in stages[-1]["detail"]
 
@@ -133,6 +133,19 @@ def test_dry_run_benches_the_plans_in_order_with_checkpointing_on(tmp_path, dry_
     assert "activation checkpointing on, as TRL's `DPOConfig` has it" in markdown and "host-bound" in markdown
     assert "padded TRL on gpt-oss-tiny: `eager`" in markdown
     assert report["command"] in markdown and "trl-padfree bench --model tiny" in markdown
+
+    # Each rank's compute of a context-parallel step, static against dynamic (rows on 1, 2 and 4 ranks), every chunk
+    # on the kernel's path (the stand-in's)
+    context_parallel = report["context_parallel"]
+    static, dynamic = context_parallel["static"], context_parallel["dynamic"]
+    assert static["rows_by_ranks"] == {"1": 0, "2": 0, "4": static["micro_steps"]}
+    assert all(dynamic["rows_by_ranks"].values())
+    for layout in (static, dynamic):
+        assert layout["seconds"] > 0 and layout["predicted_flops"] > 0
+        assert layout["varlen_calls_per_attention_call"] == 1.0
+    assert context_parallel["measured_ratio"] > 0 and context_parallel["predicted_ratio"] > 0
+    assert "## Context parallelism: each rank's compute, static against dynamic" in markdown
+    assert "static / dynamic compute: measured" in markdown and "not measured" in markdown
 
 
 def test_a_run_killed_mid_stage_keeps_every_row_measured_before(tmp_path, dry_run_machine, monkeypatch):
