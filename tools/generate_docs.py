@@ -332,7 +332,7 @@ SOURCES = {
         "rank (`max_tokens_per_batch` = C x that): **static C**, every row over all C ranks; **dynamic C** "
         "(`dynamic_context_parallel=True`), each row over 1, 2 ... C ranks; and static at each smaller C' whose bins "
         "hold the longest pair (launched; the trainer's refusal is recorded where one does not fit)",
-        measured="**Measured, CPU**, over the steps after the warm-ups: the slowest process's step time, each "
+        measured="**Measured** on CPU, over the steps after the warm-ups: the slowest process's step time, each "
         "process's own CPU time over the step (thread), real tokens per second, the tokens a rank holds per step "
         "(padding included, summed over micro-steps; slowest rank / mean), the bytes a rank received per step in "
         "the row's key-value all-gathers and their backward's reduce-scatters (counted as they ran; `gathered_bytes` "
