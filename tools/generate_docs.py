@@ -1111,7 +1111,9 @@ One command, from the checkout's root (installed or not), on one H100 or H200 wi
 python tools/gpu_report.py --out gpu-report
 ```
 
-Its stages, in order: the device (name, driver, SM, memory); then per model shape, a build, a bench and one profiled
+Its stages, in order: the device (name, driver, SM, memory); context parallelism's compute, static against dynamic
+(each rank's chunk of a reasoning-trace step through Qwen2.5-0.5B's shape, the all-gather replaced by a local stand-in:
+communication stays modelled); then per model shape, a build, a bench and one profiled
 step per mode: Qwen2.5-0.5B's shape, Llama-3.1-8B's shape with LoRA (TRL's default precision, float32 weights under
 bf16 autocast, and bf16; padded TRL, `padfree_varlen` and `padfree_varlen` with `prefix_sharing="auto"`), GPT-OSS's
 attention sinks (`--model gpt-oss-4-layers`) and Gemma 2's softcapping (`--model gemma2-9b-4-layers`), these two in
