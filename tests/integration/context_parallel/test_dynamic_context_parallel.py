@@ -124,6 +124,14 @@ def test_prompt_groups_computed_once_inside_rows_of_one_and_two_ranks(six_head_m
     assert all(metrics["padfree/shared_tokens"] > 0 for metrics in report["metrics"])
 
 
+@pytest.mark.slow
+def test_precomputed_reference_log_probs(six_head_model, tmp_path):
+    run = "padding_free+cp+dynamic+precompute"
+    report = train_dynamic(six_head_model, tmp_path, "multi_gpu.yaml", run, processes=2, ranks=2)
+    assert_rows_on_one_rank_and_on_several(report)
+    assert_equal_to_padded(report, padded_on_the_same_steps(six_head_model, tmp_path, report))
+
+
 @pytest.mark.slow  # 4 processes on 2 cores
 def test_two_groups_of_four_ranks_with_prefix_sharing_and_accumulation(six_head_model, tmp_path):
     run = "padding_free+cp+dynamic+prefix_sharing"
