@@ -3,7 +3,8 @@
 A file's "provenance" holds the command, trl-padfree's version and commit, the versions of torch, transformers and TRL
 (and neighbours), the device, the date and the flags; a value the run did not record is written "unknown", never
 guessed. A file today's command cannot reproduce says `"reproducible": false` and why; a reproducible file's command
-must still run today: a `trl-padfree bench` command parses with today's options, a `python tools/...` script exists.
+must still run today: a `trl-padfree bench` or `trl-padfree balance` command parses with today's options, a
+`python tools/...` script exists.
 """
 
 import argparse
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from trl_padfree.cli import balance
 from trl_padfree.cli.bench.command import add_arguments
 from trl_padfree.cli.bench.report import run_provenance, write_rows
 
@@ -41,10 +43,13 @@ def check_provenance(provenance: dict) -> None:
 
 def runs_today(command: str) -> None:
     words = shlex.split(command)
-    if words[:2] == ["trl-padfree", "bench"]:
+    subcommands = {"bench": add_arguments, "balance": balance.add_arguments}
+    if words[0] == "trl-padfree" and words[1] in subcommands:
         parser = argparse.ArgumentParser(exit_on_error=False)
-        add_arguments(parser)
-        parser.parse_args(words[2:])
+        subcommands[words[1]](parser)
+        options = parser.parse_args(words[2:])
+        if words[1] == "balance":
+            balance.check_options(options)
     else:
         assert words[0] == "python" and (ROOT / words[1]).is_file(), f"{command!r}: no such script today"
 
