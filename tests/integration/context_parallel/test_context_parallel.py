@@ -143,21 +143,6 @@ STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def six_head_model(tmp_path_factory):
-    from trl_padfree.data import load_demo_tokenizer
-    from trl_padfree.tiny import make_model
-
-    directory = tmp_path_factory.mktemp("six_heads")
-    tokenizer = load_demo_tokenizer()
-    shape = dict(
-        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2
-    )
-    make_model("llama", vocab_size=len(tokenizer), **shape).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
 def single_process(six_head_model, tmp_path_factory):
     from distributed_runs import train_in_this_process
 
